@@ -1,0 +1,343 @@
+//! The activator's one input: `/etc/kubeslot/activator.json` (path
+//! overridable). This module owns the schema and its validation; it reads no
+//! other file and touches no host state.
+//!
+//! Unknown fields are refused (a typo must not silently turn a setting off).
+//! Relationships serde cannot express (exactly one kubelet credential, an
+//! https API server) are checked in [`Config::validate`], and every error
+//! names the file and the field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::reference::ImageSource;
+
+/// The default config path on a host (relative to the root handle).
+pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
+/// Config files larger than this are refused unread.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The desired image: a registry reference (tag or digest), `oci:DIR` or
+    /// `oci-archive:FILE`.
+    pub image: ImageSource,
+    /// Per-registry settings, keyed by registry host as written in `image`.
+    #[serde(default)]
+    pub registries: BTreeMap<String, RegistryConfig>,
+    /// Which signatures the host accepts.
+    #[serde(default)]
+    pub trust: Trust,
+    /// Node settings rendered into the kubelet's host-side files.
+    pub kubelet: Kubelet,
+    /// GPU binding.
+    #[serde(default)]
+    pub gpu: GpuMode,
+    /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
+    #[serde(default)]
+    pub devices: Vec<PathBuf>,
+    /// The machine's network: the host's (production) or a private veth.
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// Upstream DNS servers for the machine's resolv.conf; empty means "read
+    /// the host's real upstreams" (never the 127.0.0.53 stub).
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Health gate tuning.
+    #[serde(default)]
+    pub health: Health,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Mirrors tried in order before the registry itself (`host[:port]`).
+    #[serde(default)]
+    pub mirrors: Vec<String>,
+    /// Plain HTTP. Loopback hosts may always use it; others only when set.
+    #[serde(default)]
+    pub insecure: bool,
+    #[serde(default)]
+    pub credentials: Option<Credentials>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub username: String,
+    /// A file holding the password or token (kept out of the config itself).
+    pub password_file: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Trust {
+    /// PEM ECDSA P-256 public keys; a signature by any of them is accepted.
+    #[serde(default)]
+    pub public_keys: Vec<PathBuf>,
+    /// Accept images without a valid signature. Off unless set; no flag
+    /// overrides it.
+    #[serde(default)]
+    pub allow_unsigned: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Kubelet {
+    /// `https://host:port` of the API server.
+    pub api_server: String,
+    /// The cluster CA certificate, PEM text.
+    #[serde(default)]
+    pub ca_data: Option<String>,
+    /// The cluster CA certificate, a PEM file on the host.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub bootstrap_token: Option<String>,
+    #[serde(default)]
+    pub exec_credential: Option<ExecCredential>,
+    #[serde(default)]
+    pub cluster_dns: Vec<String>,
+    /// Defaults to the host name.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `key=value:Effect` strings, as `kubelet --register-with-taints`.
+    #[serde(default)]
+    pub taints: Vec<String>,
+}
+
+/// A client-go exec credential plugin.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecCredential {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default = "default_exec_api_version")]
+    pub api_version: String,
+}
+
+fn default_exec_api_version() -> String {
+    "client.authentication.k8s.io/v1".into()
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMode {
+    /// Bind GPUs when the host has them.
+    #[default]
+    Auto,
+    /// Require GPUs: activation fails on a host without them.
+    On,
+    /// Never bind GPUs.
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// `VirtualEthernet=no`: the node uses the host network (production).
+    #[default]
+    Host,
+    /// `VirtualEthernet=yes`: a private veth (tests keep CNI bridges away
+    /// from the test machine's network).
+    Veth,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    /// How long the new machine has to become healthy.
+    #[serde(default = "default_health_timeout")]
+    pub timeout_secs: u64,
+    /// Consecutive healthy kubelet probes required.
+    #[serde(default = "default_health_successes")]
+    pub successes: u32,
+}
+
+fn default_health_timeout() -> u64 {
+    120
+}
+fn default_health_successes() -> u32 {
+    3
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            timeout_secs: default_health_timeout(),
+            successes: default_health_successes(),
+        }
+    }
+}
+
+/// Why a config cannot be used; every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("config {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("config {path}: {field}: {reason}")]
+    Invalid {
+        path: PathBuf,
+        field: &'static str,
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        use std::io::Read as _;
+        let f = std::fs::File::open(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut bytes = Vec::new();
+        f.take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge {
+                path: path.to_path_buf(),
+            });
+        }
+        Self::parse(path, &bytes)
+    }
+
+    /// Parses and validates config bytes; `path` is only used in errors.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+        let config: Config =
+            serde_json::from_slice(bytes).map_err(|source| ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason: reason.to_string(),
+        };
+        let k = &self.kubelet;
+        if !k.api_server.starts_with("https://") || k.api_server.len() <= "https://".len() {
+            return Err(invalid("kubelet.api_server", "must be an https:// URL"));
+        }
+        match (&k.ca_data, &k.ca_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "kubelet.ca_data",
+                    "set ca_data or ca_file, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "kubelet.ca_data",
+                    "the cluster CA is required (ca_data or ca_file)",
+                ))
+            }
+            (Some(pem), None) if !pem.contains("-----BEGIN CERTIFICATE-----") => {
+                return Err(invalid("kubelet.ca_data", "not a PEM certificate"))
+            }
+            _ => {}
+        }
+        match (&k.bootstrap_token, &k.exec_credential) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "kubelet.bootstrap_token",
+                    "set bootstrap_token or exec_credential, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "kubelet.bootstrap_token",
+                    "a credential is required (bootstrap_token or exec_credential)",
+                ))
+            }
+            _ => {}
+        }
+        for d in &self.devices {
+            if !d.starts_with("/dev/") {
+                return Err(invalid(
+                    "devices",
+                    &format!("{} is not under /dev/", d.display()),
+                ));
+            }
+        }
+        if self.health.successes == 0 || self.health.timeout_secs == 0 {
+            return Err(invalid(
+                "health",
+                "timeout_secs and successes must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
+    }
+
+    fn minimal(extra: &str) -> String {
+        format!(
+            r#"{{"image":"ghcr.io/org/node:v1","kubelet":{{"api_server":"https://10.0.0.1:6443",
+            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"{extra}}}}}"#
+        )
+    }
+
+    #[test]
+    fn minimal_config_parses_with_defaults() {
+        let c = parse(&minimal("")).unwrap();
+        assert_eq!(c.gpu, GpuMode::Auto);
+        assert!(!c.trust.allow_unsigned);
+        assert_eq!(c.network, NetworkMode::Host);
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let e = parse(&minimal(r#","typo":1"#)).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field `typo`") && e.contains("activator.json"),
+            "{e}"
+        );
+        let e = parse(&minimal(r#","exec_credential":{"command":"x"}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not both"), "{e}");
+        let e = parse(r#"{"image":"x","kubelet":{"ca_data":"y"}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("api_server"), "{e}");
+    }
+}

@@ -1,0 +1,16 @@
+//! The trusted core of kubeslot: everything a host relies on to turn an image
+//! reference into a verified tree in a `systemd-nspawn` slot.
+//!
+//! The builder links this library for the formats and runs its verification
+//! over its own output; nothing here knows about recipes, signing keys or the
+//! builder (see ARCHITECTURE.md, "Invariants").
+
+pub mod config;
+pub mod digest;
+pub mod layout;
+pub mod oci;
+pub mod reference;
+pub mod signature;
+
+pub use digest::Digest;
+pub use reference::{ImageRef, ImageSource};

@@ -1,0 +1,18 @@
+//! `kubeslot-activator`: parse the command line, dispatch to the library,
+//! print the error chain once and exit with a code systemd can act on.
+
+use clap::Parser;
+
+/// Verify a signed kubeslot node image and activate it in a systemd-nspawn slot.
+#[derive(Parser)]
+#[command(name = "kubeslot-activator", version, about)]
+enum Cli {
+    /// Print the version and exit (commands land with their issues).
+    Version,
+}
+
+fn main() {
+    match Cli::parse() {
+        Cli::Version => println!("{}", env!("CARGO_PKG_VERSION")),
+    }
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command (README "Test"): format and lint gates, every crate's
+# tests, then the end-to-end scenarios. People run it by hand; CI runs it
+# through .ci/run after installing the tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
+if [ -x ci/e2e/run.sh ]; then
+  ci/e2e/run.sh
+fi
