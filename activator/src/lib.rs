@@ -9,6 +9,7 @@ pub mod config;
 pub mod digest;
 pub mod layout;
 pub mod oci;
+pub mod paths;
 pub mod reference;
 pub mod signature;
 
