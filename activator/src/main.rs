@@ -1,5 +1,8 @@
-//! `kubeslot-activator`: parse the command line, dispatch to the library,
-//! print the error chain once and exit with a code systemd can act on.
+//! `kubeslot-activator`: parse the command line, dispatch to one module per
+//! subcommand (`cli/`), print the error chain once and exit with a code
+//! systemd can act on.
+
+mod cli;
 
 use clap::Parser;
 
@@ -7,7 +10,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "kubeslot-activator", version, about)]
 enum Cli {
-    /// Print the version and exit (commands land with their issues).
+    /// Print the version and exit.
     Version,
 }
 

@@ -1,5 +1,16 @@
 //! `kubeslot-builder`: parse the command line, dispatch to one module per
-//! subcommand, print the error chain once.
+//! subcommand (`cmd/`), print the error chain once.
+
+mod assemble;
+mod cmd;
+mod debian;
+mod fetch;
+mod output;
+mod recipe;
+mod registry;
+mod rootfs;
+mod sbom;
+mod sign;
 
 use clap::Parser;
 
@@ -7,7 +18,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "kubeslot-builder", version, about)]
 enum Cli {
-    /// Print the version and exit (commands land with their issues).
+    /// Print the version and exit.
     Version,
 }
 

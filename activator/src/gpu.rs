@@ -1,0 +1,1 @@
+//! GPU discovery. (owner: host-side)

@@ -1,0 +1,1 @@
+//! Rendering of the host files (nspawn, drop-in, kubelet files). (owner: host-side)

@@ -1,0 +1,1 @@
+//! report.json. (owner: host-side)

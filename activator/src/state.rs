@@ -1,0 +1,1 @@
+//! state.json and the slot model. (owner: host-side)

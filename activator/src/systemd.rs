@@ -1,0 +1,1 @@
+//! The systemd boundary trait. (owner: host-side)

@@ -1,0 +1,1 @@
+//! Trust policy: signatures checked before any layer is fetched. (owner: activator-core)

@@ -1,0 +1,1 @@
+//! Image config, manifests and index. (owner: builder)

@@ -1,0 +1,1 @@
+//! One module per subcommand of `kubeslot-builder`: an args struct and `run`.

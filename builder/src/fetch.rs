@@ -1,0 +1,1 @@
+//! Pinned downloads and the content-addressed cache. (owner: builder)

@@ -1,0 +1,1 @@
+//! Writing OCI layouts and oci-archive files. (owner: builder)

@@ -1,0 +1,1 @@
+//! The recipe: TOML schema, parsing, validation. (owner: builder)

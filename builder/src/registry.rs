@@ -1,0 +1,1 @@
+//! Pushing to and pulling from registries (oci-client). (owner: publishing)

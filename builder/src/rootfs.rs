@@ -1,0 +1,1 @@
+//! Deterministic layer writing. (owner: builder)

@@ -1,0 +1,1 @@
+//! SPDX 2.3 SBOM generation. (owner: publishing)

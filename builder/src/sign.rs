@@ -1,0 +1,1 @@
+//! Key generation and cosign simple-signing signatures. (owner: publishing)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Prints the path of a cached Debian bookworm rootfs tarball made by
+# mmdebstrap from this machine's configured Debian mirror, building it first
+# when it is missing. Tests and benchmarks share it, so a rootfs is built once
+# per machine and package list.
+#
+#   ci/lib/debian-rootfs.sh [--variant minbase] PKG[,PKG...]
+#
+# The cache key is a hash of the variant, the sorted package list and this
+# script, so a changed list or recipe rebuilds. The cache directory is
+# $KUBESLOT_TEST_CACHE (default /var/cache/kubeslot-test). The tar is written
+# to a temp name and renamed, so a killed build never leaves a half file.
+set -euo pipefail
+
+variant=minbase
+if [ "${1:-}" = "--variant" ]; then variant=$2; shift 2; fi
+pkgs=$(printf '%s' "${1:-}" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
+
+command -v mmdebstrap >/dev/null || {
+  echo "debian-rootfs: mmdebstrap is not installed: apt-get install -y mmdebstrap (or run .ci/run)" >&2
+  exit 1
+}
+
+# The machine's Debian mirror, read from its apt sources (never written in the repo).
+mirror=$(
+  { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\(http[^[:space:]]*\).*/\2/p' /etc/apt/sources.list 2>/dev/null || true
+  } | grep -v security | grep -E '^https?://.*/debian/?$' | head -n1 || true
+)
+[ -n "$mirror" ] || { echo "debian-rootfs: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
+
+cache=${KUBESLOT_TEST_CACHE:-/var/cache/kubeslot-test}
+mkdir -p "$cache"
+key=$( { echo "$variant"; echo "$pkgs"; cat "$0"; } | sha256sum | cut -c1-16)
+out="$cache/rootfs-bookworm-$variant-$key.tar"
+if [ ! -s "$out" ]; then
+  tmp="$out.tmp.$$"
+  trap 'rm -f "$tmp"' EXIT
+  echo "debian-rootfs: building $out (bookworm, $variant, ${pkgs:-no extra packages})" >&2
+  SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant="$variant" \
+    ${pkgs:+--include="$pkgs"} --format=tar bookworm "$tmp" "$mirror" >&2
+  mv -f "$tmp" "$out"
+  trap - EXIT
+fi
+echo "$out"
