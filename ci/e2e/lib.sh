@@ -1,0 +1,290 @@
+# shellcheck shell=bash
+# Shared machinery of the end-to-end scenarios, sourced by ci/e2e/run.sh:
+# a temp work dir, a private cgroup, the outer systemd host container
+# (booted with systemd-nspawn, driven with nsenter), a local docker-registry,
+# node trees, assertions, and the cleanup trap that always runs.
+#
+# It owns every process and directory it creates and removes them by PID
+# and by path; it never touches this machine's /etc/systemd, /var/lib/machines
+# or another session's registry, containers or cgroups.
+
+# ---------------------------------------------------------------- logging
+
+log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "FATAL: $*"; exit 1; }
+
+now_ms() { date +%s%3N; }
+
+# ---------------------------------------------------------------- work dir
+
+# WORK holds everything: the outer rootfs, the registry storage, images,
+# keys, logs. Kept on /var/tmp (same filesystem as the cache, not a tmpfs).
+work_init() {
+  WORK=$(mktemp -d "${KUBESLOT_E2E_TMP:-/var/tmp}/kubeslot-e2e.XXXXXX")
+  mkdir -p "$WORK/logs"
+  log "work dir $WORK"
+}
+
+# ---------------------------------------------------------------- cgroups
+#
+# systemd-nspawn --keep-unit puts its payload/ and supervisor/ cgroups (and
+# the outer's systemd its own tree) below the cgroup it starts in. Starting
+# it in a private child of our own cgroup, in every hierarchy, keeps those
+# dirs apart from other sessions and lets cleanup remove exactly ours.
+
+CGROUP_DIRS=()
+
+cgroup_init() {
+  local line hier path ctrl dir
+  while IFS= read -r line; do
+    hier=${line%%:*}; line=${line#*:}
+    ctrl=${line%%:*}; path=${line#*:}
+    if [ "$hier" = 0 ]; then
+      dir=/sys/fs/cgroup/unified$path
+    else
+      ctrl=${ctrl#name=}
+      dir=/sys/fs/cgroup/$ctrl$path
+    fi
+    [ -d "$dir" ] || continue
+    dir=${dir%/}/kubeslot-e2e-$$
+    mkdir -p "$dir"
+    CGROUP_DIRS+=("$dir")
+  done < /proc/self/cgroup
+}
+
+# Removes our cgroup dirs depth first (the kernel refuses non-empty ones, so
+# a still-running process keeps its dir and we say so).
+cgroup_cleanup() {
+  local dir
+  for dir in "${CGROUP_DIRS[@]}"; do
+    [ -d "$dir" ] || continue
+    find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    [ -d "$dir" ] && log "warning: cgroup $dir still busy: $(tr '\n' ' ' <"$dir/cgroup.procs" 2>/dev/null)"
+  done
+  return 0
+}
+
+# ---------------------------------------------------------------- outer host
+
+OUTER=""
+OUTER_NAME=""
+OUTER_NSPAWN_PID=""
+OUTER_LEADER=""
+
+# outer_boot ROOTFS_TAR [extra nspawn args...]: extracts the outer rootfs and
+# boots it with systemd as PID 1, exactly as E2E.md measured.
+outer_boot() {
+  local tar=$1; shift
+  OUTER=$WORK/outer
+  OUTER_NAME=ks-e2e-$$
+  mkdir -p "$OUTER"
+  tar -C "$OUTER" -xpf "$tar" --numeric-owner
+  # The outer needs no network config of its own (it shares the host's) and
+  # no getty on the console.
+  ln -sf /dev/null "$OUTER/etc/systemd/system/console-getty.service"
+  log "booting outer host $OUTER_NAME"
+  local procs=()
+  local dir
+  for dir in "${CGROUP_DIRS[@]}"; do procs+=("$dir/cgroup.procs"); done
+  # The subshell moves itself into our private cgroups, then becomes nspawn.
+  # shellcheck disable=SC2016
+  setsid bash -c 'for f in "${@:2:$1}"; do echo $$ > "$f"; done; shift $(($1 + 1)); exec "$@"' \
+    _ "${#procs[@]}" "${procs[@]}" \
+    systemd-nspawn -D "$OUTER" -M "$OUTER_NAME" --boot --register=no --keep-unit \
+      --console=passive --capability=all --system-call-filter='@keyring bpf' \
+      "$@" </dev/null >"$WORK/logs/outer-console.log" 2>&1 &
+  OUTER_NSPAWN_PID=$!
+  local deadline=$((SECONDS + 30))
+  while [ -z "$OUTER_LEADER" ]; do
+    OUTER_LEADER=$(ps -o pid= --ppid "$OUTER_NSPAWN_PID" | tr -d ' ' | head -n1 || true)
+    kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null || { cat "$WORK/logs/outer-console.log" >&2; die "outer nspawn exited"; }
+    [ $SECONDS -lt $deadline ] || die "outer has no leader process after 30 s"
+    [ -n "$OUTER_LEADER" ] || sleep 0.1
+  done
+  local state=""
+  deadline=$((SECONDS + 60))
+  while :; do
+    state=$(outer systemctl is-system-running 2>/dev/null || true)
+    case $state in running|degraded) break ;; esac
+    [ $SECONDS -lt $deadline ] || die "outer systemd is '$state' after 60 s"
+    sleep 0.2
+  done
+  log "outer host is $state (nspawn pid $OUTER_NSPAWN_PID, leader $OUTER_LEADER)"
+  if [ "$state" = degraded ]; then
+    outer systemctl --failed --no-legend >&2 || true
+  fi
+}
+
+# outer CMD...: runs CMD inside the outer host (all its namespaces).
+outer() {
+  nsenter -t "$OUTER_LEADER" -m -u -i -n -p -C -- "$@"
+}
+
+# outer_stop: SIGTERM to the nspawn process (systemd shuts down cleanly),
+# SIGKILL after 30 s.
+outer_stop() {
+  [ -n "$OUTER_NSPAWN_PID" ] || return 0
+  if kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null; then
+    log "stopping outer host (nspawn pid $OUTER_NSPAWN_PID)"
+    kill -TERM "$OUTER_NSPAWN_PID" 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    if kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null; then
+      log "outer did not stop in 30 s: SIGKILL"
+      kill -KILL "$OUTER_NSPAWN_PID" 2>/dev/null || true
+      sleep 1
+    fi
+  fi
+  wait "$OUTER_NSPAWN_PID" 2>/dev/null || true
+  OUTER_NSPAWN_PID=""
+  OUTER_LEADER=""
+}
+
+# ---------------------------------------------------------------- registry
+
+REGISTRY_PID=""
+REGISTRY=""
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# registry_start: Debian's docker-registry on a free 127.0.0.1 port with its
+# storage under WORK; sets REGISTRY=127.0.0.1:PORT and REGISTRY_LOG.
+registry_start() {
+  local port attempt deadline
+  mkdir -p "$WORK/registry/storage"
+  REGISTRY_LOG=$WORK/logs/registry.log
+  for attempt in 1 2 3 4 5; do
+    port=$(free_port)
+    cat >"$WORK/registry/config.yml" <<EOF
+version: 0.1
+log:
+  level: info
+  accesslog:
+    disabled: false
+storage:
+  filesystem:
+    rootdirectory: $WORK/registry/storage
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$port
+EOF
+    docker-registry serve "$WORK/registry/config.yml" >>"$REGISTRY_LOG" 2>&1 </dev/null &
+    REGISTRY_PID=$!
+    deadline=$((SECONDS + 15))
+    while [ $SECONDS -lt $deadline ] && kill -0 "$REGISTRY_PID" 2>/dev/null; do
+      if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        REGISTRY=127.0.0.1:$port
+        log "registry on $REGISTRY (pid $REGISTRY_PID, attempt $attempt)"
+        return 0
+      fi
+      sleep 0.1
+    done
+    kill "$REGISTRY_PID" 2>/dev/null || true
+    wait "$REGISTRY_PID" 2>/dev/null || true
+  done
+  die "docker-registry did not start after 5 attempts (log: $REGISTRY_LOG)"
+}
+
+registry_stop() {
+  [ -n "$REGISTRY_PID" ] || return 0
+  kill "$REGISTRY_PID" 2>/dev/null || true
+  wait "$REGISTRY_PID" 2>/dev/null || true
+  REGISTRY_PID=""
+}
+
+# registry_blob_gets FROM_LINE: the digests of blobs fetched with GET since
+# line FROM_LINE of the registry log (HEAD requests are not downloads).
+registry_blob_gets() {
+  tail -n +"$(($1 + 1))" "$REGISTRY_LOG" | grep -o '"GET /v2/[^ ]*/blobs/sha256:[0-9a-f]*' |
+    sed 's/.*blobs\///' | sort -u
+}
+
+registry_log_lines() { wc -l <"$REGISTRY_LOG"; }
+
+# ---------------------------------------------------------------- node trees
+
+# node_tree_fill DIR ROOTFS_TAR KUBELET_BIN: a node machine tree by hand (for
+# the smoke scenario that runs before any image is built): the node rootfs,
+# the fixture kubelet, the kubelet unit and the test cgroup unit, enabled.
+node_tree_fill() {
+  local dir=$1 tar=$2 kubelet=$3 units=$E2E_TESTDATA/node/units
+  mkdir -p "$dir"
+  tar -C "$dir" -xpf "$tar" --numeric-owner
+  install -m 0755 "$kubelet" "$dir/usr/bin/kubelet"
+  install -m 0644 "$units/kubelet.service" "$units/kubeslot-test-cgroup-rw.service" "$dir/etc/systemd/system/"
+  mkdir -p "$dir/etc/systemd/system/multi-user.target.wants"
+  ln -sf ../kubelet.service "$dir/etc/systemd/system/multi-user.target.wants/kubelet.service"
+  ln -sf ../kubeslot-test-cgroup-rw.service "$dir/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
+}
+
+# machine_wait_healthy MACHINE TIMEOUT_S: polls the fixture kubelet's
+# /healthz from inside MACHINE until it answers ok.
+machine_wait_healthy() {
+  local m=$1 deadline=$((SECONDS + $2))
+  while [ $SECONDS -lt $deadline ]; do
+    if outer systemd-run -M "$m" --quiet --wait --pipe /usr/bin/kubelet --probe /healthz </dev/null 2>/dev/null | grep -qx ok; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  return 1
+}
+
+# machine_wait_running MACHINE TIMEOUT_S: waits for the machine's systemd.
+machine_wait_running() {
+  local m=$1 deadline=$((SECONDS + $2)) state=""
+  while [ $SECONDS -lt $deadline ]; do
+    state=$(outer systemctl -M "$m" is-system-running 2>/dev/null || true)
+    case $state in running|degraded) echo "$state"; return 0 ;; esac
+    sleep 0.2
+  done
+  echo "${state:-unreachable}"
+  return 1
+}
+
+# ---------------------------------------------------------------- assertions
+
+# Each scenario is a function; a failed check returns non-zero with a reason.
+fail() { log "  check failed: $*"; return 1; }
+
+check() {
+  local what=$1; shift
+  if "$@"; then
+    log "  ok: $what"
+  else
+    fail "$what (command: $*)"
+  fi
+}
+
+check_eq() {
+  if [ "$2" = "$3" ]; then
+    log "  ok: $1 = $3"
+  else
+    fail "$1: expected '$3', got '$2'"
+  fi
+}
+
+# ---------------------------------------------------------------- cleanup
+
+cleanup() {
+  local rc=$?
+  set +e
+  outer_stop
+  registry_stop
+  cgroup_cleanup
+  if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
+    # Nothing may still be mounted below WORK before it is removed.
+    local m
+    awk -v w="$WORK" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |
+      while IFS= read -r m; do umount -l "$m" 2>/dev/null; done
+    if [ "${KUBESLOT_E2E_KEEP:-0}" = 1 ]; then
+      log "kept $WORK (KUBESLOT_E2E_KEEP=1)"
+    else
+      rm -rf --one-file-system "$WORK"
+    fi
+  fi
+  return "$rc"
+}

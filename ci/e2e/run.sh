@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# End-to-end scenarios (README "End-to-end tests"): real node images built by
+# kubeslot-builder, signed and pushed to a local docker-registry, activated
+# by the real kubeslot-activator inside an outer systemd host container
+# (systemd-nspawn, driven with nsenter), with real machined, nspawn machines
+# and containerd. One function per scenario; a summary line at the end; the
+# exit status is non-zero when any scenario failed.
+#
+#   ci/e2e/run.sh [SCENARIO...]       (default: all, in order)
+#
+# Needs root and the tools .ci/run installs. Everything lives in a temp dir
+# removed by a trap (KUBESLOT_E2E_KEEP=1 keeps it for debugging).
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+E2E_TESTDATA=$REPO/testdata/e2e
+# shellcheck source=ci/e2e/lib.sh
+. "$REPO/ci/e2e/lib.sh"
+
+OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
+NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
+
+# ---------------------------------------------------------------- preflight
+
+preflight() {
+  [ "$(id -u)" = 0 ] || die "the e2e needs root (systemd-nspawn, cgroups, mounts)"
+  local tool pkg
+  while read -r tool pkg; do
+    command -v "$tool" >/dev/null ||
+      die "required tool '$tool' is not installed: apt-get install -y $pkg (or run .ci/run)"
+  done <<'EOF'
+systemd-nspawn systemd-container
+nsenter util-linux
+mmdebstrap mmdebstrap
+docker-registry docker-registry
+skopeo skopeo
+zstd zstd
+tar tar
+python3 python3
+EOF
+}
+
+# ---------------------------------------------------------------- inputs
+
+build_binaries() {
+  log "building kubeslot-activator, kubeslot-builder and the fixture kubelets"
+  cargo build --quiet --locked -p kubeslot-activator -p kubeslot-builder
+  ACTIVATOR=$REPO/target/debug/kubeslot-activator
+  BUILDER=$REPO/target/debug/kubeslot-builder
+  # The fixture kubelet in three builds: v1, v2 (another version, so only the
+  # Kubernetes layer differs) and v3 (never healthy). Each has its own target
+  # dir so the build-time switches never make the main target dir rebuild.
+  local variant version unhealthy
+  while read -r variant version unhealthy; do
+    FAKE_KUBELET_VERSION=$version FAKE_KUBELET_NEVER_HEALTHY=$unhealthy \
+      CARGO_TARGET_DIR=$REPO/target/e2e-fixtures/$variant \
+      cargo build --quiet --locked -p fake-kubelet
+    mkdir -p "$WORK/kubelet/$variant"
+    install -m 0755 "$REPO/target/e2e-fixtures/$variant/debug/fake-kubelet" "$WORK/kubelet/$variant/kubelet"
+  done <<'EOF'
+v1 v1.35.0-e2e.1 0
+v2 v1.35.1-e2e.2 0
+v3 v1.35.2-e2e.3 1
+EOF
+}
+
+rootfs_tars() {
+  OUTER_TAR=$("$REPO/ci/lib/debian-rootfs.sh" "$OUTER_PKGS")
+  NODE_TAR=$("$REPO/ci/lib/debian-rootfs.sh" "$NODE_PKGS")
+}
+
+# ---------------------------------------------------------------- scenarios
+
+# Before any kubeslot code: inside the outer host, a hand-written .nspawn
+# with PrivateUsers=no and the stock systemd-nspawn@kube1.service boot a node
+# tree; containerd answers; the fixture kubelet is healthy. This proves the
+# platform the activator's rendered files rely on (DESIGN.md §5).
+scenario_nspawn_smoke() {
+  local m=kube1 tree=$OUTER/var/lib/machines/kube1 t0 t1 state leader uidmap
+  node_tree_fill "$tree" "$NODE_TAR" "$WORK/kubelet/v1/kubelet"
+  mkdir -p "$OUTER/etc/systemd/nspawn"
+  cat >"$OUTER/etc/systemd/nspawn/$m.nspawn" <<'EOF'
+[Exec]
+Boot=yes
+Capability=all
+PrivateUsers=no
+SystemCallFilter=@keyring bpf perf_event_open
+
+[Network]
+VirtualEthernet=yes
+EOF
+  outer systemctl daemon-reload
+  t0=$(now_ms)
+  outer systemctl start "systemd-nspawn@$m.service"
+  state=$(machine_wait_running "$m" 60) || { fail "machine $m is '$state' after 60 s"; return 1; }
+  t1=$(now_ms)
+  log "  $m systemd is $state $((t1 - t0)) ms after start"
+  if [ "$state" = degraded ]; then outer systemctl -M "$m" --failed --no-legend >&2 || true; fi
+
+  # PrivateUsers=no in the .nspawn file must win over the stock unit's -U:
+  # the machine's uid map is the identity.
+  leader=$(outer machinectl show "$m" -p Leader --value)
+  uidmap=$(outer cat "/proc/$leader/uid_map" | tr -s ' ' | sed 's/^ //')
+  check_eq "uid map of $m (PrivateUsers=no)" "$uidmap" "0 0 4294967295" || return 1
+  check "containerd active in $m" outer systemctl -M "$m" is-active --quiet containerd || return 1
+  check "test cgroup unit ran in $m" outer systemctl -M "$m" is-active --quiet kubeslot-test-cgroup-rw || return 1
+  local ctr
+  ctr=$(outer systemd-run -M "$m" --quiet --wait --pipe ctr version </dev/null) ||
+    { fail "ctr version in $m"; return 1; }
+  check "ctr version answers (server part)" grep -q '^Server:' <<<"$ctr" || return 1
+  check "fixture kubelet healthy in $m" machine_wait_healthy "$m" 30 || return 1
+  t1=$(now_ms)
+  log "  $m: start -> kubelet healthy in $((t1 - t0)) ms"
+  local version
+  version=$(outer systemd-run -M "$m" --quiet --wait --pipe /usr/bin/kubelet --version </dev/null)
+  check_eq "kubelet --version in $m" "$version" "Kubernetes v1.35.0-e2e.1" || return 1
+
+  t0=$(now_ms)
+  outer machinectl stop "$m"
+  local deadline=$((SECONDS + 30))
+  while outer systemctl is-active --quiet "systemd-nspawn@$m.service" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  check "machine $m stopped" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet systemd-nspawn@$m.service" || return 1
+  log "  $m stopped in $(($(now_ms) - t0)) ms"
+  rm -rf --one-file-system "$tree" "$OUTER/etc/systemd/nspawn/$m.nspawn"
+  outer systemctl daemon-reload
+}
+
+# ---------------------------------------------------------------- main
+
+SCENARIOS=(nspawn_smoke)
+
+main() {
+  preflight
+  local wanted=("$@")
+  [ ${#wanted[@]} -gt 0 ] || wanted=("${SCENARIOS[@]}")
+  local started=$SECONDS
+  work_init
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+  cgroup_init
+  build_binaries
+  rootfs_tars
+  outer_boot "$OUTER_TAR" --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator"
+
+  local passed=0 failed=0 failures=() s t0
+  for s in "${wanted[@]}"; do
+    log "=== scenario $s"
+    t0=$SECONDS
+    # A scenario runs in a subshell-free function call with errexit off, so
+    # one failing scenario is reported and the next still runs.
+    set +e
+    (set -e; "scenario_$s")
+    local rc=$?
+    set -e
+    if [ $rc = 0 ]; then
+      passed=$((passed + 1)); log "=== PASS $s ($((SECONDS - t0)) s)"
+    else
+      failed=$((failed + 1)); failures+=("$s"); log "=== FAIL $s ($((SECONDS - t0)) s)"
+    fi
+  done
+  log "total $((SECONDS - started)) s${failures[*]:+; failed: ${failures[*]}}"
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+}
+
+main "$@"
