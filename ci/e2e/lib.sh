@@ -220,15 +220,23 @@ node_tree_fill() {
   ln -sf ../kubeslot-test-cgroup-rw.service "$dir/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
 }
 
+# machine_probe MACHINE PATH: one GET on the fixture kubelet's port inside
+# MACHINE's network namespace, by the probe binary bound into the outer host
+# (nothing from the image runs; the machine may have its own veth netns).
+machine_probe() {
+  local leader
+  leader=$(outer machinectl show "$1" -p Leader --value 2>/dev/null) || return 1
+  [ -n "$leader" ] || return 1
+  outer nsenter -t "$leader" -n /usr/local/bin/e2e-probe --probe "$2" 2>/dev/null
+}
+
 # machine_wait_healthy MACHINE TIMEOUT_S: polls the fixture kubelet's
-# /healthz from inside MACHINE until it answers ok.
+# /healthz in MACHINE until it answers ok.
 machine_wait_healthy() {
   local m=$1 deadline=$((SECONDS + $2))
   while [ $SECONDS -lt $deadline ]; do
-    if outer systemd-run -M "$m" --quiet --wait --pipe /usr/bin/kubelet --probe /healthz </dev/null 2>/dev/null | grep -qx ok; then
-      return 0
-    fi
-    sleep 0.2
+    [ "$(machine_probe "$m" /healthz)" = ok ] && return 0
+    sleep 0.1
   done
   return 1
 }

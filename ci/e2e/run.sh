@@ -17,6 +17,10 @@ REPO=$PWD
 E2E_TESTDATA=$REPO/testdata/e2e
 # shellcheck source=ci/e2e/lib.sh
 . "$REPO/ci/e2e/lib.sh"
+# shellcheck source=ci/e2e/images.sh
+. "$REPO/ci/e2e/images.sh"
+# shellcheck source=ci/e2e/activator.sh
+. "$REPO/ci/e2e/activator.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -48,8 +52,8 @@ build_binaries() {
   cargo build --quiet --locked -p kubeslot-activator -p kubeslot-builder
   ACTIVATOR=$REPO/target/debug/kubeslot-activator
   BUILDER=$REPO/target/debug/kubeslot-builder
-  # The fixture kubelet in three builds: v1, v2 (another version, so only the
-  # Kubernetes layer differs) and v3 (never healthy). Each has its own target
+  # The fixture kubelet in four builds: v1, v2 and v4 (other versions, so only
+  # the Kubernetes layer differs) and v3 (never healthy). Each has its own target
   # dir so the build-time switches never make the main target dir rebuild.
   local variant version unhealthy
   while read -r variant version unhealthy; do
@@ -62,6 +66,7 @@ build_binaries() {
 v1 v1.35.0-e2e.1 0
 v2 v1.35.1-e2e.2 0
 v3 v1.35.2-e2e.3 1
+v4 v1.35.3-e2e.4 0
 EOF
 }
 
@@ -126,9 +131,39 @@ EOF
   outer systemctl daemon-reload
 }
 
+# The images themselves: v1 and v2 (and v2 and v4) differ in exactly one
+# layer, v3's kubelet is the never-healthy build, and skopeo reads them all.
+scenario_images() {
+  local v diff
+  for v in v2 v3 v4; do
+    local ref=REF_$v
+    diff=$(comm -3 <(layer_digests "$REF_v1" | sort) <(layer_digests "${!ref}" | sort) | wc -l)
+    # One layer out, one layer in.
+    check_eq "layers differing between v1 and $v" "$diff" 2 || return 1
+  done
+  check_eq "v1 and v2 share the base layers" \
+    "$(comm -12 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort) | wc -l)" \
+    "$(($(layer_digests "$REF_v1" | wc -l) - 1))" || return 1
+  check "v3's kubelet is the never-healthy build" \
+    bash -c "strings '$WORK/kubelet/v3/kubelet' | grep -q 'never healthy'" || return 1
+  log "  images built by $IMAGES_BY; signed: ${SIGNED:-0}"
+}
+
 # ---------------------------------------------------------------- main
 
-SCENARIOS=(nspawn_smoke)
+SCENARIOS=(
+  images
+  nspawn_smoke
+  activate_v1
+  activate_v2_flip
+  activate_v3_rolls_back
+  unsigned_refused
+  tampered_refused
+  rollback
+  kill_mid_unpack
+  kill_mid_flip
+  airgap_archive
+)
 
 main() {
   preflight
@@ -141,17 +176,26 @@ main() {
   cgroup_init
   build_binaries
   rootfs_tars
-  outer_boot "$OUTER_TAR" --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator"
+  registry_start
+  images_build
+  images_push
+  images_sign
+  outer_boot "$OUTER_TAR" \
+    --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator" \
+    --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
+  log "setup done in $((SECONDS - started)) s"
 
-  local passed=0 failed=0 failures=() s t0
+  local passed=0 failed=0 failures=() s t0 rc
   for s in "${wanted[@]}"; do
     log "=== scenario $s"
     t0=$SECONDS
-    # A scenario runs in a subshell-free function call with errexit off, so
-    # one failing scenario is reported and the next still runs.
+    # Each scenario runs in a subshell with errexit on, so an unexpected
+    # error fails that scenario and the next still runs; state the next
+    # scenarios need lives in the outer host and the registry, not in
+    # shell variables.
     set +e
     (set -e; "scenario_$s")
-    local rc=$?
+    rc=$?
     set -e
     if [ $rc = 0 ]; then
       passed=$((passed + 1)); log "=== PASS $s ($((SECONDS - t0)) s)"
@@ -159,6 +203,7 @@ main() {
       failed=$((failed + 1)); failures+=("$s"); log "=== FAIL $s ($((SECONDS - t0)) s)"
     fi
   done
+  [ -s "$WORK/downtime.txt" ] && log "$(cat "$WORK/downtime.txt")"
   log "total $((SECONDS - started)) s${failures[*]:+; failed: ${failures[*]}}"
   echo "$passed passed, $failed failed"
   [ "$failed" = 0 ]

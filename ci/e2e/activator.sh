@@ -1,0 +1,353 @@
+# shellcheck shell=bash
+# The activator scenarios, sourced by ci/e2e/run.sh: the real
+# kubeslot-activator binary (bound read-only into the outer host at
+# /usr/local/bin/kubeslot-activator) driven through nsenter against the
+# outer's real systemd and machined, with images from the local registry.
+#
+# Scenarios run in order and build on each other (v1 on kube1, v2 flips to
+# kube2, ...), like a node's life. Assertions use ground truth first (which
+# systemd-nspawn@ unit is active, what the machine's kubelet answers, what the
+# registry served) and the activator's own status/report second.
+
+CONFIG_IN_OUTER=/etc/kubeslot/activator.json
+ACT_RUNS=0
+
+# ---------------------------------------------------------------- helpers
+
+# act_setup: the cluster CA (a real self-signed certificate), the trusted
+# public key, the content the config refers to.
+act_setup() {
+  mkdir -p "$OUTER/etc/kubeslot/trust"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=kubeslot-e2e-ca -keyout "$WORK/keys-ca.key" -out "$WORK/ca.crt" 2>/dev/null ||
+    die "openssl could not make the test CA"
+  if [ "${SIGNED:-0}" = 1 ]; then
+    install -m 0644 "$WORK/keys/e2e.pub" "$OUTER/etc/kubeslot/trust/e2e.pub"
+  fi
+}
+
+# write_config IMAGE: the activator config inside the outer host. The node
+# runs on a private veth (CNI bridges stay out of this machine's network).
+write_config() {
+  local image=$1 trust
+  if [ "${SIGNED:-0}" = 1 ]; then
+    trust='{"public_keys": ["/etc/kubeslot/trust/e2e.pub"]}'
+  else
+    # Without the builder's signer the policy must say so explicitly; the
+    # refusal scenarios then fail and name why.
+    trust='{"allow_unsigned": true}'
+  fi
+  jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" '{
+    image: $image,
+    trust: $trust,
+    kubelet: {
+      api_server: "https://192.0.2.1:6443",
+      ca_data: $ca,
+      bootstrap_token: "abcdef.0123456789abcdef",
+      cluster_dns: ["10.96.0.10"],
+      node_name: "e2e-node",
+      labels: {"kubeslot.io/e2e": "true"}
+    },
+    gpu: "off",
+    network: "veth",
+    nameservers: ["192.0.2.53"],
+    health: {timeout_secs: 30, successes: 2}
+  }' >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# act ARGS...: runs the activator in the outer host; its output goes to a
+# numbered log (printed on failure by the caller) and ACT_LOG names it.
+act() {
+  ACT_RUNS=$((ACT_RUNS + 1))
+  ACT_LOG=$WORK/logs/activator-$ACT_RUNS-$1.log
+  log "  kubeslot-activator $*"
+  outer kubeslot-activator "$@" >"$ACT_LOG" 2>&1
+}
+
+# act_bg ARGS...: the same in the background; ACT_PID is nsenter's PID and
+# act_child_pid finds the activator process below it (to SIGKILL it).
+act_bg() {
+  ACT_RUNS=$((ACT_RUNS + 1))
+  ACT_LOG=$WORK/logs/activator-$ACT_RUNS-$1.log
+  log "  kubeslot-activator $* (background)"
+  outer kubeslot-activator "$@" >"$ACT_LOG" 2>&1 &
+  ACT_PID=$!
+}
+
+act_child_pid() {
+  ps -o pid= --ppid "$ACT_PID" | tr -d ' ' | head -n1
+}
+
+show_log() { sed 's/^/    | /' "$ACT_LOG" >&2; }
+
+unit_active() { outer systemctl is-active --quiet "systemd-nspawn@$1.service"; }
+
+# active_machines: the node machines whose nspawn unit is active.
+active_machines() {
+  local m out=""
+  for m in kube1 kube2; do unit_active "$m" && out="$out $m"; done
+  echo "${out# }"
+}
+
+# flatten FILE: every JSON scalar as `path=value` lines (the checks below
+# then do not depend on how deep a field sits).
+flatten() {
+  jq -r 'paths(scalars) as $p | "\($p | map(tostring) | join("."))=\(getpath($p))"' "$1"
+}
+
+status_json() {
+  local out=$WORK/logs/status-$ACT_RUNS.json
+  outer kubeslot-activator status --json >"$out" 2>"$out.err" ||
+    { fail "status --json failed: $(cat "$out.err")"; return 1; }
+  jq -e . "$out" >/dev/null || { fail "status --json is not JSON: $(head -c 300 "$out")"; return 1; }
+  echo "$out"
+}
+
+report_file() { echo "$OUTER/var/lib/kubeslot/report.json"; }
+
+# expect_running MACHINE KUBELET_VERSION: the machine is up, its containerd
+# answers, its kubelet is healthy and has the expected version, and the other
+# slot is not running.
+expect_running() {
+  local m=$1 version=$2 other ctr got
+  other=kube1; [ "$m" = kube1 ] && other=kube2
+  check "systemd-nspawn@$m active" unit_active "$m" || return 1
+  check "systemd-nspawn@$other not active" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet systemd-nspawn@$other.service" || return 1
+  check "kubelet healthy in $m" machine_wait_healthy "$m" 30 || return 1
+  got=$(outer systemd-run -M "$m" --quiet --wait --pipe /usr/bin/kubelet --version </dev/null)
+  check_eq "kubelet version in $m" "$got" "Kubernetes $version" || return 1
+  ctr=$(outer systemd-run -M "$m" --quiet --wait --pipe ctr version </dev/null) ||
+    { fail "ctr version in $m"; return 1; }
+  check "containerd answers in $m" grep -q '^Server:' <<<"$ctr"
+}
+
+# expect_status MACHINE DIGEST: status --json names MACHINE as active and
+# DIGEST for it.
+expect_status() {
+  local file flat
+  file=$(status_json) || return 1
+  flat=$(flatten "$file")
+  check "status --json: active slot $1" grep -Eq '(^|\.)active(_slot|_machine)?=(\{"?)?'"$1" <<<"$flat" ||
+    { sed 's/^/    | /' "$file" >&2; return 1; }
+  local pdigest=${PLATFORM_DIGEST[$2]:-$2}
+  check "status --json: $1 has $2" grep -Eq "=($2|$pdigest)" <<<"$flat" ||
+    { sed 's/^/    | /' "$file" >&2; return 1; }
+}
+
+# flip_watch OLD NEW FILE: records (ms) when OLD's unit stops being active
+# and when NEW's kubelet first answers /healthz. Runs in the background.
+flip_watch() {
+  local old=$1 new=$2 file=$3 t_stop="" t_healthy="" deadline=$((SECONDS + 180))
+  while [ $SECONDS -lt $deadline ]; do
+    if [ -z "$t_stop" ] && ! unit_active "$old"; then
+      t_stop=$(now_ms)
+    fi
+    if [ -n "$t_stop" ] && [ "$(machine_probe "$new" /healthz)" = ok ]; then
+      t_healthy=$(now_ms)
+      break
+    fi
+    sleep 0.05
+  done
+  echo "$t_stop $t_healthy" >"$file"
+}
+
+# print_downtime FILE NEW: the measured downtime beside the kubelet's own
+# start (from the fixture's /startz).
+print_downtime() {
+  local t_stop t_healthy startz started serving
+  read -r t_stop t_healthy <"$1" || true
+  if [ -z "$t_stop" ] || [ -z "$t_healthy" ]; then
+    fail "flip downtime not measured (old stopped at '${t_stop}', new healthy at '${t_healthy}')"
+    return 1
+  fi
+  startz=$(machine_probe "$2" /startz) || { fail "no /startz from $2"; return 1; }
+  started=$(jq -r .started_unix_ms <<<"$startz")
+  serving=$(jq -r .serving_unix_ms <<<"$startz")
+  echo "FLIP DOWNTIME: $((t_healthy - t_stop)) ms (old machine stopped -> new kubelet healthy);" \
+    "new kubelet process started $((started - t_stop)) ms and served $((serving - t_stop)) ms after the old machine stopped"
+  DOWNTIME_LINE="flip downtime $((t_healthy - t_stop)) ms, kubelet started at +$((started - t_stop)) ms"
+  echo "$DOWNTIME_LINE" >"$WORK/downtime.txt"
+}
+
+# ---------------------------------------------------------------- scenarios
+
+activator_present() {
+  outer kubeslot-activator activate --help >/dev/null 2>&1 ||
+    { fail "kubeslot-activator has no 'activate' command yet (branches activator-core/host-side not merged)"; return 1; }
+}
+
+# v1 onto an empty host: kube1 boots and is healthy; status names kube1 and
+# v1's digest.
+scenario_activate_v1() {
+  activator_present || return 1
+  act_setup
+  write_config "$REF_v1"
+  act activate || { show_log; fail "activate v1 exited non-zero"; return 1; }
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  expect_status kube1 "$DIGEST_v1"
+}
+
+# v2: flip to kube2; only v2's new Kubernetes layer is downloaded; kube1's
+# tree stays for rollback; the downtime is printed.
+scenario_activate_v2_flip() {
+  activator_present || return 1
+  local mark changed got watch=$WORK/flip-v2.txt
+  changed=$(comm -13 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort))
+  check_eq "layers v2 adds over v1" "$(wc -l <<<"$changed")" 1 || return 1
+  write_config "$REF_v2"
+  mark=$(registry_log_lines)
+  flip_watch kube1 kube2 "$watch" &
+  local watcher=$!
+  act activate || { show_log; kill "$watcher" 2>/dev/null; fail "activate v2 exited non-zero"; return 1; }
+  wait "$watcher" || true
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  expect_status kube2 "$DIGEST_v2" || return 1
+  # Layer blobs fetched from the registry (the image config is a blob too and
+  # changes with the layer list; it is not a layer).
+  got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") || true)
+  check_eq "layer blobs downloaded for v2" "$got" "$changed" || return 1
+  check "kube1 tree kept for rollback" test -x "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" || return 1
+  print_downtime "$watch" kube2
+}
+
+# v3 never turns healthy: the gate fails, kube2 (v2) comes back, v3's digest
+# is marked bad and the report names the failed check.
+scenario_activate_v3_rolls_back() {
+  activator_present || return 1
+  write_config "$REF_v3"
+  if act activate; then show_log; fail "activate v3 succeeded; the health gate must fail"; return 1; fi
+  log "  activate v3 failed as expected: $(tail -n1 "$ACT_LOG")"
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  expect_status kube2 "$DIGEST_v2" || return 1
+  local flat
+  flat=$(flatten "$(status_json)")
+  check "status marks v3 bad" grep -Eqi "(bad|failed).*=$DIGEST_v3|(bad|failed).*$DIGEST_v3" <<<"$flat" || return 1
+  check "report names the failed health check" grep -Eqi 'health|healthz' "$(report_file)" || return 1
+  check "report carries v3's digest" grep -q "$DIGEST_v3" "$(report_file)"
+}
+
+# An image without a signature is refused before anything changes; kube2
+# keeps running.
+scenario_unsigned_refused() {
+  activator_present || return 1
+  [ "${SIGNED:-0}" = 1 ] || { fail "images are unsigned (kubeslot-builder sign missing): the policy cannot refuse"; return 1; }
+  write_config "$REF_UNSIGNED"
+  if act activate; then show_log; fail "an unsigned image was activated"; return 1; fi
+  check "error names the signature" grep -Eqi 'signature|signed' "$ACT_LOG" || { show_log; return 1; }
+  expect_running kube2 v1.35.1-e2e.2
+}
+
+# v4's new Kubernetes layer is corrupted in the registry's storage: refused by
+# the digest check, nothing counted as good in the store, kube2 keeps running.
+scenario_tampered_refused() {
+  activator_present || return 1
+  local layer hex data
+  layer=$(comm -13 <(layer_digests "$REF_v2" | sort) <(layer_digests "$REF_v4" | sort))
+  hex=${layer#sha256:}
+  data=$WORK/registry/storage/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex/data
+  check "v4's layer is in registry storage" test -f "$data" || return 1
+  cp "$data" "$WORK/v4-layer.orig"
+  # Same size, one byte flipped in the middle.
+  printf '\x5a' | dd of="$data" bs=1 seek=$(($(stat -c %s "$data") / 2)) conv=notrunc status=none
+  write_config "$REF_v4"
+  local rc=0
+  act activate || rc=$?
+  cp "$WORK/v4-layer.orig" "$data"
+  if [ $rc = 0 ]; then show_log; fail "a tampered layer was activated"; return 1; fi
+  check "error names the digest mismatch" grep -Eqi 'digest|sha256' "$ACT_LOG" || { show_log; return 1; }
+  check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
+  expect_running kube2 v1.35.1-e2e.2
+}
+
+# rollback: back to kube1 (v1) without a single registry request for blobs.
+scenario_rollback() {
+  activator_present || return 1
+  local mark
+  mark=$(registry_log_lines)
+  act rollback || { show_log; fail "rollback exited non-zero"; return 1; }
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  expect_status kube1 "$DIGEST_v1" || return 1
+  check_eq "blobs downloaded by rollback" "$(registry_blob_gets "$mark" | wc -l)" 0
+}
+
+# SIGKILL while v4 is being unpacked into kube2 (a staging dir exists); the
+# next run converges: kube2 runs v4, nothing half-written is left behind.
+scenario_kill_mid_unpack() {
+  activator_present || return 1
+  write_config "$REF_v4"
+  act_bg activate
+  local deadline=$((SECONDS + 120)) staging="" pid
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null; do
+    staging=$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.staging-*' -print -quit 2>/dev/null)
+    [ -n "$staging" ] && break
+    sleep 0.05
+  done
+  pid=$(act_child_pid)
+  if [ -z "$staging" ] || [ -z "$pid" ]; then
+    wait "$ACT_PID" || true; show_log
+    fail "never saw a staging dir while the activator ran"; return 1
+  fi
+  kill -KILL "$pid"
+  wait "$ACT_PID" 2>/dev/null || true
+  log "  killed the activator (pid $pid) while $staging existed"
+  check "kube1 still running after the kill" unit_active kube1 || return 1
+  act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
+  expect_running kube2 v1.35.3-e2e.4 || return 1
+  expect_status kube2 "$DIGEST_v4" || return 1
+  check_eq "staging dirs left" "$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.staging-*' | wc -l)" 0
+}
+
+# SIGKILL right after the old machine stopped; the next run converges: one
+# machine runs and is healthy, and status agrees with systemd.
+scenario_kill_mid_flip() {
+  activator_present || return 1
+  write_config "$REF_v2"
+  act_bg activate
+  local deadline=$((SECONDS + 180)) pid
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null; do
+    unit_active kube2 || break
+    sleep 0.02
+  done
+  pid=$(act_child_pid)
+  if unit_active kube2 || [ -z "$pid" ]; then
+    wait "$ACT_PID" || true; show_log
+    fail "the activator never stopped kube2 (or ended before the kill)"; return 1
+  fi
+  kill -KILL "$pid"
+  wait "$ACT_PID" 2>/dev/null || true
+  log "  killed the activator (pid $pid) with kube2 stopped; running now: '$(active_machines)'"
+  act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
+  # Converged means finished (kube1 runs v2) or cleanly undone (kube2 runs v4).
+  local running
+  running=$(active_machines)
+  case $running in
+    kube1) expect_running kube1 v1.35.1-e2e.2 && expect_status kube1 "$DIGEST_v2" ;;
+    kube2) expect_running kube2 v1.35.3-e2e.4 && expect_status kube2 "$DIGEST_v4" ;;
+    *) fail "after convergence running machines are '$running', expected exactly one" ;;
+  esac
+}
+
+# Air-gapped: no registry, an empty content store, the image (with its
+# signature) from an oci-archive file inside the host.
+scenario_airgap_archive() {
+  activator_present || return 1
+  local archive=$OUTER/var/tmp/node-v1.tar
+  if "$BUILDER" copy --help >/dev/null 2>&1; then
+    "$BUILDER" copy "$REF_v1" "oci-archive:$archive:v1" >"$WORK/logs/copy-archive.log" 2>&1 ||
+      { cat "$WORK/logs/copy-archive.log" >&2; fail "kubeslot-builder copy to oci-archive failed"; return 1; }
+  else
+    [ "${SIGNED:-0}" = 0 ] || { fail "kubeslot-builder copy missing: skopeo would drop the signature"; return 1; }
+    skopeo copy --quiet --src-tls-verify=false "docker://$REF_v1" "oci-archive:$archive:v1"
+  fi
+  registry_stop
+  rm -rf "$OUTER/var/lib/kubeslot/blobs"
+  local before after
+  before=$(active_machines)
+  write_config "oci-archive:/var/tmp/node-v1.tar:v1"
+  act activate || { show_log; fail "activate from oci-archive exited non-zero"; return 1; }
+  after=$(active_machines)
+  [ "$after" != "$before" ] || { fail "no flip: $before still runs"; return 1; }
+  expect_running "$after" v1.35.0-e2e.1 || return 1
+  expect_status "$after" "$DIGEST_v1"
+}

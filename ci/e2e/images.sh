@@ -1,0 +1,160 @@
+# shellcheck shell=bash
+# The e2e node images v1 to v4, sourced by ci/e2e/run.sh.
+#
+# Four images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
+# the node package list), a config layer (the kubelet unit and the test-only
+# cgroup unit, enabled) and a Kubernetes layer holding only the fixture
+# kubelet. v1 and v2 differ only in the Kubernetes layer (another kubelet
+# version); v3's kubelet never turns healthy; v4 is a fourth version (its
+# fresh Kubernetes layer is the one the tamper scenario corrupts).
+#
+# kubeslot-builder builds them from testdata/e2e/node.toml.in when its `build`
+# command exists (the product path); until then, and with
+# KUBESLOT_E2E_IMAGES=umoci, umoci (the reference implementation) assembles the
+# same images so the rest of the harness can be proven. The run prints
+# which path made the images.
+#
+# Sets: IMAGES_BY (builder|umoci), IMAGE_LAYOUT (an oci: layout dir with the
+# tags v1..v4), and after images_push REF_v1..REF_v4 (tag references in the
+# local registry), DIGEST_v1..DIGEST_v4 (what each tag resolves to there) and
+# REF_UNSIGNED (v2's content under a name that has no signature).
+
+IMAGE_REPO=kubeslot/e2e-node
+# Set by images_push / images_sign, read by the scenarios.
+REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_UNSIGNED=""
+DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4=""
+SIGNED=0
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 SIGNED
+# Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
+declare -A PLATFORM_DIGEST=()
+
+# images_stage: the files of the config layer and of each Kubernetes layer.
+images_stage() {
+  local stage=$WORK/images/stage units=$E2E_TESTDATA/node/units v
+  rm -rf "$stage"
+  mkdir -p "$stage/config/etc/systemd/system/multi-user.target.wants"
+  install -m 0644 "$units/kubelet.service" "$units/kubeslot-test-cgroup-rw.service" \
+    "$stage/config/etc/systemd/system/"
+  ln -s ../kubelet.service "$stage/config/etc/systemd/system/multi-user.target.wants/kubelet.service"
+  ln -s ../kubeslot-test-cgroup-rw.service \
+    "$stage/config/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
+  for v in v1 v2 v3 v4; do
+    mkdir -p "$stage/kubernetes-$v/usr/bin"
+    install -m 0755 "$WORK/kubelet/$v/kubelet" "$stage/kubernetes-$v/usr/bin/kubelet"
+  done
+}
+
+builder_can_build() {
+  [ "${KUBESLOT_E2E_IMAGES:-}" != umoci ] && "$BUILDER" build --help >/dev/null 2>&1
+}
+
+images_build() {
+  mkdir -p "$WORK/images"
+  images_stage
+  IMAGE_LAYOUT=$WORK/images/layout
+  if builder_can_build; then
+    IMAGES_BY=builder
+    images_build_with_builder
+  else
+    IMAGES_BY=umoci
+    log "kubeslot-builder has no 'build' yet (or KUBESLOT_E2E_IMAGES=umoci): assembling the images with umoci"
+    images_build_with_umoci
+  fi
+  log "images v1 v2 v3 v4 built by $IMAGES_BY into oci:$IMAGE_LAYOUT"
+}
+
+# The product path: one recipe template, three builds that differ in the
+# kubelet only. The base tarball is pinned by the sha256 of the cached file.
+images_build_with_builder() {
+  local base_sha v recipe out
+  base_sha=$(sha256sum "$NODE_TAR" | cut -d' ' -f1)
+  for v in v1 v2 v3 v4; do
+    recipe=$WORK/images/node-$v.toml
+    sed -e "s|@BASE_TAR@|$NODE_TAR|g" -e "s|@BASE_SHA256@|$base_sha|g" \
+      -e "s|@TAG@|$v|g" -e "s|@STAGE@|$WORK/images/stage|g" \
+      -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/$v/kubelet" | cut -d' ' -f1)|g" \
+      -e "s|@KUBELET@|$WORK/kubelet/$v/kubelet|g" \
+      -e "s|@UNITS@|$E2E_TESTDATA/node/units|g" \
+      "$E2E_TESTDATA/node.toml.in" >"$recipe"
+    out=$WORK/images/build-$v
+    "$BUILDER" build "$recipe" --output "oci:$out" >"$WORK/logs/build-$v.log" 2>&1 ||
+      { cat "$WORK/logs/build-$v.log" >&2; die "kubeslot-builder build $recipe failed"; }
+    skopeo copy --quiet "oci:$out" "oci:$IMAGE_LAYOUT:$v"
+  done
+}
+
+# The stand-in path: the same layers with umoci. The base layer is the node
+# rootfs tar without its /dev entries (device nodes never ship in an image;
+# nspawn provides /dev).
+images_build_with_umoci() {
+  command -v umoci >/dev/null || die "required tool 'umoci' is not installed: apt-get install -y umoci"
+  local base=$WORK/images/base.tar stage=$WORK/images/stage v
+  cp "$NODE_TAR" "$base"
+  tar --delete --wildcards -f "$base" './dev/?*'
+  tar -C "$stage/config" --numeric-owner --owner=0 --group=0 --sort=name --mtime=@1700000000 \
+    -cf "$WORK/images/config.tar" .
+  umoci init --layout "$IMAGE_LAYOUT"
+  umoci new --image "$IMAGE_LAYOUT:empty"
+  umoci raw add-layer --image "$IMAGE_LAYOUT:empty" --tag base "$base"
+  umoci raw add-layer --image "$IMAGE_LAYOUT:base" --tag common "$WORK/images/config.tar"
+  for v in v1 v2 v3 v4; do
+    tar -C "$stage/kubernetes-$v" --numeric-owner --owner=0 --group=0 --sort=name \
+      --mtime=@1700000000 -cf "$WORK/images/kubernetes-$v.tar" .
+    umoci raw add-layer --image "$IMAGE_LAYOUT:common" --tag "$v" "$WORK/images/kubernetes-$v.tar"
+  done
+  umoci gc --layout "$IMAGE_LAYOUT"
+  rm -f "$base"
+}
+
+# images_push: v1..v4 into the local registry (with signatures when the
+# builder can sign), plus an unsigned copy of v2 for the refusal scenario.
+images_push() {
+  local v
+  for v in v1 v2 v3 v4; do
+    skopeo copy --quiet --dest-tls-verify=false "oci:$IMAGE_LAYOUT:$v" "docker://$REGISTRY/$IMAGE_REPO:$v"
+    printf -v "REF_$v" '%s' "$REGISTRY/$IMAGE_REPO:$v"
+    printf -v "DIGEST_$v" 'sha256:%s' "$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/$IMAGE_REPO:$v" | sha256sum | cut -d' ' -f1)"
+    local d=DIGEST_$v
+    PLATFORM_DIGEST[${!d}]=$(platform_digest "$REGISTRY/$IMAGE_REPO:$v")
+  done
+  skopeo copy --quiet --dest-tls-verify=false "oci:$IMAGE_LAYOUT:v2" "docker://$REGISTRY/kubeslot/e2e-unsigned:v2"
+  REF_UNSIGNED=$REGISTRY/kubeslot/e2e-unsigned:v2
+  log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
+}
+
+# images_sign: a fresh key pair and signatures on v1..v4 (not on the
+# unsigned copy). Needs kubeslot-builder keygen/sign.
+images_sign() {
+  if ! "$BUILDER" sign --help >/dev/null 2>&1; then
+    log "kubeslot-builder has no 'sign' yet: images stay unsigned"
+    SIGNED=0
+    return 0
+  fi
+  mkdir -p "$WORK/keys"
+  "$BUILDER" keygen --output "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
+    { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
+  local v ref digest
+  for v in v1 v2 v3 v4; do
+    ref=REF_$v; digest=DIGEST_$v
+    "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
+      { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
+  done
+  SIGNED=1
+}
+
+# layer_digests REF: the layer digests of REF's manifest for this platform.
+layer_digests() {
+  skopeo inspect --tls-verify=false --format '{{range .Layers}}{{println .}}{{end}}' "docker://$1" | sed '/^$/d'
+}
+
+# platform_digest REF: the digest of REF's manifest for linux/amd64 (REF's
+# own digest when it is a single manifest, not an index).
+platform_digest() {
+  local raw
+  raw=$(skopeo inspect --tls-verify=false --raw "docker://$1")
+  if jq -e '.manifests' <<<"$raw" >/dev/null 2>&1; then
+    jq -r '[.manifests[] | select(.platform.architecture == "amd64" and .platform.os == "linux")][0].digest' <<<"$raw"
+  else
+    printf '%s' "$raw" | sha256sum | sed 's/^/sha256:/; s/ .*//'
+  fi
+}
