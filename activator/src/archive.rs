@@ -229,6 +229,8 @@ mod tests {
         f
     }
 
+    type Spec<'a> = (&'a str, tar::EntryType, &'a [u8]);
+
     const MARKER: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
     const INDEX: &[u8] = br#"{"schemaVersion":2,"manifests":[]}"#;
 
@@ -254,7 +256,7 @@ mod tests {
     fn refuses_what_a_layout_does_not_hold() {
         let d = Digest::of(b"hello");
         let good = format!("blobs/sha256/{}", d.hex());
-        let cases: Vec<(Vec<(&str, tar::EntryType, &[u8])>, &str)> = vec![
+        let cases: Vec<(Vec<Spec>, &str)> = vec![
             (
                 vec![("../evil", tar::EntryType::Regular, b"x")],
                 "plain relative",

@@ -73,7 +73,7 @@ pub enum SourceError {
     Platform {
         source_name: String,
         digest: Digest,
-        platform: Platform,
+        platform: String,
         available: String,
     },
 }
@@ -481,7 +481,7 @@ impl Source {
             chosen.ok_or_else(|| SourceError::Platform {
                 source_name: self.name(),
                 digest: top.digest,
-                platform: platform.clone(),
+                platform: platform.to_string(),
                 available: if available.is_empty() {
                     "no platform entries".into()
                 } else {

@@ -47,7 +47,7 @@ pub enum VerifyError {
     Source {
         image: Digest,
         #[source]
-        error: SourceError,
+        error: Box<SourceError>,
     },
 }
 
