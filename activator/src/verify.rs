@@ -110,7 +110,10 @@ pub fn check(
     for digest in digests {
         let sig = source
             .signature(&digest)
-            .map_err(|error| VerifyError::Source { image: top, error })?;
+            .map_err(|error| VerifyError::Source {
+                image: top,
+                error: Box::new(error),
+            })?;
         let Some(sig) = sig else {
             reasons.push(format!("no signature on {digest}"));
             continue;
