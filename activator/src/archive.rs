@@ -33,12 +33,8 @@ pub const MAX_TOTAL_BYTES: u64 = 256 * 1024 * 1024 * 1024;
 /// there is one, the entry.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
-    #[error("oci-archive {file}: {source}")]
-    Io {
-        file: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("oci-archive {file}: {error}")]
+    Io { file: PathBuf, error: io::Error },
     #[error("oci-archive {file}: entry {index} {name:?}: {rule}")]
     Entry {
         file: PathBuf,
@@ -48,12 +44,8 @@ pub enum ArchiveError {
     },
     #[error("oci-archive {file}: {rule}")]
     Archive { file: PathBuf, rule: String },
-    #[error("oci-archive {file}: {source}")]
-    Layout {
-        file: PathBuf,
-        #[source]
-        source: LayoutError,
-    },
+    #[error("oci-archive {file}: {error}")]
+    Layout { file: PathBuf, error: LayoutError },
 }
 
 /// What an accepted entry becomes.
@@ -101,7 +93,7 @@ fn normalise(raw: &[u8]) -> Option<String> {
 pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
     let io_err = |source| ArchiveError::Io {
         file: file.to_path_buf(),
-        source,
+        error: source,
     };
     if fs::read_dir(into).map_err(io_err)?.next().is_some() {
         return Err(ArchiveError::Archive {
@@ -195,7 +187,7 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
     }
     Layout::open(into).map_err(|source| ArchiveError::Layout {
         file: file.to_path_buf(),
-        source,
+        error: source,
     })
 }
 

@@ -43,13 +43,11 @@ pub enum SourceError {
     #[error("{source_name}: {error}")]
     Registry {
         source_name: String,
-        #[source]
         error: RegistryError,
     },
     #[error("{source_name}: {error}")]
     Layout {
         source_name: String,
-        #[source]
         error: LayoutError,
     },
     #[error(transparent)]
@@ -58,7 +56,6 @@ pub enum SourceError {
     Io {
         source_name: String,
         path: PathBuf,
-        #[source]
         error: std::io::Error,
     },
     #[error("{source_name}: {reason}")]

@@ -47,13 +47,9 @@ pub struct FetchReport {
 /// Why a blob could not be stored; every variant names the blob.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("content store {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("content store: {0}")]
+    #[error("content store {path}: {error}")]
+    Io { path: PathBuf, error: io::Error },
+    #[error(transparent)]
     Layout(#[from] LayoutError),
     #[error(transparent)]
     Source(#[from] SourceError),
@@ -63,7 +59,6 @@ pub enum StoreError {
         endpoint: String,
         have: u64,
         size: u64,
-        #[source]
         error: io::Error,
     },
     #[error("blob {digest}: {endpoint} served more than the {size} bytes its descriptor names (partial deleted)")]
@@ -91,7 +86,7 @@ pub struct Store {
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     }
 }
 

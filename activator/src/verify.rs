@@ -38,7 +38,7 @@ pub struct Policy {
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
     #[error("trust policy: {0}")]
-    Key(#[source] SignatureError),
+    Key(SignatureError),
     #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: image {digest} cannot be accepted")]
     NoKeys { digest: Digest },
     #[error("image {image}: refused by the trust policy: {}", .reasons.join("; "))]
@@ -46,7 +46,6 @@ pub enum VerifyError {
     #[error("image {image}: reading signatures: {error}")]
     Source {
         image: Digest,
-        #[source]
         error: Box<SourceError>,
     },
 }
