@@ -284,14 +284,30 @@ impl Client {
     /// Fetches the manifest or index `reference` (a tag or a digest) of
     /// `image`'s repository from the first endpoint that serves a valid one.
     pub fn manifest(&self, image: &ImageRef, reference: &str) -> Result<Document, RegistryError> {
-        self.manifest_or_missing(image, reference)?
-            .ok_or_else(|| unreachable_all_404(image, reference))
+        let wanted: Option<Digest> = reference.parse().ok();
+        let mut attempts = Vec::new();
+        for ep in self.endpoints(image) {
+            match self.manifest_at(&ep, &image.repository, reference, wanted) {
+                Ok(Some(doc)) => return Ok(doc),
+                Ok(None) => attempts.push((ep.to_string(), "HTTP 404 not found".to_string())),
+                Err(why) => attempts.push((ep.to_string(), why)),
+            }
+        }
+        Err(RegistryError::AllFailed {
+            what: format!(
+                "manifest {}/{}:{reference}",
+                image.registry, image.repository
+            ),
+            attempts,
+        })
     }
 
-    /// Like [`Client::manifest`], but `Ok(None)` when no endpoint had it
-    /// (404) and none failed otherwise: used for optional artifacts such as
-    /// `.sig` tags. Any other failure is an error, so a registry that is down
-    /// is never mistaken for "unsigned".
+    /// Like [`Client::manifest`], but `Ok(None)` when no endpoint served it
+    /// and at least one answered 404: used for optional artifacts such as
+    /// `.sig` tags. When every endpoint failed otherwise (all down), it is an
+    /// error, so an unreachable registry is never mistaken for "unsigned".
+    /// (A 404 can only ever make the trust check stricter: a missing
+    /// signature is refused unless the policy allows unsigned images.)
     pub fn manifest_or_missing(
         &self,
         image: &ImageRef,
@@ -299,18 +315,18 @@ impl Client {
     ) -> Result<Option<Document>, RegistryError> {
         let wanted: Option<Digest> = reference.parse().ok();
         let mut attempts = Vec::new();
-        let mut all_missing = true;
+        let mut any_missing = false;
         for ep in self.endpoints(image) {
             match self.manifest_at(&ep, &image.repository, reference, wanted) {
                 Ok(Some(doc)) => return Ok(Some(doc)),
-                Ok(None) => attempts.push((ep.to_string(), "HTTP 404 not found".to_string())),
-                Err(why) => {
-                    all_missing = false;
-                    attempts.push((ep.to_string(), why));
+                Ok(None) => {
+                    any_missing = true;
+                    attempts.push((ep.to_string(), "HTTP 404 not found".to_string()));
                 }
+                Err(why) => attempts.push((ep.to_string(), why)),
             }
         }
-        if all_missing {
+        if any_missing {
             return Ok(None);
         }
         Err(RegistryError::AllFailed {
@@ -572,16 +588,6 @@ impl Client {
             }
             other => Err(format!("unsupported auth scheme {other:?}")),
         }
-    }
-}
-
-fn unreachable_all_404(image: &ImageRef, reference: &str) -> RegistryError {
-    RegistryError::AllFailed {
-        what: format!(
-            "manifest {}/{}:{reference}",
-            image.registry, image.repository
-        ),
-        attempts: vec![("every endpoint".into(), "HTTP 404 not found".into())],
     }
 }
 
