@@ -138,6 +138,15 @@ fn is_index_type(mt: &str) -> bool {
     mt == MEDIA_TYPE_INDEX || mt == MEDIA_TYPE_DOCKER_LIST
 }
 
+/// Whether an image for `image` runs on `host`: same OS and architecture;
+/// a variant only has to agree when both name one (`Platform::host()` names
+/// none, and arm64 entries often say `v8`).
+fn runs_on(host: &Platform, image: &Platform) -> bool {
+    host.os == image.os
+        && host.architecture == image.architecture
+        && (host.variant.is_none() || image.variant.is_none() || host.variant == image.variant)
+}
+
 /// `sha256-<hex>.sig`/`.sbom`/`.att`: cosign attachment tags, never images.
 fn is_attachment_tag(tag: &str) -> bool {
     tag.strip_prefix("sha256-")
@@ -471,7 +480,7 @@ impl Source {
             for d in &index.manifests {
                 let Some(p) = &d.platform else { continue };
                 available.push(p.to_string());
-                if chosen.is_none() && is_manifest_type(&d.media_type) && platform.matches(p) {
+                if chosen.is_none() && is_manifest_type(&d.media_type) && runs_on(platform, p) {
                     chosen = Some(d.clone());
                 }
             }
@@ -530,7 +539,7 @@ impl Source {
             architecture: config.architecture.clone(),
             variant: config.variant.clone(),
         };
-        if !platform.matches(&cp) {
+        if !runs_on(platform, &cp) {
             return Err(self.doc_err(md, format!("image is for {cp}, this host is {platform}")));
         }
         if config.rootfs.diff_ids.len() != layers.len() {
@@ -561,6 +570,18 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platform_variants() {
+        let host = Platform::linux("arm64");
+        let mut v8 = Platform::linux("arm64");
+        v8.variant = Some("v8".into());
+        assert!(runs_on(&host, &v8));
+        assert!(!runs_on(&host, &Platform::linux("amd64")));
+        let mut other = Platform::linux("arm64");
+        other.os = "windows".into();
+        assert!(!runs_on(&host, &other));
+    }
 
     #[test]
     fn attachment_tags() {
