@@ -933,3 +933,117 @@ fn basic_auth_with_a_password_file() {
     let err = host.unpack_err(&image, &host.target("t2"));
     assert!(err.contains("401"), "{err}");
 }
+
+#[test]
+fn hostile_manifests_are_refused_before_any_layer() {
+    let work = tempfile::tempdir().unwrap();
+    let layout = Layout::create(work.path().join("l")).unwrap();
+    let good = gzip_layer(&layout, &[("etc/os-release", b"ID=x\n")]);
+
+    let mut unknown = good.clone();
+    unknown.desc.media_type = "application/vnd.example.exe".into();
+    write_image(&layout, "unknown-type", &[unknown]);
+
+    let mut foreign = good.clone();
+    foreign.desc.urls = vec!["https://example.invalid/layer".into()];
+    write_image(&layout, "foreign-urls", &[foreign]);
+
+    let mut short = good.clone();
+    short.desc.size -= 1;
+    write_image(&layout, "wrong-size", &[short]);
+
+    let mut wrong_diff = good.clone();
+    wrong_diff.diff_id = Digest::of(b"not this layer");
+    write_image(&layout, "wrong-diff-id", &[wrong_diff]);
+
+    // A manifest that claims far more than the document cap.
+    let big = vec![b' '; 5 * 1024 * 1024];
+    let bd = layout.blobs().put_bytes(&big).unwrap();
+    let mut entry = Descriptor::new(MEDIA_TYPE_MANIFEST, bd, big.len() as u64);
+    entry.platform = Some(Platform::host());
+    tag_entry(&layout, "huge-manifest", entry);
+
+    let cases = [
+        ("unknown-type", "unknown layer media type"),
+        ("foreign-urls", "foreign urls are refused"),
+        ("wrong-size", "bytes"),
+        ("wrong-diff-id", "diff"),
+        ("huge-manifest", "limit"),
+    ];
+    for (tag, why) in cases {
+        // allow_unsigned: the structural checks hold even when signatures
+        // do not; a fresh host each time so its store shows what this case fetched.
+        let host = Host::new(&[], true, no_registries());
+        let err = host.unpack_err(
+            &format!("oci:{}:{tag}", layout.dir().display()),
+            &host.target(tag),
+        );
+        assert!(err.contains(why), "{tag}: {err}");
+        if tag != "wrong-size" && tag != "wrong-diff-id" {
+            assert!(
+                host.store_names().1.is_empty(),
+                "{tag}: fetched before refusing"
+            );
+        }
+        assert!(host.store_names().0.is_empty(), "{tag}: partial left");
+        host.assert_store_sound();
+    }
+}
+
+#[test]
+fn unpack_without_root_uses_a_temporary_store() {
+    let work = tempfile::tempdir().unwrap();
+    let k = key(6);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"tmp\n", Some(&k));
+    let pem = work.path().join("trusted.pem");
+    fs::write(
+        &pem,
+        k.verifying_key().to_public_key_pem(LineEnding::LF).unwrap(),
+    )
+    .unwrap();
+    let config = work.path().join("cfg.json");
+    fs::write(
+        &config,
+        serde_json::to_vec(&serde_json::json!({"trust": {"public_keys": [pem]}})).unwrap(),
+    )
+    .unwrap();
+    let out_dir = work.path().join("out");
+    let target = out_dir.join("tree");
+    let out = Command::new(BIN)
+        .arg("unpack")
+        .arg("--config")
+        .arg(&config)
+        .arg(format!("oci:{}:v1", layout.dir().display()))
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&built.index.to_string()) && text.contains("signature valid"),
+        "{text}"
+    );
+    assert_eq!(fs::read(target.join("opt/app/version")).unwrap(), b"tmp\n");
+    let names: Vec<_> = fs::read_dir(&out_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["tree"], "temporary store or staging left behind");
+
+    // A non-empty target is refused before anything is fetched.
+    let out = Command::new(BIN)
+        .arg("unpack")
+        .arg("--config")
+        .arg(&config)
+        .arg(format!("oci:{}:v1", layout.dir().display()))
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be missing or an empty directory"));
+}
