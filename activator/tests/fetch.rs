@@ -1047,3 +1047,275 @@ fn unpack_without_root_uses_a_temporary_store() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be missing or an empty directory"));
 }
+
+/// RFC 4648 base32 (no padding), as libtrust uses for key IDs.
+fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut out = String::new();
+    let (mut buf, mut bits) = (0u32, 0);
+    for &b in bytes {
+        buf = (buf << 8) | u32::from(b);
+        bits += 8;
+        while bits >= 5 {
+            out.push(ALPHABET[((buf >> (bits - 5)) & 31) as usize] as char);
+            bits -= 5;
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((buf << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A token service in the style of the distribution token spec: grants the
+/// scopes asked for, as an ES256 JWT the real `docker-registry` verifies
+/// against the root certificate it was given. Records every request line
+/// and Authorization header it saw.
+struct TokenService {
+    realm: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn token_service(signer: SigningKey, kid: String) -> TokenService {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let realm = format!("http://{}/token", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = io::BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if io::BufRead::read_line(&mut reader, &mut request).is_err() {
+                continue;
+            }
+            let mut auth = String::new();
+            loop {
+                let mut line = String::new();
+                if io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0
+                    || line == "\r\n"
+                {
+                    break;
+                }
+                if line.to_ascii_lowercase().starts_with("authorization:") {
+                    auth = line.trim().to_string();
+                }
+            }
+            log.lock()
+                .unwrap()
+                .push(format!("{} {auth}", request.trim()));
+            let target = request.split_whitespace().nth(1).unwrap_or("").to_string();
+            let query = target.split_once('?').map_or("", |(_, q)| q);
+            let mut access = Vec::new();
+            for pair in query.split('&') {
+                if let Some(v) = pair.strip_prefix("scope=") {
+                    let scope = percent_decode(v);
+                    let mut parts = scope.splitn(3, ':');
+                    let (kind, name, actions) = (
+                        parts.next().unwrap_or(""),
+                        parts.next().unwrap_or(""),
+                        parts.next().unwrap_or(""),
+                    );
+                    access.push(serde_json::json!({
+                        "type": kind, "name": name,
+                        "actions": actions.split(',').collect::<Vec<_>>()
+                    }));
+                }
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+            let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "kid": kid});
+            let claims = serde_json::json!({
+                "iss": "kubeslot-test-issuer", "sub": "node", "aud": "kubeslot-test",
+                "exp": now + 600, "nbf": now - 60, "iat": now - 60, "jti": format!("{now}"),
+                "access": access,
+            });
+            let signing_input = format!(
+                "{}.{}",
+                b64(&serde_json::to_vec(&header).unwrap()),
+                b64(&serde_json::to_vec(&claims).unwrap())
+            );
+            let sig: Signature = signer.sign(signing_input.as_bytes());
+            let token = format!("{signing_input}.{}", b64(&sig.to_bytes()));
+            let body = serde_json::to_vec(&serde_json::json!({"token": token})).unwrap();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(&body);
+        }
+    });
+    TokenService { realm, seen }
+}
+
+#[test]
+fn bearer_token_auth_against_a_token_registry() {
+    let openssl = require_tool("openssl", "openssl");
+    let work = tempfile::tempdir().unwrap();
+    // The token signing key and its self-signed certificate (the registry's
+    // root bundle), made by the real openssl.
+    let key_pem = work.path().join("token-key.pem");
+    let cert_pem = work.path().join("token-cert.pem");
+    let run = |args: &[&str]| {
+        let out = Command::new(&openssl).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        key_pem.to_str().unwrap(),
+    ]);
+    run(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        key_pem.to_str().unwrap(),
+        "-subj",
+        "/CN=kubeslot-test-token",
+        "-days",
+        "2",
+        "-out",
+        cert_pem.to_str().unwrap(),
+    ]);
+    use p256::pkcs8::DecodePrivateKey as _;
+    let signer = SigningKey::from_pkcs8_pem(&fs::read_to_string(&key_pem).unwrap()).unwrap();
+    // libtrust key ID: base32 of the first 240 bits of sha256(SPKI DER), in groups of 4.
+    let spki = signer.verifying_key().to_public_key_der().unwrap();
+    let hash = Digest::of(spki.as_bytes());
+    let encoded = base32(&hash.as_bytes()[..30]);
+    let kid = encoded
+        .as_bytes()
+        .chunks(4)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join(":");
+    let tokens = token_service(signer, kid);
+
+    let bin = require_tool("docker-registry", "docker-registry");
+    let port = free_port();
+    let config = work.path().join("registry.yml");
+    fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             auth:\n  token:\n    realm: {}\n    service: kubeslot-test\n    issuer: kubeslot-test-issuer\n    rootcertbundle: {}\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            work.path().join("storage").display(),
+            tokens.realm,
+            cert_pem.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _reg = AuthRegistry {
+        child,
+        host: format!("127.0.0.1:{port}"),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "token registry did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let k = key(7);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"bearer\n", Some(&k));
+    let skopeo = require_tool("skopeo", "skopeo");
+    for d in layout.index().unwrap().manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        let out = Command::new(&skopeo)
+            .args([
+                "copy",
+                "--all",
+                "--preserve-digests",
+                "--dest-tls-verify=false",
+                "-q",
+            ])
+            .args(["--dest-creds", "node:s3cret"])
+            .arg(format!("oci:{}:{tag}", layout.dir().display()))
+            .arg(format!("docker://127.0.0.1:{port}/test/node:{tag}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    tokens.seen.lock().unwrap().clear();
+
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ format!("127.0.0.1:{port}"): {"credentials": {
+            "username": "node", "password_file": "/etc/kubeslot/registry-password"}}}),
+    );
+    fs::write(host.root.join("etc/kubeslot/registry-password"), "s3cret\n").unwrap();
+    let out = host.unpack_ok(&format!("127.0.0.1:{port}/test/node:v1"), &host.target("t"));
+    assert_eq!(out["image_digest"], built.index.to_string());
+    assert_eq!(
+        fs::read(host.target("t").join("opt/app/version")).unwrap(),
+        b"bearer\n"
+    );
+    let seen = tokens.seen.lock().unwrap().clone();
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("node:s3cret")
+    );
+    assert!(!seen.is_empty(), "no token was requested");
+    for line in &seen {
+        assert!(
+            line.contains("scope=repository%3Atest%2Fnode%3Apull")
+                && line.contains("service=kubeslot-test"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&basic),
+            "token request without the configured credentials: {line}"
+        );
+    }
+    // One token per run: it is cached for every later request.
+    assert_eq!(seen.len(), 1, "{seen:?}");
+}
