@@ -21,6 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use rustix::fs::{flock, FlockOperation};
+
 use crate::digest::{Digest, Hasher};
 use crate::layout::{sync_dir, BlobDir, LayoutError};
 use crate::oci::Descriptor;
@@ -59,6 +61,12 @@ pub enum StoreError {
         endpoint: String,
         have: u64,
         size: u64,
+        error: io::Error,
+    },
+    #[error("blob {digest}: {path} is locked by another download ({error})")]
+    Busy {
+        digest: Digest,
+        path: PathBuf,
         error: io::Error,
     },
     #[error("blob {digest}: {endpoint} served more than the {size} bytes its descriptor names (partial deleted)")]
@@ -178,20 +186,30 @@ impl Store {
         let digest = desc.digest;
         let size = desc.size;
         let partial = self.partial_path(&digest);
-        let mut have = match fs::symlink_metadata(&partial) {
-            Ok(m) if m.is_file() && m.len() <= size => m.len(),
-            Ok(_) => {
-                fs::remove_file(&partial).map_err(io_err(&partial))?;
-                0
-            }
-            Err(_) => 0,
-        };
+        let mut out = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .truncate(false)
+            .open(&partial)
+            .map_err(io_err(&partial))?;
+        // One writer per partial: what we hash must be what is on disk when
+        // it is renamed into place. Another process downloading the same
+        // blob makes this run fail instead of interleaving.
+        flock(&out, FlockOperation::NonBlockingLockExclusive).map_err(|e| StoreError::Busy {
+            digest,
+            path: partial.clone(),
+            error: e.into(),
+        })?;
+        let len = out.metadata().map_err(io_err(&partial))?.len();
+        let mut have = if len <= size { len } else { 0 };
         let mut hasher = Hasher::new();
         if have > 0 {
-            let mut f = File::open(&partial).map_err(io_err(&partial))?;
+            // Re-hash the kept prefix; it was never trusted, only kept.
             let mut buf = vec![0u8; 1 << 20];
+            let mut reader = (&out).take(have);
             loop {
-                let n = f.read(&mut buf).map_err(io_err(&partial))?;
+                let n = reader.read(&mut buf).map_err(io_err(&partial))?;
                 if n == 0 {
                     break;
                 }
@@ -208,12 +226,6 @@ impl Store {
             have = 0;
             hasher = Hasher::new();
         }
-        let mut out = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .open(&partial)
-            .map_err(io_err(&partial))?;
         out.set_len(have).map_err(io_err(&partial))?;
         io::Seek::seek(&mut out, io::SeekFrom::Start(have)).map_err(io_err(&partial))?;
         report.resumed_bytes += have;
@@ -350,6 +362,25 @@ mod tests {
             fs::read(store.blobs().path(&desc.digest)).unwrap(),
             b"0123456789abcdef"
         );
+    }
+
+    #[test]
+    fn a_partial_being_written_elsewhere_is_not_touched() {
+        let (dir, source, desc) = layout_with(b"0123456789");
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        fs::write(store.partial_path(&desc.digest), b"0123").unwrap();
+        let other = File::open(store.partial_path(&desc.digest)).unwrap();
+        flock(&other, FlockOperation::LockExclusive).unwrap();
+        let e = store
+            .fetch(&source, &desc, true, &mut FetchReport::default())
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Busy { .. }), "{e}");
+        assert_eq!(fs::read(store.partial_path(&desc.digest)).unwrap(), b"0123");
+        drop(other);
+        store
+            .fetch(&source, &desc, true, &mut FetchReport::default())
+            .unwrap();
+        assert!(store.blobs().contains(&desc.digest));
     }
 
     #[test]
