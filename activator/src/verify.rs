@@ -39,8 +39,8 @@ pub struct Policy {
 pub enum VerifyError {
     #[error("trust policy: {0}")]
     Key(SignatureError),
-    #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: image {digest} cannot be accepted")]
-    NoKeys { digest: Digest },
+    #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: no image can be accepted")]
+    NoKeys,
     #[error("image {image}: refused by the trust policy: {}", .reasons.join("; "))]
     Refused { image: Digest, reasons: Vec<String> },
     #[error("image {image}: reading signatures: {error}")]
@@ -69,6 +69,10 @@ impl Policy {
             .map(|p| root.join(&p.to_string_lossy()))
             .collect();
         let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
+        // Refuse now, before anything is fetched or even resolved.
+        if keys.is_empty() && !trust.allow_unsigned {
+            return Err(VerifyError::NoKeys);
+        }
         Ok(Policy {
             keys,
             allow_unsigned: trust.allow_unsigned,
@@ -99,7 +103,7 @@ pub fn check(
 ) -> Result<Verdict, VerifyError> {
     let top = image.image_digest();
     if policy.keys.is_empty() && !policy.allow_unsigned {
-        return Err(VerifyError::NoKeys { digest: top });
+        return Err(VerifyError::NoKeys);
     }
     let mut digests = vec![top];
     if image.manifest_digest() != top {
