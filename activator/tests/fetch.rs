@@ -1319,3 +1319,23 @@ fn bearer_token_auth_against_a_token_registry() {
     // One token per run: it is cached for every later request.
     assert_eq!(seen.len(), 1, "{seen:?}");
 }
+
+/// What operators read: `unpack --help`, compared with the golden file
+/// (`UPDATE_GOLDEN=1` rewrites it).
+#[test]
+fn unpack_help_snapshot() {
+    let out = Command::new(BIN)
+        .args(["unpack", "--help"])
+        .env("COLUMNS", "100")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let golden = kubeslot_test_support::workspace_root().join("testdata/help/activator-unpack.txt");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        fs::write(&golden, &out.stdout).unwrap();
+    }
+    let want =
+        fs::read_to_string(&golden).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
