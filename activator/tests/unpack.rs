@@ -633,3 +633,251 @@ fn gzip_and_zstd_layers_hash_the_uncompressed_stream() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// differential check against umoci
+
+/// Copies the entries of `src` for which `pick(index)` holds into a new tar,
+/// leaving out device nodes (the unpacker refuses them by design; an nspawn
+/// machine gets `/dev` from the host).
+fn split_rootfs(src: &Path, parts: usize) -> Vec<Vec<u8>> {
+    let total = tar::Archive::new(fs::File::open(src).unwrap())
+        .entries()
+        .unwrap()
+        .count();
+    let mut builders: Vec<tar::Builder<Vec<u8>>> =
+        (0..parts).map(|_| tar::Builder::new(Vec::new())).collect();
+    let mut archive = tar::Archive::new(std::io::BufReader::new(fs::File::open(src).unwrap()));
+    for (i, e) in archive.entries().unwrap().enumerate() {
+        let mut e = e.unwrap();
+        let ty = e.header().entry_type();
+        if matches!(
+            ty,
+            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo
+        ) {
+            continue;
+        }
+        let b = &mut builders[i * parts / total];
+        let path = e.path().unwrap().into_owned();
+        let mut h = e.header().clone();
+        if ty.is_symlink() || ty.is_hard_link() {
+            let link = e.link_name().unwrap().unwrap().into_owned();
+            b.append_link(&mut h, &path, &link).unwrap();
+        } else {
+            b.append_data(&mut h, &path, &mut e).unwrap();
+        }
+    }
+    builders
+        .into_iter()
+        .map(|b| b.into_inner().unwrap())
+        .collect()
+}
+
+/// A top layer exercising OCI semantics on a real tree: whiteouts of a
+/// file and a directory, an opaque directory with new content, a file
+/// replacing a directory, a directory replacing a file, a new hardlink.
+fn semantics_layer() -> Vec<u8> {
+    let mut w = TarW(tar::Builder::new(Vec::new()));
+    w.file("etc/.wh.motd", 0o644, b"")
+        .file("usr/share/.wh.man", 0o644, b"")
+        .dir("usr/share/doc", 0o755)
+        .file("usr/share/doc/.wh..wh..opq", 0o644, b"")
+        .file("usr/share/doc/README.kubeslot", 0o644, b"replaced\n")
+        .file("usr/share/zoneinfo", 0o644, b"a file over a directory\n")
+        .dir("etc/hostname", 0o750)
+        .file("etc/hostname/inside", 0o600, b"a directory over a file\n")
+        .hardlink("usr/bin/env-again", "usr/bin/env")
+        .symlink("etc/kubeslot-link", "/nonexistent/target");
+    w.0.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Writes `layers` (uncompressed tars) as a gzip OCI layout tagged `tag`
+/// with the activator's `layout` module. Returns each layer's (blob, diff_id).
+fn write_layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> Vec<(Vec<u8>, Digest)> {
+    use kubeslot_activator::layout::Layout;
+    use kubeslot_activator::oci::{
+        Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
+        MEDIA_TYPE_MANIFEST,
+    };
+    let layout = Layout::create(dir).unwrap();
+    let mut descs = Vec::new();
+    let mut out = Vec::new();
+    for tar in layers {
+        let blob = gzip(tar);
+        let digest = layout.blobs().put_bytes(&blob).unwrap();
+        descs.push(Descriptor::new(
+            Compression::Gzip.layer_media_type(),
+            digest,
+            blob.len() as u64,
+        ));
+        out.push((blob, Digest::of(tar)));
+    }
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": out.iter().map(|(_, d)| d).collect::<Vec<_>>()},
+    }))
+    .unwrap();
+    let config_digest = layout.blobs().put_bytes(&config).unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
+        "config": Descriptor::new(MEDIA_TYPE_CONFIG, config_digest, config.len() as u64),
+        "layers": descs,
+    }))
+    .unwrap();
+    let manifest_digest = layout.blobs().put_bytes(&manifest).unwrap();
+    let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, manifest_digest, manifest.len() as u64);
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
+    layout
+        .write_index(&Index {
+            schema_version: 2,
+            media_type: Some(MEDIA_TYPE_INDEX.into()),
+            manifests: vec![desc],
+            annotations: Default::default(),
+        })
+        .unwrap();
+    out
+}
+
+/// Path → (type, mode, owner, symlink target or content digest, mtime of
+/// non-directories, hardlink group).
+fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut groups: BTreeMap<(u64, u64), Vec<PathBuf>> = BTreeMap::new();
+    let mut facts = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let ft = m.file_type();
+            let (ty, what) = if ft.is_symlink() {
+                ("symlink", fs::read_link(&p).unwrap().display().to_string())
+            } else if ft.is_dir() {
+                stack.push(p.clone());
+                ("dir", String::new())
+            } else if ft.is_file() {
+                let mut h =
+                    kubeslot_activator::digest::HashingReader::new(fs::File::open(&p).unwrap());
+                std::io::copy(&mut h, &mut std::io::sink()).unwrap();
+                ("file", h.finish().0.to_string())
+            } else {
+                ("other", format!("{:?}", ft))
+            };
+            if ft.is_file() && m.nlink() > 1 {
+                groups
+                    .entry((m.dev(), m.ino()))
+                    .or_default()
+                    .push(rel.clone());
+            }
+            let mtime = if ft.is_dir() {
+                String::new()
+            } else {
+                format!(" mtime={}", m.mtime())
+            };
+            facts.insert(
+                rel,
+                format!(
+                    "{ty} {:o} {}:{} {what}{mtime}",
+                    m.mode() & 0o7777,
+                    m.uid(),
+                    m.gid()
+                ),
+            );
+        }
+    }
+    for mut g in groups.into_values() {
+        g.sort();
+        let names = g
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        for p in &g {
+            facts
+                .get_mut(p)
+                .unwrap()
+                .push_str(&format!(" links=[{names}]"));
+        }
+    }
+    facts
+}
+
+#[test]
+fn same_tree_as_umoci_on_a_debian_rootfs_with_whiteouts() {
+    let umoci = require_tool("umoci", "umoci");
+    let rootfs = kubeslot_test_support::debian_rootfs(&["systemd", "dbus", "iproute2"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tars = split_rootfs(&rootfs, 3);
+    tars.push(semantics_layer());
+    let layout = tmp.path().join("layout");
+    let blobs = write_layout(&layout, "t", &tars);
+
+    let ours = tmp.path().join("ours");
+    fs::create_dir(&ours).unwrap();
+    let mut u = Unpacker::new(&ours, Policy::default()).unwrap();
+    for (i, (blob, diff_id)) in blobs.iter().enumerate() {
+        u.apply(Layer {
+            index: i,
+            digest: Digest::of(blob),
+            diff_id: *diff_id,
+            compression: Compression::Gzip,
+            reader: &blob[..],
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let stats = u.finish().unwrap();
+    assert_eq!(stats.layers, 4);
+    assert!(stats.entries > 5000, "{stats:?}");
+
+    let bundle = tmp.path().join("bundle");
+    let out = Command::new(umoci)
+        .arg("unpack")
+        .arg("--image")
+        .arg(format!("{}:t", layout.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "umoci unpack: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let a = tree_facts(&ours);
+    let b = tree_facts(&bundle.join("rootfs"));
+    // The semantics layer did what it says, in both trees.
+    for t in [&ours, &bundle.join("rootfs")] {
+        assert!(!t.join("etc/motd").exists());
+        assert!(!t.join("usr/share/man").exists());
+        assert!(t.join("usr/share/zoneinfo").is_file());
+        assert!(t.join("etc/hostname/inside").is_file());
+        let docs: Vec<_> = fs::read_dir(t.join("usr/share/doc")).unwrap().collect();
+        assert_eq!(docs.len(), 1, "opaque usr/share/doc in {}", t.display());
+    }
+    let only_a: Vec<_> = a.keys().filter(|k| !b.contains_key(*k)).take(20).collect();
+    let only_b: Vec<_> = b.keys().filter(|k| !a.contains_key(*k)).take(20).collect();
+    let differ: Vec<_> = a
+        .iter()
+        .filter_map(|(k, v)| match b.get(k) {
+            Some(w) if w != v => Some(format!("{}:\n  ours  {v}\n  umoci {w}", k.display())),
+            _ => None,
+        })
+        .take(20)
+        .collect();
+    assert!(
+        only_a.is_empty() && only_b.is_empty() && differ.is_empty(),
+        "trees differ ({} vs {} paths)\nonly ours: {only_a:#?}\nonly umoci: {only_b:#?}\n{}",
+        a.len(),
+        b.len(),
+        differ.join("\n")
+    );
+    assert!(a.len() > 5000);
+}
