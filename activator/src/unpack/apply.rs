@@ -404,7 +404,15 @@ fn explain_parent(cur: &OwnedFd, comp: &[u8], so_far: &[u8], e: Errno) -> Fail {
 
 /// The entries of a directory (without `.` and `..`) with their types.
 fn list(dir: BorrowedFd<'_>, shown: &[u8]) -> Result<Vec<(Vec<u8>, FileType)>, Fail> {
-    let mut d = Dir::read_from(dir).map_err(|e| io_fail("list directory", shown, e))?;
+    // `dir` may be an O_PATH handle, which cannot be read: open it for reading.
+    let readable = rfs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_fail("open directory", shown, e))?;
+    let mut d = Dir::new(readable).map_err(|e| io_fail("list directory", shown, e))?;
     let mut out = Vec::new();
     while let Some(ent) = d.read() {
         let ent = ent.map_err(|e| io_fail("list directory", shown, e))?;

@@ -768,9 +768,7 @@ impl Unpacker {
         let Some(parent) = self.tree.open_dir(dir, false)? else {
             return Ok(()); // nothing below to hide
         };
-        let target = ImagePath::parse(dir, &self.policy.limits)
-            .map_err(|(r, d)| Step::Rule(r, d))?
-            .join(name);
+        let target = ImagePath::from_normalised(dir).join(name);
         let key = self.path_key(target.as_bytes());
         if state.written.contains(&key) || state.ancestors.contains(&key) {
             // This layer's own non-directory stays as it is; a directory
@@ -797,8 +795,7 @@ impl Unpacker {
         let Some(fd) = self.tree.open_dir(dir, false)? else {
             return Ok(());
         };
-        let dir_path =
-            ImagePath::parse(dir, &self.policy.limits).map_err(|(r, d)| Step::Rule(r, d))?;
+        let dir_path = ImagePath::from_normalised(dir);
         let keep = |p: &[u8]| self.layer_wrote(p, state);
         let r = self.tree.prune(&fd, &dir_path, &keep);
         self.tree.invalidate();

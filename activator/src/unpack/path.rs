@@ -70,6 +70,14 @@ impl ImagePath {
         Ok(ImagePath { bytes })
     }
 
+    /// A path from bytes that are already normalised (a parent part of an
+    /// [`ImagePath`]).
+    pub(crate) fn from_normalised(bytes: &[u8]) -> ImagePath {
+        ImagePath {
+            bytes: bytes.to_vec(),
+        }
+    }
+
     /// The root of the tree (`./`).
     pub fn root() -> ImagePath {
         ImagePath { bytes: Vec::new() }

@@ -116,7 +116,7 @@ impl Default for Policy {
 
 /// The rule a layer broke. `Display` gives a stable kebab-case name that
 /// tests, logs and the hostile corpus's `expect` files use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rule {
     /// A `..` component in an entry name.
     Dotdot,
