@@ -91,6 +91,10 @@ pub struct Endpoint {
     /// `http` or `https`.
     pub scheme: &'static str,
     pub mirror: bool,
+    /// The `registries` key whose `insecure` and `credentials` apply: the
+    /// mirror's own host, or the registry as the image names it (so
+    /// `docker.io` settings apply to `registry-1.docker.io`).
+    pub settings_key: String,
 }
 
 impl fmt::Display for Endpoint {
@@ -246,8 +250,11 @@ impl Client {
         }
     }
 
-    fn scheme_for(&self, host: &str) -> &'static str {
-        let insecure = self.registries.get(host).is_some_and(|r| r.insecure);
+    fn scheme_for(&self, host: &str, settings_key: &str) -> &'static str {
+        let insecure = self
+            .registries
+            .get(settings_key)
+            .is_some_and(|r| r.insecure);
         if insecure || is_loopback(host) {
             "http"
         } else {
@@ -266,7 +273,8 @@ impl Client {
                     .trim_end_matches('/')
                     .to_string();
                 out.push(Endpoint {
-                    scheme: self.scheme_for(&host),
+                    scheme: self.scheme_for(&host, &host),
+                    settings_key: host.clone(),
                     host,
                     mirror: true,
                 });
@@ -274,7 +282,8 @@ impl Client {
         }
         let host = image.api_host().to_string();
         out.push(Endpoint {
-            scheme: self.scheme_for(&host),
+            scheme: self.scheme_for(&host, &image.registry),
+            settings_key: image.registry.clone(),
             host,
             mirror: false,
         });
@@ -522,7 +531,7 @@ impl Client {
 
     /// Turns a challenge into an `Authorization` value.
     fn answer(&self, ep: &Endpoint, repo: &str, c: &Challenge) -> Attempt<String> {
-        let basic = self.basic(&ep.host)?;
+        let basic = self.basic(&ep.settings_key)?;
         match c.scheme.as_str() {
             "basic" => basic.ok_or_else(|| {
                 format!(
@@ -715,6 +724,21 @@ mod tests {
         );
         let hub = c.endpoints(&"ubuntu".parse().unwrap());
         assert_eq!(hub[0].host, "registry-1.docker.io");
+        assert_eq!(hub[0].scheme, "https");
+        // Settings are looked up by the registry as the image names it.
+        regs.insert(
+            "docker.io".to_string(),
+            RegistryConfig {
+                insecure: true,
+                ..Default::default()
+            },
+        );
+        let c = Client::new(&regs, &Root::host());
+        let hub = c.endpoints(&"ubuntu".parse().unwrap());
+        assert_eq!(
+            (hub[0].scheme, hub[0].settings_key.as_str()),
+            ("http", "docker.io")
+        );
     }
 
     #[test]
