@@ -177,6 +177,92 @@ activator_present() {
     { fail "kubeslot-activator has no 'activate' command yet (branches activator-core/host-side not merged)"; return 1; }
 }
 
+# hand_nspawn MACHINE: the .nspawn file DESIGN.md section 5 prescribes (with a
+# private veth, as the e2e config asks), written by hand for the scenarios
+# that run before `activate` renders it.
+hand_nspawn() {
+  mkdir -p "$OUTER/etc/systemd/nspawn"
+  cat >"$OUTER/etc/systemd/nspawn/$1.nspawn" <<'EOF2'
+[Exec]
+Boot=yes
+Capability=all
+PrivateUsers=no
+SystemCallFilter=@keyring bpf perf_event_open
+
+[Network]
+VirtualEthernet=yes
+EOF2
+  outer systemctl daemon-reload
+}
+
+machine_stop() {
+  outer machinectl stop "$1" 2>/dev/null || true
+  local deadline=$((SECONDS + 30))
+  while unit_active "$1" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  ! unit_active "$1"
+}
+
+# The activator's fetch/verify/unpack path on its own (`unpack --root /`,
+# the host's content store), before `activate` exists: v1 from the registry
+# into kube1 boots and is healthy; v2 into kube2 downloads only v2's new
+# layer and boots; a tampered v4 layer is refused and never stored; v1 from
+# an oci-archive with an empty store unpacks the same tree. The host is left
+# empty again for the activate scenarios.
+scenario_unpack_and_boot() {
+  act_setup
+  write_config "$REF_v1"
+  local mark got changed t0
+  t0=$(now_ms)
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v1" /var/lib/machines/kube1 ||
+    { show_log; fail "unpack v1 exited non-zero"; return 1; }
+  log "  unpack v1 (download + verify + unpack) took $(($(now_ms) - t0)) ms"
+  hand_nspawn kube1
+  outer systemctl start systemd-nspawn@kube1.service
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  check "kube1 stops" machine_stop kube1 || return 1
+
+  changed=$(comm -13 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort))
+  mark=$(registry_log_lines)
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v2" /var/lib/machines/kube2 ||
+    { show_log; fail "unpack v2 exited non-zero"; return 1; }
+  got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") || true)
+  check_eq "layer blobs downloaded for v2" "$got" "$changed" || return 1
+  hand_nspawn kube2
+  outer systemctl start systemd-nspawn@kube2.service
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  check "kube2 stops" machine_stop kube2 || return 1
+
+  local layer hex data rc=0
+  layer=$(comm -13 <(layer_digests "$REF_v2" | sort) <(layer_digests "$REF_v4" | sort))
+  hex=${layer#sha256:}
+  data=$WORK/registry/storage/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex/data
+  cp "$data" "$WORK/v4-layer.orig"
+  tamper_file "$data"
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v4" /var/tmp/v4-tree || rc=$?
+  cp "$WORK/v4-layer.orig" "$data"
+  [ $rc != 0 ] || { show_log; fail "a tampered layer was unpacked"; return 1; }
+  log "  tampered v4 refused: $(tail -n1 "$ACT_LOG")"
+  check "error names the layer digest" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
+  check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
+  check "no v4 tree" test ! -e "$OUTER/var/tmp/v4-tree/usr" || return 1
+
+  skopeo copy --quiet --src-tls-verify=false "docker://$REF_v1" "oci-archive:$OUTER/var/tmp/node-v1.tar:v1"
+  act unpack --config "$CONFIG_IN_OUTER" "oci-archive:/var/tmp/node-v1.tar:v1" /var/tmp/v1-from-archive ||
+    { show_log; fail "unpack from oci-archive exited non-zero"; return 1; }
+  check "archive tree has the v1 kubelet" cmp "$OUTER/var/tmp/v1-from-archive/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet" || return 1
+  # (usr/bin and the units: booting kube1 changed parts of its /etc)
+  local d
+  for d in usr/bin etc/systemd/system; do
+    check "archive tree equals the registry tree in /$d" \
+      diff -r --no-dereference -q "$OUTER/var/tmp/v1-from-archive/$d" "$OUTER/var/lib/machines/kube1/$d" || return 1
+  done
+
+  rm -rf --one-file-system "$OUTER/var/lib/machines/kube1" "$OUTER/var/lib/machines/kube2" \
+    "$OUTER/var/tmp/v1-from-archive" "$OUTER/var/tmp/v4-tree" "$OUTER/var/tmp/node-v1.tar" \
+    "$OUTER/var/lib/kubeslot" "$OUTER"/etc/systemd/nspawn/kube?.nspawn
+  outer systemctl daemon-reload
+}
+
 # v1 onto an empty host: kube1 boots and is healthy; status names kube1 and
 # v1's digest.
 scenario_activate_v1() {
@@ -249,7 +335,7 @@ scenario_tampered_refused() {
   check "v4's layer is in registry storage" test -f "$data" || return 1
   cp "$data" "$WORK/v4-layer.orig"
   # Same size, one byte flipped in the middle.
-  printf '\x5a' | dd of="$data" bs=1 seek=$(($(stat -c %s "$data") / 2)) conv=notrunc status=none
+  tamper_file "$data"
   write_config "$REF_v4"
   local rc=0
   act activate || rc=$?

@@ -253,6 +253,20 @@ machine_wait_running() {
   return 1
 }
 
+# tamper_file FILE: inverts one byte in the middle of FILE (same size, so
+# only a digest check can notice).
+tamper_file() {
+  python3 - "$1" <<'PY'
+import os, sys
+path = sys.argv[1]
+with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    b = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([b[0] ^ 0xFF]))
+PY
+}
+
 # ---------------------------------------------------------------- assertions
 
 # Each scenario is a function; a failed check returns non-zero with a reason.

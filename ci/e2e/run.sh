@@ -154,6 +154,7 @@ scenario_images() {
 SCENARIOS=(
   images
   nspawn_smoke
+  unpack_and_boot
   activate_v1
   activate_v2_flip
   activate_v3_rolls_back
