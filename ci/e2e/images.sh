@@ -45,7 +45,8 @@ images_stage() {
 }
 
 builder_can_build() {
-  [ "${KUBESLOT_E2E_IMAGES:-}" != umoci ] && "$BUILDER" build --help >/dev/null 2>&1
+  [ "${KUBESLOT_E2E_IMAGES:-}" != umoci ] && [ -f "$E2E_TESTDATA/node.toml.in" ] &&
+    "$BUILDER" build --help >/dev/null 2>&1
 }
 
 images_build() {
