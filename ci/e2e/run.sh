@@ -144,8 +144,26 @@ scenario_images() {
   check_eq "v1 and v2 share the base layers" \
     "$(comm -12 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort) | wc -l)" \
     "$(($(layer_digests "$REF_v1" | wc -l) - 1))" || return 1
-  check "v3's kubelet is the never-healthy build" \
-    bash -c "strings '$WORK/kubelet/v3/kubelet' | grep -q 'never healthy'" || return 1
+  # Each fixture build, run for a moment on a free loopback port: v1, v2 and
+  # v4 answer /healthz ok, v3 answers 500.
+  local port pid out rc
+  for v in v1 v2 v3 v4; do
+    port=$(free_port)
+    "$WORK/kubelet/$v/kubelet" --healthz-port "$port" >"$WORK/logs/fixture-$v.log" 2>&1 &
+    pid=$!
+    rc=1
+    for _ in $(seq 50); do
+      out=$("$WORK/kubelet/$v/kubelet" --probe /healthz --healthz-port "$port" 2>&1) && { rc=0; break; }
+      grep -q '500' <<<"$out" && { rc=2; break; }
+      sleep 0.1
+    done
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    if [ "$v" = v3 ]; then
+      check_eq "fixture $v /healthz (2 = answers 500)" "$rc" 2 || return 1
+    else
+      check_eq "fixture $v /healthz (0 = ok)" "$rc" 0 || return 1
+    fi
+  done
   log "  images built by $IMAGES_BY; signed: ${SIGNED:-0}"
 }
 
