@@ -80,7 +80,8 @@ rootfs_tars() {
 # Before any kubeslot code: inside the outer host, a hand-written .nspawn
 # with PrivateUsers=no and the stock systemd-nspawn@kube1.service boot a node
 # tree; containerd answers; the fixture kubelet is healthy. This proves the
-# platform the activator's rendered files rely on (DESIGN.md §5).
+# platform the activator's rendered files rely on (DESIGN.md §5), and a
+# container runs through containerd and runc (the test cgroup unit's job).
 scenario_nspawn_smoke() {
   local m=kube1 tree=$OUTER/var/lib/machines/kube1 t0 t1 state leader uidmap
   node_tree_fill "$tree" "$NODE_TAR" "$WORK/kubelet/v1/kubelet"
@@ -115,6 +116,18 @@ EOF
     { fail "ctr version in $m"; return 1; }
   check "ctr version answers (server part)" grep -q '^Server:' <<<"$ctr" || return 1
   check "fixture kubelet healthy in $m" machine_wait_healthy "$m" 30 || return 1
+  # A container through containerd and runc (what the kubelet's pods need):
+  # the rootfs is the machine's own /usr, bound read-only.
+  local pod
+  # shellcheck disable=SC2016 # expanded by the machine's shell
+  pod=$(outer systemd-run -M "$m" --quiet --wait --pipe sh -c '
+    set -e
+    r=/var/tmp/pod-root; mkdir -p $r/usr $r/proc $r/dev $r/sys $r/etc $r/tmp
+    mount --bind /usr $r/usr; mount -o remount,bind,ro $r/usr
+    for d in bin lib lib64 sbin; do ln -sfn usr/$d $r/$d; done
+    ctr run --rm --rootfs $r e2e-pod /bin/sh -c "echo pod-ok"
+    umount $r/usr' </dev/null 2>&1) || true
+  check "ctr run (containerd + runc) works in $m" grep -qx pod-ok <<<"$pod" || { echo "$pod" >&2; return 1; }
   t1=$(now_ms)
   log "  $m: start -> kubelet healthy in $((t1 - t0)) ms"
   local version
