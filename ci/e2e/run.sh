@@ -42,6 +42,8 @@ skopeo skopeo
 zstd zstd
 tar tar
 python3 python3
+jq jq
+openssl openssl
 EOF
 }
 
