@@ -75,8 +75,19 @@ act_bg() {
   ACT_PID=$!
 }
 
+# act_child_pid: the activator process below ACT_PID (the background job is
+# a subshell running `outer`, whose nsenter forks the activator into the
+# outer's PID namespace); matched by its executable, searched breadth first.
 act_child_pid() {
-  ps -o pid= --ppid "$ACT_PID" | tr -d ' ' | head -n1
+  local queue=("$ACT_PID") pid child
+  while [ ${#queue[@]} -gt 0 ]; do
+    pid=${queue[0]}; queue=("${queue[@]:1}")
+    if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /usr/local/bin/kubeslot-activator ]; then
+      echo "$pid"; return 0
+    fi
+    for child in $(ps -o pid= --ppid "$pid"); do queue+=("$child"); done
+  done
+  return 1
 }
 
 show_log() { sed 's/^/    | /' "$ACT_LOG" >&2; }
@@ -369,7 +380,7 @@ scenario_kill_mid_unpack() {
     [ -n "$staging" ] && break
     sleep 0.05
   done
-  pid=$(act_child_pid)
+  pid=$(act_child_pid || true)
   if [ -z "$staging" ] || [ -z "$pid" ]; then
     wait "$ACT_PID" || true; show_log
     fail "never saw a staging dir while the activator ran"; return 1
@@ -395,7 +406,7 @@ scenario_kill_mid_flip() {
     unit_active kube2 || break
     sleep 0.02
   done
-  pid=$(act_child_pid)
+  pid=$(act_child_pid || true)
   if unit_active kube2 || [ -z "$pid" ]; then
     wait "$ACT_PID" || true; show_log
     fail "the activator never stopped kube2 (or ended before the kill)"; return 1
