@@ -237,7 +237,7 @@ main() {
       failed=$((failed + 1)); failures+=("$s"); log "=== FAIL $s ($((SECONDS - t0)) s)"
     fi
   done
-  [ -s "$WORK/downtime.txt" ] && log "$(cat "$WORK/downtime.txt")"
+  if [ -s "$WORK/downtime.txt" ]; then cat "$WORK/downtime.txt"; fi
   log "total $((SECONDS - started)) s${failures[*]:+; failed: ${failures[*]}}"
   echo "$passed passed, $failed failed"
   [ "$failed" = 0 ]
