@@ -264,7 +264,19 @@ scenario_unpack_and_boot() {
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
   check "no v4 tree" test ! -e "$OUTER/var/tmp/v4-tree/usr" || return 1
 
-  skopeo copy --quiet --src-tls-verify=false "docker://$REF_v1" "oci-archive:$OUTER/var/tmp/node-v1.tar:v1"
+  # Unsigned: refused by the default policy (keys configured, no signature).
+  if [ "$SIGNED" = 1 ]; then
+    rc=0
+    act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_UNSIGNED" /var/tmp/unsigned-tree || rc=$?
+    [ $rc != 0 ] || { show_log; fail "an unsigned image was unpacked"; return 1; }
+    log "  unsigned image refused: $(tail -n1 "$ACT_LOG")"
+    check "error names the missing signature" grep -qi 'signature' "$ACT_LOG" || { show_log; return 1; }
+    check "no unsigned tree" test ! -e "$OUTER/var/tmp/unsigned-tree/usr" || return 1
+  else
+    fail "images are unsigned: the signature policy is not exercised"; return 1
+  fi
+
+  archive_with_signature v1 "$OUTER/var/tmp/node-v1.tar"
   act unpack --config "$CONFIG_IN_OUTER" "oci-archive:/var/tmp/node-v1.tar:v1" /var/tmp/v1-from-archive ||
     { show_log; fail "unpack from oci-archive exited non-zero"; return 1; }
   check "archive tree has the v1 kubelet" cmp "$OUTER/var/tmp/v1-from-archive/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet" || return 1
@@ -277,6 +289,7 @@ scenario_unpack_and_boot() {
 
   rm -rf --one-file-system "$OUTER/var/lib/machines/kube1" "$OUTER/var/lib/machines/kube2" \
     "$OUTER/var/tmp/v1-from-archive" "$OUTER/var/tmp/v4-tree" "$OUTER/var/tmp/node-v1.tar" \
+    "$OUTER/var/tmp/unsigned-tree" \
     "$OUTER/var/lib/kubeslot" "$OUTER"/etc/systemd/nspawn/kube?.nspawn
   outer systemctl daemon-reload
 }
@@ -441,8 +454,7 @@ scenario_airgap_archive() {
     "$BUILDER" copy "$REF_v1" "oci-archive:$archive:v1" >"$WORK/logs/copy-archive.log" 2>&1 ||
       { cat "$WORK/logs/copy-archive.log" >&2; fail "kubeslot-builder copy to oci-archive failed"; return 1; }
   else
-    [ "${SIGNED:-0}" = 0 ] || { fail "kubeslot-builder copy missing: skopeo would drop the signature"; return 1; }
-    skopeo copy --quiet --src-tls-verify=false "docker://$REF_v1" "oci-archive:$archive:v1"
+    archive_with_signature v1 "$archive"
   fi
   registry_stop
   rm -rf "$OUTER/var/lib/kubeslot/blobs"

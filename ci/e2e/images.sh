@@ -23,8 +23,8 @@ IMAGE_REPO=kubeslot/e2e-node
 # Set by images_push / images_sign, read by the scenarios.
 REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_UNSIGNED=""
 DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4=""
-SIGNED=0
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 SIGNED
+SIGNED=0 SIGNED_BY=none
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 SIGNED SIGNED_BY
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
@@ -138,23 +138,38 @@ images_push() {
 }
 
 # images_sign: a fresh key pair and signatures on v1..v4 (not on the
-# unsigned copy). Needs kubeslot-builder keygen/sign.
+# unsigned copy). kubeslot-builder keygen/sign when they exist (the product
+# path), else ci/e2e/openssl-sign.py with an openssl key (SIGNED_BY says
+# which). Sets SIGNED=1 and leaves the public key in WORK/keys/e2e.pub.
 images_sign() {
-  if ! "$BUILDER" sign --help >/dev/null 2>&1; then
-    log "kubeslot-builder has no 'sign' yet: images stay unsigned"
-    SIGNED=0
-    return 0
-  fi
   mkdir -p "$WORK/keys"
-  "$BUILDER" keygen --output "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
-    { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
   local v ref digest
-  for v in v1 v2 v3 v4; do
-    ref=REF_$v; digest=DIGEST_$v
-    "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
-      { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
-  done
+  if [ "${KUBESLOT_E2E_SIGNER:-}" != openssl ] && "$BUILDER" sign --help >/dev/null 2>&1; then
+    SIGNED_BY=kubeslot-builder
+    "$BUILDER" keygen --output "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
+      { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
+    for v in v1 v2 v3 v4; do
+      ref=REF_$v; digest=DIGEST_$v
+      "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
+        { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
+    done
+  else
+    SIGNED_BY=openssl
+    log "kubeslot-builder has no 'sign' yet (or KUBESLOT_E2E_SIGNER=openssl): signing with openssl the cosign way"
+    openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/keys/e2e.key" 2>/dev/null
+    openssl ec -in "$WORK/keys/e2e.key" -pubout -out "$WORK/keys/e2e.pub" 2>/dev/null
+    for v in v1 v2 v3 v4; do
+      digest=DIGEST_$v
+      # Both the tag's digest and the platform manifest's (they differ when
+      # the tag is an index).
+      python3 "$REPO/ci/e2e/openssl-sign.py" "$WORK/keys/e2e.key" "$REGISTRY" "$IMAGE_REPO" "${!digest}" >>"$WORK/logs/sign.log"
+      if [ "${PLATFORM_DIGEST[${!digest}]}" != "${!digest}" ]; then
+        python3 "$REPO/ci/e2e/openssl-sign.py" "$WORK/keys/e2e.key" "$REGISTRY" "$IMAGE_REPO" "${PLATFORM_DIGEST[${!digest}]}" >>"$WORK/logs/sign.log"
+      fi
+    done
+  fi
   SIGNED=1
+  log "images v1..v4 signed by $SIGNED_BY"
 }
 
 # layer_digests REF: the layer digests of REF's manifest for this platform.
@@ -172,4 +187,21 @@ platform_digest() {
   else
     printf '%s' "$raw" | sha256sum | sed 's/^/sha256:/; s/ .*//'
   fi
+}
+
+# archive_with_signature VERSION FILE: an oci-archive of VERSION's image with
+# its cosign `.sig` artifact beside it (a layout's index.json entry named
+# `sha256-<hex>.sig`), the way kubeslot-builder copy carries signatures.
+# skopeo alone would drop the signature.
+archive_with_signature() {
+  local v=$1 file=$2 dir=$WORK/archive-$1 ref digest sigtag
+  ref=REF_$v; digest=DIGEST_$v
+  rm -rf "$dir"
+  skopeo copy --quiet --all --src-tls-verify=false "docker://${!ref}" "oci:$dir:$v"
+  if [ "$SIGNED" = 1 ]; then
+    sigtag=${!digest/:/-}.sig
+    skopeo copy --quiet --src-tls-verify=false "docker://$REGISTRY/$IMAGE_REPO:$sigtag" "oci:$dir:$sigtag"
+  fi
+  tar -C "$dir" -cf "$file" .
+  rm -rf "$dir"
 }
