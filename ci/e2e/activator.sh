@@ -294,6 +294,76 @@ scenario_unpack_and_boot() {
   outer systemctl daemon-reload
 }
 
+# store_is_clean: every blob in the content store hashes to its name (a
+# killed download must never leave a wrong blob under a good name).
+store_is_clean() {
+  local f bad=0
+  for f in "$OUTER"/var/lib/kubeslot/blobs/sha256/*; do
+    [ -f "$f" ] || continue
+    case ${f##*/} in .*) continue ;; esac
+    [ "$(sha256sum <"$f" | cut -d' ' -f1)" = "${f##*/}" ] || { log "  bad blob $f"; bad=1; }
+  done
+  return $bad
+}
+
+# wait_for_path GLOB TIMEOUT_S: until something matches GLOB (while ACT_PID runs).
+wait_for_path() {
+  local deadline=$((SECONDS + $2)) f
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null; do
+    for f in $1; do [ -e "$f" ] && { echo "$f"; return 0; }; done
+    sleep 0.02
+  done
+  return 1
+}
+
+# kill_activator: SIGKILL the running background activator.
+kill_activator() {
+  local pid
+  pid=$(act_child_pid) || { fail "no activator process below $ACT_PID"; return 1; }
+  kill -KILL "$pid"
+  wait "$ACT_PID" 2>/dev/null || true
+  log "  SIGKILLed the activator (pid $pid)"
+}
+
+# The activator's unpack path killed twice: mid-download (a partial blob in
+# the store) and mid-unpack (a staging dir being filled). Each time the
+# target does not exist afterwards, the store holds only good blobs, and the
+# next run completes: the tree appears and boots.
+scenario_unpack_killed() {
+  act_setup
+  write_config "$REF_v1"
+  rm -rf "$OUTER/var/lib/kubeslot" "$OUTER/var/lib/machines/kube1"
+  local target=/var/lib/machines/kube1 found
+  act_bg unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v1" "$target"
+  found=$(wait_for_path "$OUTER/var/lib/kubeslot/blobs/sha256/.partial-*" 60) ||
+    { wait "$ACT_PID" || true; show_log; fail "never saw a partial blob while downloading"; return 1; }
+  kill_activator || return 1
+  log "  killed while ${found##*/} was downloading"
+  check "no tree after the kill mid-download" test ! -e "$OUTER$target" || return 1
+  check "store holds only good blobs" store_is_clean || return 1
+
+  act_bg unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v1" "$target"
+  found=$(wait_for_path "$OUTER/var/lib/machines/.staging-kube1-*/usr/bin" 120) ||
+    { wait "$ACT_PID" || true; show_log; fail "never saw the staging tree filling"; return 1; }
+  kill_activator || return 1
+  log "  killed while ${found%/usr/bin} was being filled"
+  check "no tree after the kill mid-unpack" test ! -e "$OUTER$target" || return 1
+  check "store holds only good blobs" store_is_clean || return 1
+
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v1" "$target" ||
+    { show_log; fail "unpack after the kills exited non-zero"; return 1; }
+  check_eq "stale staging dirs after the next run" \
+    "$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.staging-*' | wc -l)" 0 || return 1
+  check "store holds only good blobs" store_is_clean || return 1
+  hand_nspawn kube1
+  outer systemctl start systemd-nspawn@kube1.service
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  check "kube1 stops" machine_stop kube1 || return 1
+  rm -rf --one-file-system "$OUTER/var/lib/machines/kube1" "$OUTER/var/lib/kubeslot" \
+    "$OUTER/etc/systemd/nspawn/kube1.nspawn"
+  outer systemctl daemon-reload
+}
+
 # v1 onto an empty host: kube1 boots and is healthy; status names kube1 and
 # v1's digest.
 scenario_activate_v1() {

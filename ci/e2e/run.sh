@@ -188,6 +188,7 @@ SCENARIOS=(
   images
   nspawn_smoke
   unpack_and_boot
+  unpack_killed
   activate_v1
   activate_v2_flip
   activate_v3_rolls_back
