@@ -464,20 +464,11 @@ scenario_kill_mid_unpack() {
   activator_present || return 1
   write_config "$REF_v4"
   act_bg activate
-  local deadline=$((SECONDS + 120)) staging="" pid
-  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null; do
-    staging=$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.staging-*' -print -quit 2>/dev/null)
-    [ -n "$staging" ] && break
-    sleep 0.05
-  done
-  pid=$(act_child_pid || true)
-  if [ -z "$staging" ] || [ -z "$pid" ]; then
-    wait "$ACT_PID" || true; show_log
-    fail "never saw a staging dir while the activator ran"; return 1
-  fi
-  kill -KILL "$pid"
-  wait "$ACT_PID" 2>/dev/null || true
-  log "  killed the activator (pid $pid) while $staging existed"
+  local staging
+  staging=$(wait_for_path "$OUTER/var/lib/machines/.staging-*/usr" 120) ||
+    { wait "$ACT_PID" || true; show_log; fail "never saw a staging dir while the activator ran"; return 1; }
+  kill_activator || return 1
+  log "  killed while ${staging%/usr} was being filled"
   check "kube1 still running after the kill" unit_active kube1 || return 1
   act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
   expect_running kube2 v1.35.3-e2e.4 || return 1
@@ -491,19 +482,16 @@ scenario_kill_mid_flip() {
   activator_present || return 1
   write_config "$REF_v2"
   act_bg activate
-  local deadline=$((SECONDS + 180)) pid
-  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null; do
-    unit_active kube2 || break
+  local deadline=$((SECONDS + 180))
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && unit_active kube2; do
     sleep 0.02
   done
-  pid=$(act_child_pid || true)
-  if unit_active kube2 || [ -z "$pid" ]; then
+  if unit_active kube2 || ! kill -0 "$ACT_PID" 2>/dev/null; then
     wait "$ACT_PID" || true; show_log
     fail "the activator never stopped kube2 (or ended before the kill)"; return 1
   fi
-  kill -KILL "$pid"
-  wait "$ACT_PID" 2>/dev/null || true
-  log "  killed the activator (pid $pid) with kube2 stopped; running now: '$(active_machines)'"
+  kill_activator || return 1
+  log "  killed with kube2 stopped; running now: '$(active_machines)'"
   act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
   # Converged means finished (kube1 runs v2) or cleanly undone (kube2 runs v4).
   local running
