@@ -364,6 +364,75 @@ scenario_unpack_killed() {
   outer systemctl daemon-reload
 }
 
+# design_files MACHINE: the host files of DESIGN.md section 5, by hand, as
+# the activator is to render them (no GPU, no extra devices, veth network):
+# the .nspawn file, the systemd-nspawn@ drop-in, the host-rendered files
+# bound read-only and the node state bound read-write.
+design_files() {
+  local m=$1
+  mkdir -p "$OUTER/etc/systemd/nspawn" "$OUTER/etc/systemd/system/systemd-nspawn@$m.service.d" \
+    "$OUTER/etc/kubeslot/host/$m" "$OUTER/var/lib/kubeslot/node/kubelet" "$OUTER/var/lib/kubeslot/node/containerd"
+  echo "host-rendered for $m" >"$OUTER/etc/kubeslot/host/$m/marker"
+  cat >"$OUTER/etc/systemd/nspawn/$m.nspawn" <<EOF2
+[Exec]
+Boot=yes
+Capability=all
+PrivateUsers=no
+SystemCallFilter=@keyring bpf perf_event_open
+
+[Network]
+VirtualEthernet=yes
+
+[Files]
+BindReadOnly=/lib/modules
+BindReadOnly=/etc/kubeslot/host/$m:/etc/kubeslot/host
+Bind=/var/lib/kubeslot/node/kubelet:/var/lib/kubelet
+Bind=/var/lib/kubeslot/node/containerd:/var/lib/containerd
+EOF2
+  cat >"$OUTER/etc/systemd/system/systemd-nspawn@$m.service.d/override.conf" <<EOF2
+[Unit]
+StartLimitIntervalSec=0
+
+[Service]
+Restart=on-failure
+RestartSec=10s
+ExecStartPre=-/usr/bin/machinectl terminate $m
+Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network
+EOF2
+  outer systemctl daemon-reload
+}
+
+# DESIGN.md section 5's files, written by hand, work on real systemd 252:
+# the drop-in's keys take effect, the machine boots with the binds, the
+# host-rendered dir is read-only inside, and node state under
+# /var/lib/kubeslot/node survives a flip from kube1 to kube2. The reference
+# the activator's renderer is compared against.
+scenario_design_files() {
+  local m got
+  [ -d "$OUTER/var/lib/machines/kube1" ] || node_tree_fill "$OUTER/var/lib/machines/kube1" "$NODE_TAR" "$WORK/kubelet/v1/kubelet"
+  [ -d "$OUTER/var/lib/machines/kube2" ] || node_tree_fill "$OUTER/var/lib/machines/kube2" "$NODE_TAR" "$WORK/kubelet/v2/kubelet"
+  for m in kube1 kube2; do design_files "$m"; done
+  got=$(outer systemctl show systemd-nspawn@kube1.service -p Restart -p RestartUSec -p StartLimitIntervalUSec --value | paste -sd' ')
+  check_eq "drop-in: Restart RestartSec StartLimitIntervalSec" "$got" "on-failure 10s 0" || return 1
+  check "drop-in: environment" bash -c "nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl show systemd-nspawn@kube1.service -p Environment | grep -q 'SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 SYSTEMD_NSPAWN_API_VFS_WRITABLE=network'" || return 1
+  outer systemctl start systemd-nspawn@kube1.service ||
+    { outer journalctl -u systemd-nspawn@kube1 --no-pager -n 12 -o cat >&2; fail "systemd-nspawn@kube1 does not start"; return 1; }
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  got=$(outer systemd-run -M kube1 --quiet --wait --pipe sh -c 'cat /etc/kubeslot/host/marker; touch /etc/kubeslot/host/x 2>/dev/null && echo writable || echo read-only; echo state-from-kube1 >/var/lib/kubelet/identity; stat -fc %T /sys/fs/cgroup' </dev/null | paste -sd' ')
+  check_eq "kube1 sees host files read-only, cgroup fs" "$got" "host-rendered for kube1 read-only cgroup2fs" || return 1
+  check "kube1 stops" machine_stop kube1 || return 1
+  outer systemctl start systemd-nspawn@kube2.service
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  got=$(outer systemd-run -M kube2 --quiet --wait --pipe cat /var/lib/kubelet/identity /etc/kubeslot/host/marker </dev/null | paste -sd' ')
+  check_eq "kube2 keeps kube1's node state, sees its own host files" "$got" "state-from-kube1 host-rendered for kube2" || return 1
+  check "kube2 stops" machine_stop kube2 || return 1
+  rm -rf --one-file-system "$OUTER/var/lib/machines/kube1" "$OUTER/var/lib/machines/kube2" \
+    "$OUTER/var/lib/kubeslot" "$OUTER/etc/kubeslot/host" "$OUTER"/etc/systemd/nspawn/kube?.nspawn \
+    "$OUTER"/etc/systemd/system/systemd-nspawn@kube?.service.d
+  outer systemctl daemon-reload
+}
+
 # v1 onto an empty host: kube1 boots and is healthy; status names kube1 and
 # v1's digest.
 scenario_activate_v1() {

@@ -82,6 +82,10 @@ outer_boot() {
   # The outer needs no network config of its own (it shares the host's) and
   # no getty on the console.
   ln -sf /dev/null "$OUTER/etc/systemd/system/console-getty.service"
+  # Every real host has /lib/modules (DESIGN.md section 5 binds it into the
+  # machine, and nspawn refuses to start when a bind source is missing); this
+  # CI machine and its minbase rootfs have none, so give the outer an empty one.
+  mkdir -p "$OUTER/usr/lib/modules"
   log "booting outer host $OUTER_NAME"
   local procs=()
   local dir

@@ -189,6 +189,7 @@ SCENARIOS=(
   nspawn_smoke
   unpack_and_boot
   unpack_killed
+  design_files
   activate_v1
   activate_v2_flip
   activate_v3_rolls_back
