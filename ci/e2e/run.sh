@@ -201,7 +201,17 @@ SCENARIOS=(
   airgap_archive
 )
 
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  echo "Scenarios, in order: ${SCENARIOS[*]}"
+}
+
 main() {
+  case ${1:-} in -h|--help) usage; return 0 ;; esac
+  local s
+  for s in "$@"; do
+    declare -F "scenario_$s" >/dev/null || { usage >&2; die "unknown scenario '$s'"; }
+  done
   preflight
   local wanted=("$@")
   [ ${#wanted[@]} -gt 0 ] || wanted=("${SCENARIOS[@]}")
@@ -221,7 +231,7 @@ main() {
     --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
   log "setup done in $((SECONDS - started)) s"
 
-  local passed=0 failed=0 failures=() s t0 rc
+  local passed=0 failed=0 failures=() t0 rc
   for s in "${wanted[@]}"; do
     log "=== scenario $s"
     t0=$SECONDS
