@@ -79,9 +79,6 @@ impl Data {
             Data::Range { len, .. } => *len,
         }
     }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// A whole file on disk.
     pub fn file(path: &Path) -> Result<Data, RootfsError> {
         let len = std::fs::metadata(path).map_err(io_err(path))?.len();
@@ -153,20 +150,8 @@ impl Tree {
         Self::default()
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     pub fn get(&self, path: &str) -> Option<&Entry> {
         self.entries.get(path)
-    }
-
-    pub fn paths(&self) -> impl Iterator<Item = &str> {
-        self.entries.keys().map(String::as_str)
     }
 
     /// Adds (or replaces) an entry at a clean relative path.
