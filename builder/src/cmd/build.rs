@@ -168,12 +168,8 @@ fn make_plan(args: &Args) -> anyhow::Result<Plan> {
     let base_image = match &recipe.file.base {
         BaseSpec::Image(b) => Some(resolve_base_image(&recipe, b)?),
         BaseSpec::Rootfs(_) => None,
-        BaseSpec::Debian(d) => bail!(
-            "{}: base kind \"debian\" (suite {}): building a Debian package base needs its lock \
-             and the debian module, which this build does not have yet",
-            recipe.path.display(),
-            d.suite
-        ),
+        // Printed by the plan; refused by `execute` until the debian module builds it.
+        BaseSpec::Debian(_) => None,
     };
     let mut annotations = BTreeMap::new();
     let f = &recipe.file;
@@ -365,6 +361,14 @@ struct Summary {
 async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Result<Summary> {
     let recipe = &plan.recipe;
     let epoch = recipe.file.source_date_epoch;
+    if let BaseSpec::Debian(d) = &recipe.file.base {
+        bail!(
+            "{}: base kind \"debian\" (suite {}): building a Debian package base needs its \
+             lock and the debian module's installer, which this build does not have yet",
+            recipe.path.display(),
+            d.suite
+        );
+    }
     let compression = match recipe.file.compression {
         LayerCompression::Gzip => Compression::Gzip,
         LayerCompression::Zstd => Compression::Zstd,
@@ -615,7 +619,7 @@ async fn base_layers(
             }
             Ok(BaseLayers { layers })
         }
-        BaseSpec::Debian(_) => unreachable!("refused while planning"),
+        BaseSpec::Debian(_) => unreachable!("refused before fetching"),
     }
 }
 
