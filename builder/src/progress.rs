@@ -18,7 +18,7 @@ pub enum ProgressMode {
     Auto,
     /// Animated bars (stderr).
     Bar,
-    /// One line per task start and end (stderr).
+    /// One line per finished task (stderr).
     Plain,
     /// Nothing.
     Quiet,

@@ -143,8 +143,21 @@ fn make_plan(args: &Args) -> anyhow::Result<Plan> {
         .as_ref()
         .and_then(|t| t.tag().map(str::to_string))
         .unwrap_or_else(|| recipe.file.tag.clone());
+    // Paths given on the command line are relative to the working
+    // directory (the recipe's own are relative to the recipe).
+    let cwd_url = |s: &str| -> anyhow::Result<String> {
+        if s.contains("://") {
+            return Ok(s.to_string());
+        }
+        let abs = std::path::absolute(s).with_context(|| format!("path {s}"))?;
+        Ok(format!(
+            "{}{}",
+            abs.display(),
+            if s.ends_with('/') { "/" } else { "" }
+        ))
+    };
     let mut cli = CliDownloads {
-        base_url: args.download_base.clone(),
+        base_url: args.download_base.as_deref().map(cwd_url).transpose()?,
         ..Default::default()
     };
     for o in &args.download_override {
@@ -157,7 +170,7 @@ fn make_plan(args: &Args) -> anyhow::Result<Plan> {
                 recipe.path.display()
             );
         }
-        cli.overrides.insert(name.to_string(), url.to_string());
+        cli.overrides.insert(name.to_string(), cwd_url(url)?);
     }
     // Every input of every platform is resolved (and its pin checked)
     // before anything is downloaded.
