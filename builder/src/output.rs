@@ -249,47 +249,6 @@ pub fn write_archive(layout_dir: &Path, file: &Path) -> Result<(), OutputError> 
     Ok(())
 }
 
-/// Extracts an `oci-archive` into `dir` (regular files and directories
-/// under `blobs/`, `index.json`, `oci-layout` only) to re-read it.
-pub fn extract_archive(file: &Path, dir: &Path) -> Result<Layout, OutputError> {
-    let f = File::open(file).map_err(io_err(file))?;
-    let mut ar = tar::Archive::new(io::BufReader::new(f));
-    for e in ar.entries().map_err(io_err(file))? {
-        let mut e = e.map_err(io_err(file))?;
-        let name = e
-            .path()
-            .map_err(io_err(file))?
-            .to_string_lossy()
-            .into_owned();
-        let clean = crate::rootfs::clean_path(&name)
-            .ok()
-            .flatten()
-            .filter(|n| n == "index.json" || n == "oci-layout" || n.starts_with("blobs"))
-            .ok_or_else(|| OutputError::Verify {
-                path: file.to_path_buf(),
-                what: format!("entry {name:?}"),
-                rule: "an oci-archive holds only oci-layout, index.json and blobs/".into(),
-            })?;
-        let out = dir.join(&clean);
-        match e.header().entry_type() {
-            tar::EntryType::Directory => fs::create_dir_all(&out).map_err(io_err(&out))?,
-            tar::EntryType::Regular => {
-                fs::create_dir_all(parent_of(&out)).map_err(io_err(&out))?;
-                let mut w = File::create(&out).map_err(io_err(&out))?;
-                io::copy(&mut e, &mut w).map_err(io_err(&out))?;
-            }
-            other => {
-                return Err(OutputError::Verify {
-                    path: file.to_path_buf(),
-                    what: format!("entry {name:?}"),
-                    rule: format!("unexpected entry type {other:?}"),
-                })
-            }
-        }
-    }
-    Ok(Layout::open(dir)?)
-}
-
 /// Re-reads the image tagged `tag` (or with digest `index`) in a layout:
 /// parses the index, every manifest and config, checks every blob's size
 /// and digest and that each config has one `diff_id` per layer.

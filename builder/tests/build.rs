@@ -383,29 +383,8 @@ fn image_base_is_checked_against_its_pinned_digest() {
     let t = tempfile::tempdir().unwrap();
     let base_index = build(&demo(), t.path(), &[]);
     let base_layout = t.path().join("out");
-    // A recipe on top of the demo image: one extra file layer.
-    let derived = |digest: &str| {
-        format!(
-            r#"name = "derived"
-tag = "1"
-platforms = ["linux/amd64", "linux/arm64"]
-source_date_epoch = 1700000000
-[base]
-kind = "image"
-image = "oci:{}:{TAG}"
-digest = "{digest}"
-[[files]]
-path = "/etc/derived"
-content = "yes\n"
-group = "extra"
-[[layers]]
-group = "base"
-[[layers]]
-group = "extra"
-"#,
-            base_layout.display()
-        )
-    };
+    let derived =
+        |digest: &str| derived_recipe(&format!("oci:{}:{TAG}", base_layout.display()), digest);
     let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
     let w = tempfile::tempdir().unwrap();
     let recipe = write_recipe(w.path(), &derived(wrong));
@@ -590,4 +569,107 @@ fn the_real_recipes_validate() {
             "{out}"
         );
     }
+}
+
+/// A derived recipe on top of `image` pinned at `digest`: one file layer.
+fn derived_recipe(image: &str, digest: &str) -> String {
+    format!(
+        r#"name = "derived"
+tag = "1"
+platforms = ["linux/amd64", "linux/arm64"]
+source_date_epoch = 1700000000
+[base]
+kind = "image"
+image = "{image}"
+digest = "{digest}"
+[[files]]
+path = "/etc/derived"
+content = "yes\n"
+group = "extra"
+[[layers]]
+group = "base"
+[[layers]]
+group = "extra"
+"#
+    )
+}
+
+#[test]
+fn image_bases_from_an_archive_and_a_registry_give_the_same_image() {
+    require_tool("skopeo", "skopeo");
+    let t = tempfile::tempdir().unwrap();
+    let base_index = build(&demo(), t.path(), &[]);
+    let layout = t.path().join("out");
+    let from_layout = {
+        let w = tempfile::tempdir().unwrap();
+        let r = write_recipe(
+            w.path(),
+            &derived_recipe(&format!("oci:{}:{TAG}", layout.display()), &base_index),
+        );
+        build(&r, w.path(), &[])
+    };
+
+    let archive = t.path().join("base.tar");
+    ok(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci-archive:{}", archive.display())));
+    let w = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(
+            &format!("oci-archive:{}:{TAG}", archive.display()),
+            &base_index,
+        ),
+    );
+    assert_eq!(build(&r, w.path(), &[]), from_layout);
+
+    let registry = kubeslot_test_support::Registry::start();
+    let push = Command::new("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--all",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .arg(format!("docker://{}/kubeslot/demo:{TAG}", registry.host()))
+        .output()
+        .unwrap();
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let w = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(
+            &format!("{}/kubeslot/demo:{TAG}", registry.host()),
+            &base_index,
+        ),
+    );
+    assert_eq!(build(&r, w.path(), &[]), from_layout);
+
+    // The same registry image pinned at another digest is refused.
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000002";
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(&format!("{}/kubeslot/demo:{TAG}", registry.host()), wrong),
+    );
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(w.path().join("cache2"))
+            .arg("build")
+            .arg(&r)
+            .arg("--output")
+            .arg(format!("oci:{}", w.path().join("out2").display())),
+    );
+    assert!(err.contains(wrong), "{err}");
+    assert!(!w.path().join("out2").exists());
 }

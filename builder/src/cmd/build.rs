@@ -20,9 +20,10 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context};
 use kubeslot_activator::layout::{BlobDir, Layout};
 use kubeslot_activator::oci::{
-    Compression, Descriptor, History, ImageConfig, Index, Manifest, Platform, ANNOTATION_REF_NAME,
-    MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_INDEX,
+    Compression, Descriptor, History, Index, Platform, ANNOTATION_REF_NAME, MEDIA_TYPE_INDEX,
 };
+use kubeslot_activator::paths::Root;
+use kubeslot_activator::source::{SelectedImage, Source};
 use kubeslot_activator::{Digest, ImageSource};
 use serde_json::json;
 
@@ -106,16 +107,19 @@ struct Plan {
     annotations: BTreeMap<String, String>,
 }
 
-/// A base image found in a local layout with its pinned digest.
+/// A base image read through the activator's `Source` (layout, archive or
+/// registry), its top-level digest checked against the pin.
 struct ResolvedBaseImage {
-    layout: Layout,
-    source: String,
-    /// Per platform: the manifest.
-    manifests: BTreeMap<Platform, Manifest>,
+    source: Source,
+    /// `IMAGE@DIGEST` for messages and history.
+    name: String,
+    /// Per platform: the manifest, config and layers, checked by `select`.
+    selected: BTreeMap<Platform, SelectedImage>,
 }
 
 pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
-    let plan = make_plan(&args)?;
+    // Planning may read a base image with the blocking activator reader.
+    let plan = tokio::task::block_in_place(|| make_plan(&args, global))?;
     if args.dry_run {
         print_plan(&plan);
         return Ok(());
@@ -136,7 +140,7 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn make_plan(args: &Args) -> anyhow::Result<Plan> {
+fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
     let recipe = Recipe::load(&args.recipe)?;
     let target = args.output.as_deref().map(Target::parse).transpose()?;
     let tag = target
@@ -179,7 +183,7 @@ fn make_plan(args: &Args) -> anyhow::Result<Plan> {
         inputs.push((p.clone(), recipe.inputs(p, &cli)?));
     }
     let base_image = match &recipe.file.base {
-        BaseSpec::Image(b) => Some(resolve_base_image(&recipe, b)?),
+        BaseSpec::Image(b) => Some(resolve_base_image(&recipe, b, &global.cache.join("tmp"))?),
         BaseSpec::Rootfs(_) => None,
         // Printed by the plan; refused by `execute` until the debian module builds it.
         BaseSpec::Debian(_) => None,
@@ -215,88 +219,49 @@ fn make_plan(args: &Args) -> anyhow::Result<Plan> {
     })
 }
 
-/// Finds the pinned base image and its manifest for every platform.
-fn resolve_base_image(recipe: &Recipe, b: &ImageBase) -> anyhow::Result<ResolvedBaseImage> {
-    let source: ImageSource = b.image.parse()?;
-    let (dir, tag) = match &source {
-        ImageSource::Layout { dir, tag } => (recipe.dir.join(dir), tag.clone()),
-        ImageSource::Archive { file, .. } => bail!(
-            "{}: base.image {}: oci-archive bases are read by the activator library's archive \
-             reader, which this build does not include yet; unpack it to an oci: layout",
-            recipe.path.display(),
-            file.display()
-        ),
-        ImageSource::Registry(r) => bail!(
-            "{}: base.image {r}: registry bases are read by the activator library's source \
-             reader, which this build does not include yet; copy it to an oci: layout first \
-             (skopeo copy docker://{r} oci:DIR)",
-            recipe.path.display()
-        ),
+/// Opens the base image with the activator's reader, checks that it is the
+/// pinned digest, and selects (and checks) its manifest for every platform.
+/// Blocking (local files or the activator's blocking registry client).
+fn resolve_base_image(
+    recipe: &Recipe,
+    b: &ImageBase,
+    scratch: &Path,
+) -> anyhow::Result<ResolvedBaseImage> {
+    let at = || format!("{}: base.image {}", recipe.path.display(), b.image);
+    let parsed: ImageSource = b.image.parse().with_context(at)?;
+    // Local paths in a recipe are relative to the recipe; a registry
+    // reference is asked for the pinned digest itself (never a tag).
+    let src = match parsed {
+        ImageSource::Layout { dir, tag } => ImageSource::Layout {
+            dir: recipe.dir.join(dir),
+            tag,
+        },
+        ImageSource::Archive { file, tag } => ImageSource::Archive {
+            file: recipe.dir.join(file),
+            tag,
+        },
+        ImageSource::Registry(r) => ImageSource::Registry(r.with_digest(b.digest)),
     };
-    let layout =
-        Layout::open(&dir).with_context(|| format!("{}: base.image", recipe.path.display()))?;
-    let index = layout.index()?;
-    let found: Vec<&Descriptor> = index
-        .manifests
-        .iter()
-        .filter(|d| match &tag {
-            Some(t) => d.annotations.get(ANNOTATION_REF_NAME) == Some(t),
-            None => true,
-        })
-        .collect();
-    let entry = found.iter().find(|d| d.digest == b.digest).ok_or_else(|| {
-        anyhow!(
-            "{}: base.image {}: digest mismatch: the recipe pins {}, the layout has {}",
-            recipe.path.display(),
-            b.image,
+    std::fs::create_dir_all(scratch).with_context(|| scratch.display().to_string())?;
+    let source = Source::open(&src, &BTreeMap::new(), &Root::host(), scratch).with_context(at)?;
+    let top = source.resolve().with_context(at)?;
+    if top.digest != b.digest {
+        bail!(
+            "{}: digest mismatch: the recipe pins {}, {src} is {}",
+            at(),
             b.digest,
-            if found.is_empty() {
-                "no matching entry".to_string()
-            } else {
-                found
-                    .iter()
-                    .map(|d| d.digest.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }
-        )
-    })?;
-    let mut manifests = BTreeMap::new();
-    if entry.media_type == MEDIA_TYPE_INDEX || entry.media_type == MEDIA_TYPE_DOCKER_LIST {
-        let idx: Index = layout.read_json(&entry.digest, Some(entry.size))?;
-        for p in &recipe.platforms {
-            let m = idx
-                .manifests
-                .iter()
-                .find(|m| m.platform.as_ref().is_some_and(|mp| p.matches(mp)))
-                .ok_or_else(|| {
-                    anyhow!("base.image {}@{}: no manifest for {p}", b.image, b.digest)
-                })?;
-            manifests.insert(p.clone(), layout.read_json(&m.digest, Some(m.size))?);
-        }
-    } else {
-        let m: Manifest = layout.read_json(&entry.digest, Some(entry.size))?;
-        let config: ImageConfig = layout.read_json(&m.config.digest, Some(m.config.size))?;
-        let mp = Platform {
-            os: config.os,
-            architecture: config.architecture,
-            variant: config.variant,
-        };
-        for p in &recipe.platforms {
-            if !p.matches(&mp) {
-                bail!(
-                    "base.image {}@{}: a single {mp} manifest cannot serve {p}",
-                    b.image,
-                    b.digest
-                );
-            }
-            manifests.insert(p.clone(), m.clone());
-        }
+            top.digest
+        );
+    }
+    let mut selected = BTreeMap::new();
+    for p in &recipe.platforms {
+        let image = source.select(&top, p).with_context(at)?;
+        selected.insert(p.clone(), image);
     }
     Ok(ResolvedBaseImage {
-        layout,
-        source: format!("{}@{}", b.image, b.digest),
-        manifests,
+        source,
+        name: format!("{}@{}", b.image, b.digest),
+        selected,
     })
 }
 
@@ -314,7 +279,7 @@ fn print_plan(plan: &Plan) {
         None => println!("output: (none given)"),
     }
     if let Some(b) = &plan.base_image {
-        println!("base: image {}", b.source);
+        println!("base: image {}", b.name);
     }
     for (platform, inputs) in &plan.inputs {
         for i in inputs {
@@ -472,7 +437,8 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         Target::Archive { file, .. } => {
             output::write_archive(staging.path(), file)?;
             let check = output::staging_dir(file)?;
-            let layout = output::extract_archive(file, check.path())?;
+            // Read back with the activator's own archive reader.
+            let layout = kubeslot_activator::archive::extract(file, check.path())?;
             output::verify_layout(&layout, Some(&plan.tag), &index)
                 .with_context(|| format!("re-reading {}", file.display()))?;
         }
@@ -582,49 +548,34 @@ async fn base_layers(
         }
         BaseSpec::Image(_) => {
             let base = plan.base_image.as_ref().expect("resolved in the plan");
-            let manifest = &base.manifests[platform];
-            let config: ImageConfig = base
-                .layout
-                .read_json(&manifest.config.digest, Some(manifest.config.size))?;
-            if config.rootfs.diff_ids.len() != manifest.layers.len() {
-                bail!(
-                    "base.image {}: {} layers but {} diff_ids",
-                    base.source,
-                    manifest.layers.len(),
-                    config.rootfs.diff_ids.len()
-                );
-            }
-            let history: Vec<History> = config
+            let image = &base.selected[platform];
+            let history: Vec<History> = image
+                .config
                 .history
-                .into_iter()
+                .iter()
                 .filter(|h| !h.empty_layer)
+                .cloned()
                 .collect();
             let mut layers = Vec::new();
-            for (i, (l, diff_id)) in manifest
-                .layers
-                .iter()
-                .zip(&config.rootfs.diff_ids)
-                .enumerate()
-            {
-                if Compression::of_layer_media_type(&l.media_type).is_none() || !l.urls.is_empty() {
-                    bail!(
-                        "base.image {}: layer {}: unsupported media type {}",
-                        base.source,
-                        l.digest,
-                        l.media_type
-                    );
-                }
-                let src = base.layout.blobs().open_blob(&l.digest)?;
-                blobs
-                    .put_verified(&l.digest, Some(l.size), std::io::BufReader::new(src))
-                    .with_context(|| format!("base.image {}: layer {}", base.source, l.digest))?;
+            for (i, (l, _, diff_id)) in image.layers.iter().enumerate() {
+                // Every base blob is re-hashed on its way into the output.
+                tokio::task::block_in_place(|| -> anyhow::Result<()> {
+                    if blobs.contains(&l.digest) {
+                        return Ok(());
+                    }
+                    let stream = base.source.open_blob(l, 0)?;
+                    blobs
+                        .put_verified(&l.digest, Some(l.size), stream.reader)
+                        .with_context(|| format!("base.image {}: layer {}", base.name, l.digest))?;
+                    Ok(())
+                })?;
                 let mut d = Descriptor::new(&l.media_type, l.digest, l.size);
                 d.annotations = l.annotations.clone();
                 layers.push(LayerDesc {
                     descriptor: d,
                     diff_id: *diff_id,
                     history: history.get(i).cloned().unwrap_or_else(|| History {
-                        created_by: Some(format!("base image {}", base.source)),
+                        created_by: Some(format!("base image {}", base.name)),
                         ..Default::default()
                     }),
                     group: BASE_GROUP.into(),
