@@ -684,6 +684,112 @@ mod tests {
     }
 
     #[test]
+    fn tarballs_are_renormalised() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("in.tar");
+        {
+            let mut b = tar::Builder::new(File::create(&src).unwrap());
+            fn add(
+                b: &mut tar::Builder<File>,
+                path: &str,
+                t: EntryType,
+                link: Option<&str>,
+                data: &[u8],
+                mtime: u64,
+            ) {
+                let mut h = Header::new_gnu();
+                h.set_entry_type(t);
+                h.set_mode(0o755);
+                h.set_uid(1000);
+                h.set_gid(1000);
+                h.set_mtime(mtime);
+                h.set_size(data.len() as u64);
+                match link {
+                    Some(l) => b.append_link(&mut h, path, l).unwrap(),
+                    None => b.append_data(&mut h, path, data).unwrap(),
+                }
+            }
+            add(
+                &mut b,
+                "./zz/file",
+                EntryType::Regular,
+                None,
+                b"data",
+                5_000,
+            );
+            add(
+                &mut b,
+                "./aa/link",
+                EntryType::Link,
+                Some("zz/file"),
+                b"",
+                5,
+            );
+            add(&mut b, "./dev/null", EntryType::Char, None, b"", 5);
+            b.append_pax_extensions([("SCHILY.xattr.security.capability", &b"\x01cap"[..])])
+                .unwrap();
+            add(
+                &mut b,
+                "./usr/bin/ping",
+                EntryType::Regular,
+                None,
+                b"ping",
+                5,
+            );
+            b.finish().unwrap();
+        }
+        let tree = Tree::from_tarball(&src, &tmp.path().join("work"), 1_000).unwrap();
+        assert!(tree.get("dev/null").is_none(), "device nodes are dropped");
+        let first = tree.get("aa/link").unwrap();
+        assert!(
+            matches!(first.kind, Kind::File(_)),
+            "the first path carries the data"
+        );
+        assert_eq!(
+            (first.uid, first.mtime),
+            (1000, 1_000),
+            "ids kept, mtime clamped"
+        );
+        assert!(matches!(&tree.get("zz/file").unwrap().kind, Kind::Hardlink(t) if t == "aa/link"));
+        let ping = tree.get("usr/bin/ping").unwrap();
+        assert_eq!(ping.xattrs.get("security.capability").unwrap(), b"\x01cap");
+
+        let blob = tree
+            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1_000)
+            .unwrap();
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(
+            File::open(&blob.path).unwrap(),
+        ));
+        let mut names = Vec::new();
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().display().to_string();
+            if name == "usr/bin/ping" {
+                let x: Vec<_> = e
+                    .pax_extensions()
+                    .unwrap()
+                    .unwrap()
+                    .map(|x| x.unwrap().key().unwrap().to_string())
+                    .collect();
+                assert_eq!(x, ["SCHILY.xattr.security.capability"]);
+            }
+            names.push(name);
+        }
+        assert_eq!(
+            names,
+            [
+                "aa/",
+                "aa/link",
+                "usr/",
+                "usr/bin/",
+                "usr/bin/ping",
+                "zz/",
+                "zz/file"
+            ]
+        );
+    }
+
+    #[test]
     fn rejects_dotdot() {
         assert!(clean_path("a/../b").is_err());
         assert_eq!(clean_path("./a//b/").unwrap().as_deref(), Some("a/b"));
