@@ -359,6 +359,61 @@ impl Tree {
         Ok(())
     }
 
+    /// The directories and symlinks of this tree (a base), so the layers
+    /// above it can repeat its directory metadata and avoid its symlinks.
+    pub fn shape(&self) -> BaseShape {
+        let mut shape = BaseShape::default();
+        for (path, e) in &self.entries {
+            match e.kind {
+                Kind::Dir => {
+                    shape.dirs.insert(path.clone(), e.clone());
+                }
+                Kind::Symlink(_) => {
+                    shape.symlinks.insert(path.clone());
+                }
+                _ => {}
+            }
+        }
+        shape
+    }
+
+    /// Fits this (upper) tree onto a base: refuses entries below a path the
+    /// base has as a symlink (a directory entry there would replace, say,
+    /// merged-usr's `/lib -> usr/lib`), and gives missing parents the
+    /// base's directory metadata instead of the default.
+    pub fn fit_onto(&mut self, base: &BaseShape) -> Result<(), RootfsError> {
+        for path in self.entries.keys() {
+            let mut p = path.as_str();
+            while let Some((parent, _)) = p.rsplit_once('/') {
+                if base.symlinks.contains(parent) {
+                    return Err(RootfsError::Tree {
+                        entry: format!("/{path}"),
+                        rule: format!(
+                            "/{parent} is a symlink in the base; write below its target instead"
+                        ),
+                    });
+                }
+                p = parent;
+            }
+        }
+        let mut missing = Vec::new();
+        for path in self.entries.keys() {
+            let mut p = path.as_str();
+            while let Some((parent, _)) = p.rsplit_once('/') {
+                if !self.entries.contains_key(parent) {
+                    if let Some(d) = base.dirs.get(parent) {
+                        missing.push((parent.to_string(), d.clone()));
+                    }
+                }
+                p = parent;
+            }
+        }
+        for (path, e) in missing {
+            self.entries.entry(path).or_insert(e);
+        }
+        Ok(())
+    }
+
     /// Adds a root-owned 0755 directory for every missing parent.
     fn fill_parents(&mut self, epoch: u64) {
         let mut missing = Vec::new();
@@ -424,6 +479,13 @@ impl Tree {
             path: dest,
         })
     }
+}
+
+/// What the layers above a base need to know about it.
+#[derive(Clone, Debug, Default)]
+pub struct BaseShape {
+    pub dirs: BTreeMap<String, Entry>,
+    pub symlinks: std::collections::BTreeSet<String>,
 }
 
 /// A written layer blob.
@@ -787,6 +849,32 @@ mod tests {
                 "zz/file"
             ]
         );
+    }
+
+    #[test]
+    fn upper_layers_fit_onto_the_base() {
+        let mut base = Tree::new();
+        base.insert(
+            "lib",
+            Entry::root(Kind::Symlink("usr/lib".into()), 0o777, 1),
+        )
+        .unwrap();
+        base.insert("root", Entry::root(Kind::Dir, 0o700, 1))
+            .unwrap();
+        let shape = base.shape();
+        let file = || Entry::root(Kind::File(Data::Bytes(Arc::new(vec![]))), 0o644, 1);
+        let mut up = Tree::new();
+        up.insert("root/.profile", file()).unwrap();
+        up.fit_onto(&shape).unwrap();
+        assert_eq!(
+            up.get("root").unwrap().mode,
+            0o700,
+            "base dir metadata repeated"
+        );
+        let mut bad = Tree::new();
+        bad.insert("lib/systemd/system/x.service", file()).unwrap();
+        let e = bad.fit_onto(&shape).unwrap_err().to_string();
+        assert!(e.contains("/lib is a symlink"), "{e}");
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::recipe::{
     BaseSpec, CliDownloads, Format, ImageBase, Input, InputKind, LayerCompression, Recipe,
     BASE_GROUP,
 };
-use crate::rootfs::{clean_path, Data, Entry, Kind, LayerBlob, Tree};
+use crate::rootfs::{clean_path, BaseShape, Data, Entry, Kind, LayerBlob, Tree};
 
 /// Build a recipe into an OCI image layout or an oci-archive.
 ///
@@ -95,6 +95,9 @@ pub enum BenchCompression {
 /// blob dir, with their history.
 pub struct BaseLayers {
     pub layers: Vec<LayerDesc>,
+    /// The base's directories and symlinks, when the builder wrote the base
+    /// tree itself (rootfs and Debian bases; not image bases).
+    pub shape: Option<BaseShape>,
 }
 
 /// The plan: everything decided before anything is fetched or written.
@@ -377,7 +380,11 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         let base = base_layers(plan, platform, &files, &blobs, &work, compression, global).await?;
         let mut layers = base.layers;
         for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
-            let tree = group_tree(recipe, &l.group, platform, &files, &work)?;
+            let mut tree = group_tree(recipe, &l.group, platform, &files, &work)?;
+            if let Some(shape) = &base.shape {
+                tree.fit_onto(shape)
+                    .with_context(|| format!("{}: layer {}", recipe.path.display(), l.group))?;
+            }
             let task = global
                 .progress
                 .task("layer", &format!("{} {platform}", l.group), None);
@@ -526,7 +533,7 @@ async fn base_layers(
                 .iter()
                 .find(|(i, _)| i.kind == InputKind::BaseRootfs)
                 .expect("rootfs base has an input");
-            let blob = rootfs_layer(
+            let (blob, shape) = rootfs_layer(
                 path,
                 work,
                 &blobs.root().join("sha256"),
@@ -544,6 +551,7 @@ async fn base_layers(
                     format!("kubeslot-builder: base rootfs {}", input.upstream),
                     format!("sha256 {}", input.pinned.sha256),
                 )],
+                shape: Some(shape),
             })
         }
         BaseSpec::Image(_) => {
@@ -581,7 +589,10 @@ async fn base_layers(
                     group: BASE_GROUP.into(),
                 });
             }
-            Ok(BaseLayers { layers })
+            Ok(BaseLayers {
+                layers,
+                shape: None,
+            })
         }
         BaseSpec::Debian(_) => unreachable!("refused before fetching"),
     }
@@ -596,7 +607,7 @@ async fn rootfs_layer(
     epoch: u64,
     global: &Global,
     platform: &Platform,
-) -> anyhow::Result<LayerBlob> {
+) -> anyhow::Result<(LayerBlob, BaseShape)> {
     let task = global
         .progress
         .task("layer", &format!("base {platform}"), None);
@@ -607,7 +618,8 @@ async fn rootfs_layer(
     );
     let blob = tokio::task::spawn_blocking(move || {
         let tree = Tree::from_tarball(&t, &w, epoch)?;
-        tree.write_layer(&d, compression, epoch)
+        let shape = tree.shape();
+        Ok::<_, crate::rootfs::RootfsError>((tree.write_layer(&d, compression, epoch)?, shape))
     })
     .await
     .expect("layer writer does not panic")
