@@ -113,6 +113,9 @@ pub struct Fetcher {
     backoff: Duration,
 }
 
+// `cached`, `with_max_size` and `with_parallelism` are API for the Debian
+// base module (it fetches `.deb`s through this cache) and for tests.
+#[allow(dead_code)]
 impl Fetcher {
     /// A fetcher whose cache is `<cache_dir>/sha256/` (created on first use).
     pub fn new(cache_dir: impl Into<PathBuf>, progress: Progress) -> Result<Self, FetchError> {

@@ -18,7 +18,7 @@ pub enum ProgressMode {
     Auto,
     /// Animated bars (stderr).
     Bar,
-    /// One line per task start and end (stderr).
+    /// One line per finished task (stderr).
     Plain,
     /// Nothing.
     Quiet,
@@ -77,9 +77,6 @@ impl Progress {
             bar.set_message(label.to_string());
             m.add(bar)
         });
-        if self.plain {
-            eprintln!("{verb} {label}: started");
-        }
         Task {
             bar,
             plain: self.plain,
@@ -135,12 +132,16 @@ impl Task {
         }
         if self.plain {
             let secs = self.start.elapsed().as_secs_f64();
-            eprintln!(
-                "{} {}: {outcome} ({:.1} MB in {secs:.1} s)",
-                self.verb,
-                self.label,
-                self.done as f64 / 1e6
-            );
+            if self.done > 0 {
+                eprintln!(
+                    "{} {}: {outcome} ({:.1} MB in {secs:.1} s)",
+                    self.verb,
+                    self.label,
+                    self.done as f64 / 1e6
+                );
+            } else {
+                eprintln!("{} {}: {outcome} ({secs:.1} s)", self.verb, self.label);
+            }
         }
     }
 }
