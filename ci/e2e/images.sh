@@ -88,13 +88,12 @@ recipe_for() {
 # The product path: one recipe template, four builds that differ in the
 # kubelet only.
 images_build_with_builder() {
-  local v recipe out
+  local v recipe
   for v in v1 v2 v3 v4; do
     recipe=$(recipe_for "$v")
-    out=$WORK/images/build-$v
-    "$BUILDER" --progress plain build "$recipe" --output "oci:$out" >"$WORK/logs/build-$v.log" 2>&1 ||
+    # One layout, one tag per version (the builder adds to an existing layout).
+    "$BUILDER" --progress plain build "$recipe" --output "oci:$IMAGE_LAYOUT:$v" >"$WORK/logs/build-$v.log" 2>&1 ||
       { cat "$WORK/logs/build-$v.log" >&2; die "kubeslot-builder build $recipe failed"; }
-    skopeo copy --quiet "oci:$out" "oci:$IMAGE_LAYOUT:$v"
   done
 }
 
@@ -126,13 +125,14 @@ images_build_with_umoci() {
 images_push() {
   local v
   for v in v1 v2 v3 v4; do
-    skopeo copy --quiet --dest-tls-verify=false "oci:$IMAGE_LAYOUT:$v" "docker://$REGISTRY/$IMAGE_REPO:$v"
+    # --all keeps the builder's index (and its digest, which is what gets signed).
+    skopeo copy --quiet --all --dest-tls-verify=false "oci:$IMAGE_LAYOUT:$v" "docker://$REGISTRY/$IMAGE_REPO:$v"
     printf -v "REF_$v" '%s' "$REGISTRY/$IMAGE_REPO:$v"
     printf -v "DIGEST_$v" 'sha256:%s' "$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/$IMAGE_REPO:$v" | sha256sum | cut -d' ' -f1)"
     local d=DIGEST_$v
     PLATFORM_DIGEST[${!d}]=$(platform_digest "$REGISTRY/$IMAGE_REPO:$v")
   done
-  skopeo copy --quiet --dest-tls-verify=false "oci:$IMAGE_LAYOUT:v2" "docker://$REGISTRY/kubeslot/e2e-unsigned:v2"
+  skopeo copy --quiet --all --dest-tls-verify=false "oci:$IMAGE_LAYOUT:v2" "docker://$REGISTRY/kubeslot/e2e-unsigned:v2"
   REF_UNSIGNED=$REGISTRY/kubeslot/e2e-unsigned:v2
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
