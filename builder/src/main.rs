@@ -34,6 +34,7 @@ enum Command {
     Keygen(cmd::keygen::KeygenArgs),
     Sign(cmd::sign::SignArgs),
     Copy(cmd::copy::CopyArgs),
+    Sbom(cmd::sbom::SbomArgs),
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
@@ -47,6 +48,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Keygen(a) => cmd::keygen::run(a, g).await,
         Command::Sign(a) => cmd::sign::run(a, g).await,
         Command::Copy(a) => cmd::copy::run(a, g).await,
+        Command::Sbom(a) => cmd::sbom::run(a, g).await,
     }
 }
 
@@ -54,8 +56,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("error,kubeslot_builder=warn")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();

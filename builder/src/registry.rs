@@ -351,11 +351,7 @@ impl Remote {
         };
         let result = self
             .client
-            .pull_manifest_raw(
-                &self.reference(reference),
-                &self.auth,
-                ACCEPTED_MANIFESTS,
-            )
+            .pull_manifest_raw(&self.reference(reference), &self.auth, ACCEPTED_MANIFESTS)
             .await;
         let bytes = match result {
             Ok((bytes, _)) => bytes.to_vec(),

@@ -26,8 +26,10 @@ pub const IMAGE_PATH: &str = "usr/share/kubeslot/sbom.spdx.json";
 /// point: SPDX wants a unique URI, not a fetchable one.
 const NAMESPACE_PREFIX: &str = "https://kubeslot.invalid/spdx/";
 
-/// What an SBOM describes: one image and its inputs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What an SBOM describes: one image and its inputs. Also the JSON that
+/// `kubeslot-builder sbom --input` reads.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct SbomInput {
     /// The image name, e.g. `ubuntu2404-node`.
     pub name: String,
@@ -38,7 +40,8 @@ pub struct SbomInput {
 }
 
 /// One input of the image.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct SbomPackage {
     pub name: String,
     pub version: String,
@@ -49,11 +52,13 @@ pub struct SbomPackage {
     pub sha256: Digest,
     pub kind: PackageKind,
     /// Package URL (`pkg:deb/…`, `pkg:oci/…`, `pkg:generic/…`), when known.
+    #[serde(default)]
     pub purl: Option<String>,
 }
 
 /// What sort of input a package is (SPDX `primaryPackagePurpose`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum PackageKind {
     /// A downloaded binary or tarball (kubelet, containerd, …).
     Component,

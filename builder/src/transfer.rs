@@ -459,7 +459,8 @@ impl Staged {
         }
         let mut root = self.root.clone();
         if let Some(t) = tag {
-            root.annotations.insert(ANNOTATION_REF_NAME.into(), t.into());
+            root.annotations
+                .insert(ANNOTATION_REF_NAME.into(), t.into());
         }
         let mut entries = vec![root];
         for a in &attachments {
@@ -675,7 +676,9 @@ pub async fn fetch_image(
                 let raw = remote
                     .pull_manifest(&child.digest.to_string())
                     .await?
-                    .ok_or_else(|| bad(format!("names {} which the registry lacks", child.digest)))?;
+                    .ok_or_else(|| {
+                        bad(format!("names {} which the registry lacks", child.digest))
+                    })?;
                 let cd = Descriptor::new(&child.media_type, raw.digest, raw.bytes.len() as u64);
                 stack.push((cd, raw.bytes));
             }
@@ -800,9 +803,8 @@ pub fn extract_archive(file: &Path, dest: &Path) -> Result<(), TransferError> {
         }
         let target = dest.join(&path);
         match entry.header().entry_type() {
-            tar::EntryType::Directory => {
-                std::fs::create_dir_all(&target).map_err(|e| err(format!("{}: {e}", path.display())))?
-            }
+            tar::EntryType::Directory => std::fs::create_dir_all(&target)
+                .map_err(|e| err(format!("{}: {e}", path.display())))?,
             tar::EntryType::Regular => {
                 if let Some(parent) = target.parent() {
                     std::fs::create_dir_all(parent)
@@ -893,7 +895,11 @@ mod tests {
         write_archive(layout.dir(), &file).unwrap();
         let first = std::fs::read(&file).unwrap();
         write_archive(layout.dir(), &file).unwrap();
-        assert_eq!(first, std::fs::read(&file).unwrap(), "archives are deterministic");
+        assert_eq!(
+            first,
+            std::fs::read(&file).unwrap(),
+            "archives are deterministic"
+        );
         let out = tmp.path().join("out");
         std::fs::create_dir(&out).unwrap();
         extract_archive(&file, &out).unwrap();

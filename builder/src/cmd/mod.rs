@@ -3,6 +3,7 @@
 pub mod copy;
 pub mod keygen;
 pub mod push;
+pub mod sbom;
 pub mod sign;
 
 /// Options every subcommand shares.
