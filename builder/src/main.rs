@@ -4,6 +4,7 @@
 
 mod assemble;
 mod cmd;
+mod creds;
 mod debian;
 mod fetch;
 mod output;
@@ -13,6 +14,7 @@ mod registry;
 mod rootfs;
 mod sbom;
 mod sign;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -37,6 +39,11 @@ enum Command {
     BenchLayer(cmd::build::BenchLayerArgs),
     /// Print the version and exit.
     Version,
+    Push(cmd::push::PushArgs),
+    Keygen(cmd::keygen::KeygenArgs),
+    Sign(cmd::sign::SignArgs),
+    Copy(cmd::copy::CopyArgs),
+    Sbom(cmd::sbom::SbomArgs),
 }
 
 fn main() {
@@ -63,6 +70,11 @@ fn main() {
                 println!("{}", env!("CARGO_PKG_VERSION"));
                 Ok(())
             }
+            Command::Push(args) => cmd::push::run(args, &global).await,
+            Command::Keygen(args) => cmd::keygen::run(args, &global).await,
+            Command::Sign(args) => cmd::sign::run(args, &global).await,
+            Command::Copy(args) => cmd::copy::run(args, &global).await,
+            Command::Sbom(args) => cmd::sbom::run(args, &global).await,
         }
     });
     if let Err(e) = result {

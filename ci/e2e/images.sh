@@ -146,7 +146,7 @@ images_sign() {
   local v ref digest
   if [ "${KUBESLOT_E2E_SIGNER:-}" != openssl ] && "$BUILDER" sign --help >/dev/null 2>&1; then
     SIGNED_BY=kubeslot-builder
-    "$BUILDER" keygen --output "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
+    "$BUILDER" keygen --out "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
       { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
     for v in v1 v2 v3 v4; do
       ref=REF_$v; digest=DIGEST_$v
