@@ -120,19 +120,29 @@ images_build_with_umoci() {
   rm -f "$base"
 }
 
+# push_one SRC REF: `kubeslot-builder push` when it exists (the product
+# path), else skopeo; both keep the builder's index and its digest.
+push_one() {
+  if "$BUILDER" push --help >/dev/null 2>&1; then
+    "$BUILDER" push "$1" "$2" >>"$WORK/logs/push.log" 2>&1 ||
+      { cat "$WORK/logs/push.log" >&2; die "kubeslot-builder push $1 $2 failed"; }
+  else
+    skopeo copy --quiet --all --dest-tls-verify=false "$1" "docker://$2"
+  fi
+}
+
 # images_push: v1..v4 into the local registry (with signatures when the
 # builder can sign), plus an unsigned copy of v2 for the refusal scenario.
 images_push() {
   local v
   for v in v1 v2 v3 v4; do
-    # --all keeps the builder's index (and its digest, which is what gets signed).
-    skopeo copy --quiet --all --dest-tls-verify=false "oci:$IMAGE_LAYOUT:$v" "docker://$REGISTRY/$IMAGE_REPO:$v"
+    push_one "oci:$IMAGE_LAYOUT:$v" "$REGISTRY/$IMAGE_REPO:$v"
     printf -v "REF_$v" '%s' "$REGISTRY/$IMAGE_REPO:$v"
     printf -v "DIGEST_$v" 'sha256:%s' "$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/$IMAGE_REPO:$v" | sha256sum | cut -d' ' -f1)"
     local d=DIGEST_$v
     PLATFORM_DIGEST[${!d}]=$(platform_digest "$REGISTRY/$IMAGE_REPO:$v")
   done
-  skopeo copy --quiet --all --dest-tls-verify=false "oci:$IMAGE_LAYOUT:v2" "docker://$REGISTRY/kubeslot/e2e-unsigned:v2"
+  push_one "oci:$IMAGE_LAYOUT:v2" "$REGISTRY/kubeslot/e2e-unsigned:v2"
   REF_UNSIGNED=$REGISTRY/kubeslot/e2e-unsigned:v2
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
@@ -191,11 +201,17 @@ platform_digest() {
 
 # archive_with_signature VERSION FILE: an oci-archive of VERSION's image with
 # its cosign `.sig` artifact beside it (a layout's index.json entry named
-# `sha256-<hex>.sig`), the way kubeslot-builder copy carries signatures.
-# skopeo alone would drop the signature.
+# `sha256-<hex>.sig`): by `kubeslot-builder copy` when it exists, else by
+# skopeo, one tag at a time (skopeo alone would drop the signature).
 archive_with_signature() {
   local v=$1 file=$2 dir=$WORK/archive-$1 ref digest sigtag
   ref=REF_$v; digest=DIGEST_$v
+  if "$BUILDER" copy --help >/dev/null 2>&1; then
+    # The product path: signatures and SBOM travel with the copy.
+    "$BUILDER" copy "${!ref}" "oci-archive:$file:$v" >"$WORK/logs/copy-$v.log" 2>&1 ||
+      { cat "$WORK/logs/copy-$v.log" >&2; return 1; }
+    return 0
+  fi
   rm -rf "$dir"
   skopeo copy --quiet --all --src-tls-verify=false "docker://${!ref}" "oci:$dir:$v"
   if [ "$SIGNED" = 1 ]; then
