@@ -295,6 +295,26 @@ check_eq() {
 
 # ---------------------------------------------------------------- cleanup
 
+# kill_tree PID: SIGTERM to PID and every descendant (children first
+# collected, then all signalled), waiting up to 10 s for them to go; a
+# scenario's tar or nsenter must not outlive it while cleanup removes files.
+kill_tree() {
+  local pids=("$1") i=0 child
+  while [ $i -lt ${#pids[@]} ]; do
+    for child in $(ps -o pid= --ppid "${pids[$i]}" 2>/dev/null); do pids+=("$child"); done
+    i=$((i + 1))
+  done
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  local deadline=$((SECONDS + 10)) alive
+  while [ $SECONDS -lt $deadline ]; do
+    alive=0
+    for child in "${pids[@]}"; do kill -0 "$child" 2>/dev/null && alive=1; done
+    [ $alive = 1 ] || return 0
+    sleep 0.1
+  done
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+
 cleanup() {
   local rc=$?
   set +e

@@ -201,6 +201,16 @@ SCENARIOS=(
   airgap_archive
 )
 
+SCENARIO_PID=""
+
+# INT/TERM: stop the running scenario and its children by PID, then exit (the EXIT trap
+# cleans up everything else).
+on_signal() {
+  if [ -n "$SCENARIO_PID" ]; then kill_tree "$SCENARIO_PID"; fi
+  log "interrupted"
+  exit 130
+}
+
 usage() {
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
   echo "Scenarios, in order: ${SCENARIOS[*]}"
@@ -218,7 +228,7 @@ main() {
   local started=$SECONDS
   work_init
   trap cleanup EXIT
-  trap 'exit 130' INT TERM
+  trap on_signal INT TERM
   cgroup_init
   build_binaries
   rootfs_tars
@@ -239,9 +249,15 @@ main() {
     # error fails that scenario and the next still runs; state the next
     # scenarios need lives in the outer host and the registry, not in
     # shell variables.
+    # It runs in the background and is waited for, so that INT/TERM
+    # interrupt the wait at once (bash defers traps while a foreground
+    # child runs) and on_signal can stop it before cleanup.
     set +e
-    (set -e; "scenario_$s")
+    (set -e; "scenario_$s") &
+    SCENARIO_PID=$!
+    wait "$SCENARIO_PID"
     rc=$?
+    SCENARIO_PID=""
     set -e
     if [ $rc = 0 ]; then
       passed=$((passed + 1)); log "=== PASS $s ($((SECONDS - t0)) s)"
