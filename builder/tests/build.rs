@@ -673,3 +673,55 @@ fn image_bases_from_an_archive_and_a_registry_give_the_same_image() {
     assert!(err.contains(wrong), "{err}");
     assert!(!w.path().join("out2").exists());
 }
+
+/// Compares `actual` with a golden file (`UPDATE_GOLDEN=1` rewrites it).
+fn golden(name: &str, actual: &str) {
+    let path = workspace_root().join("testdata").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual,
+        want,
+        "{} differs (UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+/// What users read: `build --help` and `check --help`.
+#[test]
+fn help_snapshots() {
+    for cmd in ["build", "check"] {
+        let out = ok(bin().args([cmd, "--help"]).env("COLUMNS", "100"));
+        golden(&format!("help/builder-{cmd}.txt"), &out);
+    }
+}
+
+/// What the world sees of the demo: its amd64 manifest and config, pretty-printed.
+#[test]
+fn demo_documents_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let summary = json_summary(&demo(), t.path());
+    let blobs = t.path().join("out/blobs/sha256");
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
+    };
+    let manifest = read(summary["manifests"][0]["digest"].as_str().unwrap());
+    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    golden(
+        "golden/demo-amd64-manifest.json",
+        &(serde_json::to_string_pretty(&manifest).unwrap() + "\n"),
+    );
+    golden(
+        "golden/demo-amd64-config.json",
+        &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
+    );
+}

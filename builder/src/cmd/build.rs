@@ -549,7 +549,7 @@ async fn base_layers(
                     BASE_GROUP,
                     epoch,
                     format!("kubeslot-builder: base rootfs {}", input.upstream),
-                    format!("sha256 {}", input.pinned.sha256),
+                    format!("pinned {}", input.pinned.sha256),
                 )],
                 shape: Some(shape),
             })
