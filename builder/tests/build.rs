@@ -554,6 +554,21 @@ fn a_local_http_mirror_serves_the_same_pinned_bytes() {
         t.path(),
         &["--download-base", &format!("http://127.0.0.1:{port}")],
     );
+    // A missing file is reported with its URL and status, not retried forever.
+    let missing = format!("http://127.0.0.1:{port}/no/such/kubelet");
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out2").display()))
+            .arg("--download-override")
+            .arg(format!("kubelet={missing}")),
+    );
+    assert!(err.contains(&missing) && err.contains("404"), "{err}");
+    assert!(!t.path().join("out2").exists());
     let _ = server.kill();
     let _ = server.wait();
     let f = tempfile::tempdir().unwrap();
