@@ -554,12 +554,14 @@ fn a_local_http_mirror_serves_the_same_pinned_bytes() {
         t.path(),
         &["--download-base", &format!("http://127.0.0.1:{port}")],
     );
-    // A missing file is reported with its URL and status, not retried forever.
+    // A missing file is reported with its URL and status, not retried
+    // forever. (A fresh cache: the pinned kubelet is already in the other
+    // one, and a cached input is never fetched again.)
     let missing = format!("http://127.0.0.1:{port}/no/such/kubelet");
     let err = fails(
         bin()
             .arg("--cache")
-            .arg(t.path().join("cache"))
+            .arg(t.path().join("cache-empty"))
             .arg("build")
             .arg(demo())
             .arg("--output")
