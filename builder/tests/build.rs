@@ -742,3 +742,36 @@ fn demo_documents_snapshot() {
         &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
     );
 }
+
+#[test]
+fn an_empty_output_directory_is_filled_and_a_foreign_one_refused() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("out")).unwrap();
+    let digest = build(&demo(), t.path(), &[]);
+    assert!(t.path().join("out/index.json").is_file(), "{digest}");
+
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "keep me").unwrap();
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", foreign.display())),
+    );
+    assert!(err.contains("not an OCI image layout"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&foreign)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    let stray: Vec<String> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(stray.is_empty(), "staging left behind: {stray:?}");
+}
