@@ -775,3 +775,41 @@ fn an_empty_output_directory_is_filled_and_a_foreign_one_refused() {
         .collect();
     assert!(stray.is_empty(), "staging left behind: {stray:?}");
 }
+
+#[test]
+fn zstd_layers_are_reproducible_and_readable_by_skopeo() {
+    require_tool("skopeo", "skopeo");
+    let text = demo_text().replace("compression = \"gzip\"", "compression = \"zstd\"");
+    assert_ne!(text, demo_text());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ra = write_recipe(a.path(), &text);
+    let rb = write_recipe(b.path(), &text);
+    let sa = json_summary(&ra, a.path());
+    let sb = json_summary(&rb, b.path());
+    assert_eq!(sa["index"], sb["index"]);
+    let gzip = json_summary(&demo(), tempfile::tempdir().unwrap().path());
+    for i in 0..4 {
+        let (z, g) = (
+            &sa["manifests"][0]["layers"][i],
+            &gzip["manifests"][0]["layers"][i],
+        );
+        assert_eq!(
+            z["media_type"],
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+        );
+        assert_eq!(
+            z["diff_id"], g["diff_id"],
+            "same tar under both compressions"
+        );
+    }
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}:{TAG}", a.path().join("out").display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+}
