@@ -475,6 +475,52 @@ mod tests {
         assert_eq!(paths[0], paths[1]);
     }
 
+    /// A loopback HTTP server that answers 503 to the first request and
+    /// `body` to the next ones; returns its URL and a request counter.
+    async fn flaky_server(
+        body: &'static [u8],
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let resp = if n == 0 {
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+                } else {
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    r.extend_from_slice(body);
+                    r
+                };
+                let _ = sock.write_all(&resp).await;
+                let _ = sock.shutdown().await;
+            }
+        });
+        (format!("http://{addr}/blob"), hits)
+    }
+
+    #[tokio::test]
+    async fn transient_http_errors_are_retried() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (url, hits) = flaky_server(b"served").await;
+        let mut f = Fetcher::new(tmp.path().join("cache"), Progress::quiet()).unwrap();
+        f.backoff = Duration::from_millis(10);
+        let p = f.fetch_one(&pinned(url, b"served", "flaky")).await.unwrap();
+        assert_eq!(std::fs::read(p).unwrap(), b"served");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn damaged_cache_entries_are_refetched() {
         let tmp = tempfile::tempdir().unwrap();
