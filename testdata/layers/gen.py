@@ -240,6 +240,49 @@ scenario("tar-gzip-garbage", [("tar.gz", gz(tar_bytes([f("a")]))[:-12] + b"garba
          "malformed-archive")
 scenario("tar-zstd-dotdot", [("tar.zst", zst(tar_bytes([f("../sentinel/pwned")])))], "dotdot")
 
+def ext_member(typeflag, data, name=b"././@LongLink", gnu=True):
+    return (raw_header(name, typeflag=typeflag, size=len(data), gnu=gnu), data)
+
+
+def pax_record(key, value):
+    """One "LEN KEY=VALUE\\n" record; LEN counts itself."""
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + len(str(len(body)))
+    if len(str(n)) + len(body) != n:
+        n += 1
+    return str(n).encode() + body
+
+
+scenario("tar-gnu-longname-huge",
+         [("tar.zst", zst(raw_tar(ext_member(b"L", b"a" * (64 << 20)), (raw_header(b"x"), b""))))],
+         "path-too-long")
+scenario("tar-pax-header-huge",
+         [("tar.zst", zst(raw_tar(ext_member(b"x", pax_record(b"comment", b"a" * (4 << 20)),
+                                             name=b"PaxHeader/x", gnu=False),
+                                  (raw_header(b"x"), b""))))],
+         "malformed-archive")
+scenario("tar-pax-size-disagrees",
+         [("tar", raw_tar(ext_member(b"x", pax_record(b"size", b"1024"), name=b"PaxHeader/f", gnu=False),
+                          (raw_header(b"f", size=4), b"abcd")))],
+         "malformed-archive")
+scenario("tar-two-gnu-longnames",
+         [("tar", raw_tar(ext_member(b"L", b"first\0"), ext_member(b"L", b"second\0"),
+                          (raw_header(b"x"), b"")))],
+         "malformed-archive")
+scenario("tar-longname-and-pax-path",
+         [("tar", raw_tar(ext_member(b"x", pax_record(b"path", b"one"), name=b"PaxHeader/x", gnu=False),
+                          ext_member(b"L", b"two\0"), (raw_header(b"x"), b"")))],
+         "malformed-archive")
+scenario("tar-trailing-extension-header",
+         [("tar", raw_tar(ext_member(b"L", b"dangling\0")))], "malformed-archive")
+scenario("ok-pax-owner-and-long-names",
+         [t([d("d"), f("d/" + "n" * 150, b"long\n", pax={"uid": "70000", "gid": "70001"}),
+             sym("d/l", "t" * 150)], fmt=tarfile.PAX_FORMAT),
+          t([f("g/" + "m" * 120, b"gnu\n")], fmt=tarfile.GNU_FORMAT)], "ok",
+         tree=["d dir 0755 0:0", "d/" + "n" * 150 + " file 0644 70000:70001 long",
+               "d/l symlink 0777 0:0 " + "t" * 150, "g dir 0755 0:0",
+               "g/" + "m" * 120 + " file 0644 0:0 gnu"])
+
 # --- resource exhaustion -----------------------------------------------------
 scenario("limit-entries", [t([f("f%03d" % i) for i in range(100)])], "too-many-entries",
          policy={"max_entries": 50})

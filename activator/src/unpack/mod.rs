@@ -241,17 +241,45 @@ impl Unpacker {
         };
 
         {
+            // Raw iteration: the tar crate would read GNU long names and PAX
+            // headers of any size into memory; we read them with caps and
+            // interpret them ourselves (`Ext`).
             let entries = archive
                 .entries()
-                .map_err(|e| stream_err(e, "reading the tar stream"))?;
-            for (i, entry) in entries.enumerate() {
-                let i = i as u64;
+                .map_err(|e| stream_err(e, "reading the tar stream"))?
+                .raw(true);
+            let mut ext = Ext::default();
+            let mut i = 0u64;
+            for entry in entries {
                 let mut entry = entry
                     .map_err(|e| stream_err(e, &format!("reading tar header after entry {i}")))?;
-                let with_entry = |mut e: UnpackError, entry: &tar::Entry<'_, _>| {
-                    e.entry = Some((i, escape(&entry.path_bytes())));
+                let ty = entry.header().entry_type();
+                let with_entry = |mut e: UnpackError, name: &[u8]| {
+                    e.entry = Some((i, escape(name)));
                     e
                 };
+                let meta_cap = match ty {
+                    tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {
+                        // the name, its NUL, and nothing more
+                        Some(self.policy.limits.max_path_bytes as u64 + 1)
+                    }
+                    tar::EntryType::XHeader => Some(MAX_PAX_BYTES),
+                    _ => None,
+                };
+                if let Some(cap) = meta_cap {
+                    let raw_name = entry.header().path_bytes().into_owned();
+                    let data = read_capped(&mut entry, cap, ty).map_err(|step| match step {
+                        Step::Stream(e) => {
+                            with_entry(stream_err(e, "reading a tar extension header"), &raw_name)
+                        }
+                        Step::Rule(r, d) => with_entry(at(r, d), &raw_name),
+                    })?;
+                    ext.set(ty, data)
+                        .map_err(|(r, d)| with_entry(at(r, d), &raw_name))?;
+                    continue;
+                }
+                let ext_now = std::mem::take(&mut ext);
+                let raw_path = ext_now.path(entry.header());
                 self.stats.entries += 1;
                 if self.stats.entries > self.policy.limits.max_entries {
                     let e = at(
@@ -261,19 +289,26 @@ impl Unpacker {
                             self.policy.limits.max_entries
                         ),
                     );
-                    return Err(with_entry(e, &entry));
+                    return Err(with_entry(e, &raw_path));
                 }
                 state.stats.entries += 1;
-                match self.entry(&mut entry, &mut state) {
+                match self.entry(&mut entry, &ext_now, &raw_path, &mut state) {
                     Ok(()) => {}
                     Err(Step::Rule(rule, detail)) => {
-                        return Err(with_entry(at(rule, detail), &entry))
+                        return Err(with_entry(at(rule, detail), &raw_path))
                     }
                     Err(Step::Stream(e)) => {
                         let e = stream_err(e, "reading entry data");
-                        return Err(with_entry(e, &entry));
+                        return Err(with_entry(e, &raw_path));
                     }
                 }
+                i += 1;
+            }
+            if !ext.is_empty() {
+                return Err(at(
+                    Rule::MalformedArchive,
+                    "the archive ends with an extension header that describes no entry".into(),
+                ));
             }
         }
 
@@ -338,6 +373,8 @@ impl Unpacker {
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Ext,
+        raw_path: &[u8],
         state: &mut LayerState,
     ) -> Result<(), Step> {
         let limits = &self.policy.limits;
@@ -346,12 +383,15 @@ impl Unpacker {
         let raw_mode = header
             .mode()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("mode field: {e}")))?;
-        let uid = header
+        let mut uid = header
             .uid()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("uid field: {e}")))?;
-        let gid = header
+        let mut gid = header
             .gid()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("gid field: {e}")))?;
+        let header_size = header
+            .entry_size()
+            .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("size field: {e}")))?;
         let mut mtime = Timespec {
             tv_sec: header
                 .mtime()
@@ -413,42 +453,56 @@ impl Unpacker {
         }
         let mode = raw_mode & 0o7777;
 
-        // PAX records: sparse markers, mtime with sub-seconds, xattrs.
+        // PAX records: sparse markers, size/uid/gid/mtime overrides, xattrs.
         let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
-        if let Some(pax) = entry
-            .pax_extensions()
-            .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("PAX header: {e}")))?
-        {
-            for ext in pax {
-                let ext = ext
+        if let Some(pax) = &ext.pax {
+            let bad = |what: &str, v: &[u8]| {
+                Step::Rule(
+                    Rule::MalformedArchive,
+                    format!("PAX {what} {:?}", escape(v)),
+                )
+            };
+            for rec in tar::PaxExtensions::new(pax) {
+                let rec = rec
                     .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("PAX record: {e}")))?;
-                let key = ext.key_bytes();
-                if key.starts_with(b"GNU.sparse.") {
-                    return Err(Step::Rule(
-                        Rule::Sparse,
-                        "PAX GNU.sparse records mark a sparse entry".into(),
-                    ));
-                }
-                if key == b"mtime" {
-                    mtime = parse_pax_time(ext.value_bytes()).ok_or_else(|| {
-                        Step::Rule(
-                            Rule::MalformedArchive,
-                            format!("PAX mtime {:?}", escape(ext.value_bytes())),
-                        )
-                    })?;
-                } else if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                    xattrs.push((
-                        String::from_utf8_lossy(name).into_owned(),
-                        ext.value_bytes().to_vec(),
-                    ));
-                } else if key.starts_with(b"LIBARCHIVE.xattr.") {
-                    state.stats.ignored_xattrs += 1;
+                let (key, value) = (rec.key_bytes(), rec.value_bytes());
+                match key {
+                    b"mtime" => mtime = parse_pax_time(value).ok_or_else(|| bad("mtime", value))?,
+                    b"uid" => uid = parse_u64(value).ok_or_else(|| bad("uid", value))?,
+                    b"gid" => gid = parse_u64(value).ok_or_else(|| bad("gid", value))?,
+                    // The raw reader skips by the header's size; a PAX size
+                    // that disagrees would make parsers see different files.
+                    b"size" => {
+                        if parse_u64(value) != Some(header_size) {
+                            return Err(Step::Rule(
+                                Rule::MalformedArchive,
+                                format!(
+                                    "PAX size {:?} disagrees with the header's {header_size}",
+                                    escape(value)
+                                ),
+                            ));
+                        }
+                    }
+                    _ if key.starts_with(b"GNU.sparse.") => {
+                        return Err(Step::Rule(
+                            Rule::Sparse,
+                            "PAX GNU.sparse records mark a sparse entry".into(),
+                        ));
+                    }
+                    _ => {
+                        if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                            xattrs
+                                .push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+                        } else if key.starts_with(b"LIBARCHIVE.xattr.") {
+                            state.stats.ignored_xattrs += 1;
+                        }
+                    }
                 }
             }
         }
 
-        let raw_path = entry.path_bytes().into_owned();
-        let path = ImagePath::parse(&raw_path, limits).map_err(|(r, d)| Step::Rule(r, d))?;
+        ext.check()?;
+        let path = ImagePath::parse(raw_path, limits).map_err(|(r, d)| Step::Rule(r, d))?;
         let meta = Meta {
             uid: uid.min(u32::MAX as u64) as u32,
             gid: gid.min(u32::MAX as u64) as u32,
@@ -563,10 +617,7 @@ impl Unpacker {
                 state.stats.dirs += 1;
             }
             EntryKind::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
+                let target = ext.link(entry.header());
                 check_link_target(&target, limits)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
                 let parent = self
@@ -580,10 +631,7 @@ impl Unpacker {
                 state.stats.symlinks += 1;
             }
             EntryKind::Hardlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
+                let target = ext.link(entry.header());
                 self.hardlink(&path, &target)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
                 state.stats.hardlinks += 1;
@@ -849,6 +897,123 @@ impl Unpacker {
         }
         Ok(())
     }
+}
+
+/// Largest PAX extended header accepted (paths, times, xattrs all fit).
+const MAX_PAX_BYTES: u64 = 1 << 20;
+
+/// GNU long name/link and PAX headers seen since the last real entry; they
+/// describe the next one.
+#[derive(Default)]
+struct Ext {
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+    pax: Option<Vec<u8>>,
+}
+
+impl Ext {
+    fn is_empty(&self) -> bool {
+        self.long_name.is_none() && self.long_link.is_none() && self.pax.is_none()
+    }
+
+    /// Records an extension header; two of a kind for one entry is an
+    /// ambiguity parsers resolve differently, so it is refused.
+    fn set(&mut self, ty: tar::EntryType, data: Vec<u8>) -> Result<(), Fail> {
+        let (slot, what) = match ty {
+            tar::EntryType::GNULongName => (&mut self.long_name, "GNU long name"),
+            tar::EntryType::GNULongLink => (&mut self.long_link, "GNU long link"),
+            _ => (&mut self.pax, "PAX"),
+        };
+        if slot.is_some() {
+            return Err((
+                Rule::MalformedArchive,
+                format!("two {what} headers describe the same entry"),
+            ));
+        }
+        *slot = Some(data);
+        Ok(())
+    }
+
+    fn pax_value(&self, key: &[u8]) -> Option<&[u8]> {
+        tar::PaxExtensions::new(self.pax.as_deref()?)
+            .filter_map(Result::ok)
+            .find(|r| r.key_bytes() == key)
+            .map(|r| r.value_bytes())
+    }
+
+    /// The entry's name: PAX `path`, else the GNU long name (without its
+    /// terminating NUL), else the header's (prefix and) name.
+    fn path(&self, header: &tar::Header) -> Vec<u8> {
+        if let Some(p) = self.pax_value(b"path") {
+            return p.to_vec();
+        }
+        if let Some(n) = &self.long_name {
+            return n.strip_suffix(b"\0").unwrap_or(n).to_vec();
+        }
+        header.path_bytes().into_owned()
+    }
+
+    /// The link target: PAX `linkpath`, else the GNU long link, else the header's.
+    fn link(&self, header: &tar::Header) -> Vec<u8> {
+        if let Some(p) = self.pax_value(b"linkpath") {
+            return p.to_vec();
+        }
+        if let Some(n) = &self.long_link {
+            return n.strip_suffix(b"\0").unwrap_or(n).to_vec();
+        }
+        header
+            .link_name_bytes()
+            .map(|c| c.into_owned())
+            .unwrap_or_default()
+    }
+
+    /// A GNU long name and a PAX path for one entry may disagree; refuse both.
+    fn check(&self) -> Result<(), Step> {
+        if (self.long_name.is_some() && self.pax_value(b"path").is_some())
+            || (self.long_link.is_some() && self.pax_value(b"linkpath").is_some())
+        {
+            return Err(Step::Rule(
+                Rule::MalformedArchive,
+                "both a GNU long name and a PAX path name this entry".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads an extension header's data, refusing it unread past `cap`.
+fn read_capped<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    cap: u64,
+    ty: tar::EntryType,
+) -> Result<Vec<u8>, Step> {
+    let size = entry.size();
+    if size > cap {
+        return Err(Step::Rule(
+            if ty == tar::EntryType::XHeader {
+                Rule::MalformedArchive
+            } else {
+                Rule::PathTooLong
+            },
+            format!("a {size}-byte extension header ({ty:?}), more than the {cap} allowed"),
+        ));
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut data).map_err(Step::Stream)?;
+    if data.len() as u64 != size {
+        return Err(Step::Rule(
+            Rule::MalformedArchive,
+            format!(
+                "extension header data ends after {} of {size} bytes",
+                data.len()
+            ),
+        ));
+    }
+    Ok(data)
+}
+
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
