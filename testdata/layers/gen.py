@@ -273,6 +273,8 @@ scenario("tar-longname-and-pax-path",
          [("tar", raw_tar(ext_member(b"x", pax_record(b"path", b"one"), name=b"PaxHeader/x", gnu=False),
                           ext_member(b"L", b"two\0"), (raw_header(b"x"), b"")))],
          "malformed-archive")
+scenario("tar-pax-uid-minus-one", [t([f("f", pax={"uid": "4294967295"})])], "malformed-archive")
+scenario("tar-pax-mtime-garbage", [t([f("f", pax={"mtime": "soon"})])], "malformed-archive")
 scenario("tar-trailing-extension-header",
          [("tar", raw_tar(ext_member(b"L", b"dangling\0")))], "malformed-archive")
 scenario("ok-pax-owner-and-long-names",

@@ -509,10 +509,12 @@ impl Unpacker {
             mode,
             mtime,
         };
-        if uid > u32::MAX as u64 || gid > u32::MAX as u64 {
+        // (u32)-1 means "leave unchanged" to chown: the file would stay
+        // root-owned while the image said otherwise.
+        if uid >= u32::MAX as u64 || gid >= u32::MAX as u64 {
             return Err(Step::Rule(
                 Rule::MalformedArchive,
-                format!("owner {uid}:{gid} does not fit 32 bits"),
+                format!("owner {uid}:{gid} is not a valid 32-bit uid:gid"),
             ));
         }
 
@@ -538,12 +540,6 @@ impl Unpacker {
                     "the root of the tree can only be a directory".into(),
                 ));
             }
-            let root = self
-                .tree
-                .open_dir(b"", false)
-                .map_err(Step::from)?
-                .ok_or_else(|| Step::Rule(Rule::Io, "target vanished".into()))?;
-            drop(root);
             let fd = rfs::openat(
                 self.tree.root(),
                 ".",
@@ -569,17 +565,17 @@ impl Unpacker {
             }
         }
 
-        let (dir, name) = path.split_last().expect("not the root");
+        let Some((dir, name)) = path.split_last() else {
+            return Err(Step::Rule(
+                Rule::RootEntry,
+                "the root of the tree can only be a directory".into(),
+            ));
+        };
         let shown = path.as_bytes();
         match kind {
             EntryKind::File => {
                 self.check_setuid(&path, mode, &xattrs)?;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir)?;
                 let mut file = self.tree.create_file(parent.as_fd(), name, shown)?;
                 let expected = entry.size();
                 let mut copied = 0u64;
@@ -605,12 +601,7 @@ impl Unpacker {
                 state.stats.files += 1;
             }
             EntryKind::Dir => {
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir)?;
                 let fd = self.tree.create_dir(parent.as_fd(), name, shown)?;
                 self.set_meta(&fd, &path, &meta, &xattrs, false, &mut state.stats)?;
                 state.dir_times.push((path, mtime));
@@ -620,12 +611,7 @@ impl Unpacker {
                 let target = ext.link(entry.header());
                 check_link_target(&target, limits)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir)?;
                 self.tree
                     .create_symlink(parent.as_fd(), name, &target, &meta, shown)?;
                 state.stats.symlinks += 1;
@@ -638,18 +624,33 @@ impl Unpacker {
             }
             EntryKind::Node(ft) => {
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir)?;
                 self.tree
                     .create_node(parent.as_fd(), name, ft, &meta, shown)?;
                 state.stats.nodes += 1;
             }
         }
         Ok(())
+    }
+
+    /// The parent directory of a new leaf, created if missing (a handle of
+    /// its own, so the tree can be changed while it is held).
+    fn parent(&mut self, dir: &[u8]) -> Result<std::os::fd::OwnedFd, Step> {
+        let fd = self.tree.dir(dir, true)?.ok_or_else(|| {
+            Step::Rule(
+                Rule::Io,
+                format!("parent \"{}\" was not created", escape(dir)),
+            )
+        })?;
+        fd.try_clone_to_owned()
+            .map_err(|e| Step::Rule(Rule::Io, format!("duplicate a directory handle: {e}")))
+    }
+
+    /// Whether `path` is on the setuid allowlist (compared byte for byte; a
+    /// name that is not UTF-8 never is).
+    fn allowlisted(&self, path: &ImagePath) -> bool {
+        std::str::from_utf8(path.as_bytes())
+            .is_ok_and(|s| self.setuid_allowed.contains(&format!("/{s}")))
     }
 
     /// Setuid/setgid bits and file capabilities only on allowlisted paths.
@@ -660,7 +661,7 @@ impl Unpacker {
         xattrs: &[(String, Vec<u8>)],
     ) -> Result<(), Step> {
         let caps = xattrs.iter().any(|(n, _)| n == "security.capability");
-        if (mode & 0o6000 != 0 || caps) && !self.setuid_allowed.contains(&path.to_absolute()) {
+        if (mode & 0o6000 != 0 || caps) && !self.allowlisted(path) {
             let what = if caps {
                 "file capabilities (security.capability)".to_string()
             } else {
@@ -782,7 +783,7 @@ impl Unpacker {
             .map_err(|e| Step::Rule(Rule::Io, format!("open hardlink target: {e}")))?;
             privileged = rfs::fgetxattr(&f, "security.capability", &mut [0u8; 64][..]).is_ok();
         }
-        if privileged && !self.setuid_allowed.contains(&path.to_absolute()) {
+        if privileged && !self.allowlisted(path) {
             return Err(Step::Rule(
                 Rule::Setuid,
                 format!(
@@ -792,13 +793,13 @@ impl Unpacker {
                 ),
             ));
         }
-        let (dir, name) = path.split_last().expect("not the root");
-        let parent = self
-            .tree
-            .dir(dir, true)?
-            .expect("created")
-            .try_clone_to_owned()
-            .map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+        let Some((dir, name)) = path.split_last() else {
+            return Err(Step::Rule(
+                Rule::RootEntry,
+                "the root of the tree can only be a directory".into(),
+            ));
+        };
+        let parent = self.parent(dir)?;
         self.tree.create_hardlink(
             tparent.as_fd(),
             tname,
