@@ -355,21 +355,29 @@ impl Tree {
     /// false, descending into kept directories (an opaque directory, or a
     /// whiteout of a directory this layer also wrote).
     /// The caller must [`Tree::invalidate`] afterwards.
+    /// `before_change` is called once per directory before the first
+    /// removal in it (to save its times).
     pub fn prune(
         &self,
         dir: &OwnedFd,
         dir_path: &ImagePath,
         keep: &dyn Fn(&[u8]) -> bool,
+        before_change: &mut dyn FnMut(&ImagePath, BorrowedFd<'_>) -> Result<(), Fail>,
     ) -> Result<(), Fail> {
+        let mut noted = false;
         for (name, ft) in list(dir.as_fd(), dir_path.as_bytes())? {
             let child = dir_path.join(&name);
             if keep(child.as_bytes()) {
                 if ft == FileType::Directory {
                     let sub = rfs::openat(dir, name.as_slice(), DIR_PATH, Mode::empty())
                         .map_err(|e| io_fail("open directory", child.as_bytes(), e))?;
-                    self.prune(&sub, &child, keep)?;
+                    self.prune(&sub, &child, keep, before_change)?;
                 }
             } else {
+                if !noted {
+                    before_change(dir_path, dir.as_fd())?;
+                    noted = true;
+                }
                 remove_at(dir.as_fd(), &name, child.as_bytes(), 0)?;
             }
         }

@@ -31,7 +31,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, BufReader, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -137,6 +137,43 @@ impl<R: Read> Read for Budget<R> {
     }
 }
 
+/// Directories a layer changed without listing them, with their times from
+/// before the change: restored when the layer is done, so a directory's time
+/// is what the image says (as umoci does), not the time of unpacking.
+#[derive(Default)]
+struct SavedTimes {
+    seen: HashSet<u128>,
+    times: Vec<(ImagePath, rfs::Timestamps)>,
+}
+
+impl SavedTimes {
+    /// Remembers the times of directory `path` (handle `fd`, key `key`)
+    /// the first time this layer is about to change it.
+    fn note(&mut self, key: u128, path: &[u8], fd: BorrowedFd<'_>) -> Result<(), Fail> {
+        if !self.seen.insert(key) {
+            return Ok(());
+        }
+        let st = rfs::fstat(fd).map_err(|e| {
+            (
+                Rule::Io,
+                format!("stat directory \"{}\": {e}", escape(path)),
+            )
+        })?;
+        let ts = |sec: i64, nsec: u64| Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        };
+        self.times.push((
+            ImagePath::from_normalised(path),
+            rfs::Timestamps {
+                last_access: ts(st.st_atime as i64, st.st_atime_nsec as u64),
+                last_modification: ts(st.st_mtime as i64, st.st_mtime_nsec as u64),
+            },
+        ));
+        Ok(())
+    }
+}
+
 /// Per-layer bookkeeping: paths this layer wrote (duplicate detection, and
 /// "entries of the same layer survive whiteouts"), their ancestors, and
 /// directory times to set once the layer is complete.
@@ -144,6 +181,7 @@ struct LayerState {
     written: HashSet<u128>,
     ancestors: HashSet<u128>,
     dir_times: Vec<(ImagePath, Timespec)>,
+    saved: SavedTimes,
     stats: LayerStats,
 }
 
@@ -226,6 +264,7 @@ impl Unpacker {
             written: HashSet::new(),
             ancestors: HashSet::new(),
             dir_times: Vec::new(),
+            saved: SavedTimes::default(),
             stats: LayerStats {
                 index,
                 ..LayerStats::default()
@@ -327,7 +366,19 @@ impl Unpacker {
                 ),
             ));
         }
-        self.set_dir_times(&state.dir_times)
+        // Saved times first: an explicit entry for the same directory wins.
+        self.set_dir_times(state.saved.times.iter().map(|(p, t)| (p, t.clone())))
+            .map_err(|(rule, detail)| at(rule, detail))?;
+        let explicit = state.dir_times.iter().map(|(p, m)| {
+            (
+                p,
+                rfs::Timestamps {
+                    last_access: *m,
+                    last_modification: *m,
+                },
+            )
+        });
+        self.set_dir_times(explicit)
             .map_err(|(rule, detail)| at(rule, detail))?;
 
         let s = &mut state.stats;
@@ -363,6 +414,9 @@ impl Unpacker {
         Ok(self.stats)
     }
 
+    /// A 128-bit keyed hash of a path (per-unpacker random keys): the
+    /// per-layer sets hold these instead of names, so their size does not
+    /// grow with name length.
     fn path_key(&self, p: &[u8]) -> u128 {
         let a = self.keys.0.hash_one(p) as u128;
         let b = self.keys.1.hash_one(p) as u128;
@@ -575,7 +629,7 @@ impl Unpacker {
         match kind {
             EntryKind::File => {
                 self.check_setuid(&path, mode, &xattrs)?;
-                let parent = self.parent(dir)?;
+                let parent = self.parent(dir, state)?;
                 let mut file = self.tree.create_file(parent.as_fd(), name, shown)?;
                 let expected = entry.size();
                 let mut copied = 0u64;
@@ -601,7 +655,7 @@ impl Unpacker {
                 state.stats.files += 1;
             }
             EntryKind::Dir => {
-                let parent = self.parent(dir)?;
+                let parent = self.parent(dir, state)?;
                 let fd = self.tree.create_dir(parent.as_fd(), name, shown)?;
                 self.set_meta(&fd, &path, &meta, &xattrs, false, &mut state.stats)?;
                 state.dir_times.push((path, mtime));
@@ -611,20 +665,20 @@ impl Unpacker {
                 let target = ext.link(entry.header());
                 check_link_target(&target, limits)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self.parent(dir)?;
+                let parent = self.parent(dir, state)?;
                 self.tree
                     .create_symlink(parent.as_fd(), name, &target, &meta, shown)?;
                 state.stats.symlinks += 1;
             }
             EntryKind::Hardlink => {
                 let target = ext.link(entry.header());
-                self.hardlink(&path, &target)?;
+                self.hardlink(&path, &target, state)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
                 state.stats.hardlinks += 1;
             }
             EntryKind::Node(ft) => {
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self.parent(dir)?;
+                let parent = self.parent(dir, state)?;
                 self.tree
                     .create_node(parent.as_fd(), name, ft, &meta, shown)?;
                 state.stats.nodes += 1;
@@ -635,7 +689,22 @@ impl Unpacker {
 
     /// The parent directory of a new leaf, created if missing (a handle of
     /// its own, so the tree can be changed while it is held).
-    fn parent(&mut self, dir: &[u8]) -> Result<std::os::fd::OwnedFd, Step> {
+    fn parent(&mut self, dir: &[u8], state: &mut LayerState) -> Result<std::os::fd::OwnedFd, Step> {
+        let key = self.path_key(dir);
+        if let Some(fd) = self.tree.dir(dir, false)? {
+            state.saved.note(key, dir, fd)?;
+        } else {
+            // Missing parents are about to be created: their first existing
+            // ancestor changes.
+            let dir_path = ImagePath::from_normalised(dir);
+            for anc in dir_path.ancestors().chain([&b""[..]]) {
+                let key = self.path_key(anc);
+                if let Some(fd) = self.tree.open_dir(anc, false)? {
+                    state.saved.note(key, anc, fd.as_fd())?;
+                    break;
+                }
+            }
+        }
         let fd = self.tree.dir(dir, true)?.ok_or_else(|| {
             Step::Rule(
                 Rule::Io,
@@ -720,7 +789,12 @@ impl Unpacker {
     }
 
     /// A hardlink: the target must be a regular file already in the tree.
-    fn hardlink(&mut self, path: &ImagePath, target: &[u8]) -> Result<(), Step> {
+    fn hardlink(
+        &mut self,
+        path: &ImagePath,
+        target: &[u8],
+        state: &mut LayerState,
+    ) -> Result<(), Step> {
         let limits = &self.policy.limits;
         let tpath = ImagePath::parse(target, limits).map_err(|(r, d)| match r {
             Rule::Dotdot | Rule::Absolute => Step::Rule(
@@ -799,7 +873,7 @@ impl Unpacker {
                 "the root of the tree can only be a directory".into(),
             ));
         };
-        let parent = self.parent(dir)?;
+        let parent = self.parent(dir, state)?;
         self.tree.create_hardlink(
             tparent.as_fd(),
             tname,
@@ -813,7 +887,7 @@ impl Unpacker {
     /// `dir/.wh.name`: removes `dir/name` of lower layers. If this layer
     /// already wrote that path (or something under it), only lower
     /// layers' contents beneath it go.
-    fn whiteout(&mut self, dir: &[u8], name: &[u8], state: &LayerState) -> Result<(), Step> {
+    fn whiteout(&mut self, dir: &[u8], name: &[u8], state: &mut LayerState) -> Result<(), Step> {
         let Some(parent) = self.tree.open_dir(dir, false)? else {
             return Ok(()); // nothing below to hide
         };
@@ -828,41 +902,62 @@ impl Unpacker {
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                let keep = |p: &[u8]| self.layer_wrote(p, state);
-                let r = self.tree.prune(&fd, &target, &keep);
-                self.tree.invalidate();
-                r?;
+                self.prune(&fd, &target, state)?;
             }
             return Ok(());
         }
-        self.tree.remove(parent.as_fd(), name, target.as_bytes())?;
+        let exists = rfs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if exists {
+            state.saved.note(self.path_key(dir), dir, parent.as_fd())?;
+            self.tree.remove(parent.as_fd(), name, target.as_bytes())?;
+        }
         Ok(())
     }
 
     /// `dir/.wh..wh..opq`: removes lower layers' entries in `dir`.
-    fn opaque(&mut self, dir: &[u8], state: &LayerState) -> Result<(), Step> {
+    fn opaque(&mut self, dir: &[u8], state: &mut LayerState) -> Result<(), Step> {
         let Some(fd) = self.tree.open_dir(dir, false)? else {
             return Ok(());
         };
-        let dir_path = ImagePath::from_normalised(dir);
-        let keep = |p: &[u8]| self.layer_wrote(p, state);
-        let r = self.tree.prune(&fd, &dir_path, &keep);
+        self.prune(&fd, &ImagePath::from_normalised(dir), state)
+    }
+
+    /// Removes lower layers' entries under `dir` (see [`Tree::prune`]).
+    fn prune(
+        &mut self,
+        fd: &std::os::fd::OwnedFd,
+        dir: &ImagePath,
+        state: &mut LayerState,
+    ) -> Result<(), Step> {
+        let LayerState {
+            written,
+            ancestors,
+            saved,
+            ..
+        } = state;
+        let keys = &self.keys;
+        let key_of = |p: &[u8]| {
+            let a = keys.0.hash_one(p) as u128;
+            let b = keys.1.hash_one(p) as u128;
+            (a << 64) | b
+        };
+        let keep = |p: &[u8]| {
+            let k = key_of(p);
+            written.contains(&k) || ancestors.contains(&k)
+        };
+        let mut before_change =
+            |p: &ImagePath, fd: BorrowedFd<'_>| saved.note(key_of(p.as_bytes()), p.as_bytes(), fd);
+        let r = self.tree.prune(fd, dir, &keep, &mut before_change);
         self.tree.invalidate();
         r.map_err(Step::from)
     }
 
-    fn layer_wrote(&self, p: &[u8], state: &LayerState) -> bool {
-        let k = self.path_key(p);
-        state.written.contains(&k) || state.ancestors.contains(&k)
-    }
-
     /// Directory times, once no child will change them any more.
-    fn set_dir_times(&self, dirs: &[(ImagePath, Timespec)]) -> Result<(), Fail> {
-        for (path, mtime) in dirs {
-            let ts = rfs::Timestamps {
-                last_access: *mtime,
-                last_modification: *mtime,
-            };
+    fn set_dir_times<'p>(
+        &self,
+        dirs: impl Iterator<Item = (&'p ImagePath, rfs::Timestamps)>,
+    ) -> Result<(), Fail> {
+        for (path, ts) in dirs {
             let fd = if path.is_root() {
                 rfs::openat(
                     self.tree.root(),
