@@ -123,8 +123,9 @@ def gz(b):
     return buf.getvalue()
 
 
-def zst(b):
-    return subprocess.run(["zstd", "-q", "-19", "-c"], input=b, check=True, capture_output=True).stdout
+def zst(b, *flags):
+    return subprocess.run(["zstd", "-q", "-19", "-c", *flags], input=b, check=True,
+                          capture_output=True).stdout
 
 
 SCENARIOS = {}
@@ -294,6 +295,9 @@ scenario("limit-total-bytes",
          [tgz([f("a", b"\0" * (3 << 20))]), tgz([f("b", b"\0" * (3 << 20))])],
          "total-too-large", layer=1,
          policy={"max_layer_bytes": 4 << 20, "max_total_bytes": 5 << 20})
+# a frame that asks the decoder for a 1 GiB window (streamed: no size to shrink it)
+scenario("limit-zstd-window", [("tar.zst", zst(tar_bytes([f("a")]), "--long=30"))],
+         "malformed-archive")
 scenario("limit-path-bytes-policy", [t([f("a" * 300)])], "path-too-long",
          policy={"max_path_bytes": 255})
 scenario("limit-depth-policy", [t([f("a/b/c/d/e")])], "too-deep", policy={"max_depth": 4})
