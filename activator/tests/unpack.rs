@@ -576,6 +576,52 @@ fn target_must_be_an_empty_directory() {
 }
 
 #[test]
+fn a_malformed_allowlist_entry_is_refused() {
+    for bad in [
+        "usr/bin/su",
+        "/usr/../bin/su",
+        "/usr//bin/su",
+        "/",
+        "/usr/bin/su/",
+    ] {
+        let sb = Sandbox::new();
+        let mut p = Policy::default();
+        p.setuid_allowlist.push(bad.to_string());
+        let e = Unpacker::new(&sb.target(), p).err().unwrap();
+        assert_eq!(e.rule, Rule::Policy, "{bad}");
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+    }
+}
+
+#[test]
+fn errors_name_layer_entry_and_rule_with_escapes() {
+    let corpus = workspace_root().join("testdata/layers");
+    for (scenario, want) in [
+        (
+            "name-dotdot-middle",
+            "entry 1 \"a/../../sentinel/pwned\": rule dotdot: ",
+        ),
+        ("name-nul-pax", "entry 0 \"a\\x00b\": rule nul-byte: "),
+    ] {
+        let bytes = fs::read(corpus.join(scenario).join("layer-0.tar")).unwrap();
+        let sb = Sandbox::new();
+        let e = unpack_all(
+            &sb.target(),
+            Policy::default(),
+            &[(bytes.clone(), Compression::None)],
+            None,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("layer 0 ({}): ", Digest::of(&bytes))),
+            "{msg}"
+        );
+        assert!(msg.contains(want), "{msg}");
+    }
+}
+
+#[test]
 fn an_unpacker_that_failed_refuses_further_layers() {
     let sb = Sandbox::new();
     let mut u = Unpacker::new(&sb.target(), Policy::default()).unwrap();

@@ -194,6 +194,29 @@ impl Unpacker {
             rule,
             detail,
         })?;
+        // Only the shape matters here; the limits apply to entries.
+        let unlimited = Limits {
+            max_path_bytes: usize::MAX,
+            max_depth: usize::MAX,
+            ..Limits::default()
+        };
+        for entry in &policy.setuid_allowlist {
+            let normal = entry
+                .strip_prefix('/')
+                .and_then(|rest| ImagePath::parse(rest.as_bytes(), &unlimited).ok())
+                .filter(|p| !p.is_root())
+                .is_some_and(|p| p.to_absolute() == *entry);
+            if !normal {
+                return Err(UnpackError {
+                    layer: None,
+                    entry: None,
+                    rule: Rule::Policy,
+                    detail: format!(
+                        "setuid allowlist entry {entry:?} is not a normalised absolute path (like \"/usr/bin/su\")"
+                    ),
+                });
+            }
+        }
         let setuid_allowed = policy.setuid_allowlist.iter().cloned().collect();
         Ok(Unpacker {
             tree,

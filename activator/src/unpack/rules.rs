@@ -177,6 +177,9 @@ pub enum Rule {
     MalformedArchive,
     /// The target directory is unusable (missing, not a directory, not empty).
     Target,
+    /// The policy itself is unusable (an allowlist entry that is not a
+    /// normalised absolute path).
+    Policy,
     /// A filesystem operation inside the target failed.
     Io,
 }
@@ -212,6 +215,7 @@ impl Rule {
         Rule::DiffIdMismatch,
         Rule::MalformedArchive,
         Rule::Target,
+        Rule::Policy,
         Rule::Io,
     ];
 
@@ -246,6 +250,7 @@ impl Rule {
             Rule::DiffIdMismatch => "diff-id-mismatch",
             Rule::MalformedArchive => "malformed-archive",
             Rule::Target => "target",
+            Rule::Policy => "policy",
             Rule::Io => "io",
         }
     }
