@@ -575,6 +575,35 @@ fn target_must_be_an_empty_directory() {
     assert_eq!(e.rule, Rule::Target, "a symlinked target is refused");
 }
 
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    rustix::fs::lgetxattr(p, name, &mut buf[..])
+        .ok()
+        .map(|n| buf[..n].to_vec())
+}
+
+#[test]
+fn file_capabilities_and_user_xattrs_are_applied_others_ignored() {
+    let dir = workspace_root().join("testdata/layers/ok-capability-and-xattrs");
+    let bytes = fs::read(dir.join("layer-0.tar")).unwrap();
+    let sb = Sandbox::new();
+    let mut u = Unpacker::new(&sb.target(), Policy::default()).unwrap();
+    let st = u
+        .apply(layer_of(0, &bytes, Compression::None, None))
+        .unwrap();
+    u.finish().unwrap();
+    let ping = sb.target().join("usr/bin/ping");
+    let cap = xattr(&ping, "security.capability").expect("capability applied");
+    assert_eq!(&cap[..8], &[1, 0, 0, 2, 0, 0x20, 0, 0]);
+    assert_eq!(xattr(&ping, "user.kubeslot").as_deref(), Some(&b"yes"[..]));
+    assert_eq!(xattr(&ping, "trusted.overlay.opaque"), None);
+    let d = sb.target().join("dir");
+    assert_eq!(xattr(&d, "user.dir").as_deref(), Some(&b"1"[..]));
+    assert_eq!(xattr(&d, "system.posix_acl_access"), None);
+    // trusted.overlay.opaque, security.selinux, system.posix_acl_access
+    assert_eq!(st.ignored_xattrs, 3, "{st:?}");
+}
+
 #[test]
 fn a_malformed_allowlist_entry_is_refused() {
     for bad in [

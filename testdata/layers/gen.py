@@ -340,6 +340,21 @@ scenario("ok-setuid-allowlisted",
                "usr/bin/wall file 2755 0:5 x"])
 
 
+CAP_NET_RAW = ("\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00"
+               "\x00\x00\x00\x00\x00\x00\x00\x00")
+scenario("ok-capability-and-xattrs",
+         [t([d("usr"), d("usr/bin"),
+             f("usr/bin/ping", mode=0o755, pax={"SCHILY.xattr.security.capability": CAP_NET_RAW,
+                                               "SCHILY.xattr.user.kubeslot": "yes",
+                                               "SCHILY.xattr.trusted.overlay.opaque": "y",
+                                               "SCHILY.xattr.security.selinux": "x_t"}),
+             d("dir", pax={"SCHILY.xattr.user.dir": "1",
+                           "SCHILY.xattr.system.posix_acl_access": "\x02\x00\x00\x00"})])],
+         "ok",
+         tree=["dir dir 0755 0:0", "usr dir 0755 0:0", "usr/bin dir 0755 0:0",
+               "usr/bin/ping file 0755 0:0 x"])
+
+
 def main():
     for entry in os.listdir(HERE):
         p = os.path.join(HERE, entry)
