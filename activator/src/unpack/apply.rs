@@ -297,8 +297,14 @@ impl Tree {
             AtFlags::SYMLINK_NOFOLLOW,
         )
         .map_err(|e| io_fail("chown node", shown, e))?;
-        // fchmodat cannot refuse to follow, but the leaf was just created by
-        // us as a node, and nodes are not symlinks.
+        // fchmodat cannot refuse to follow (and a socket cannot be opened
+        // for fchmod): check that the leaf still is the node we made, in a
+        // staging directory nobody else writes to.
+        let st = rfs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| io_fail("stat node", shown, e))?;
+        if FileType::from_raw_mode(st.st_mode) != kind {
+            return Err(io_fail("chmod node", shown, Errno::STALE));
+        }
         rfs::chmodat(
             parent,
             name,
