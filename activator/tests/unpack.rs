@@ -245,6 +245,8 @@ fn tree_lines(root: &Path) -> Vec<String> {
             ("file", format!(" {}", read(&p).trim_end_matches('\n')))
         } else if ft.is_fifo() {
             ("fifo", String::new())
+        } else if ft.is_socket() {
+            ("socket", String::new())
         } else {
             ("other", String::new())
         };

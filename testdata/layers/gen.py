@@ -333,6 +333,9 @@ scenario("ok-dir-replaces-symlink",
          tree=["esc dir 0755 0:0", "esc/keep.txt file 0644 0:0 mine"])
 scenario("ok-fifo-allowed", [t([ti("fifo", tarfile.FIFOTYPE, 0o600)])], "ok",
          policy={"allow_fifos_and_sockets": "true"}, tree=["fifo fifo 0600 0:0"])
+scenario("ok-socket-allowed",
+         [("tar", raw_tar((raw_header(b"sock", mode=0o140750), b"")))], "ok",
+         policy={"allow_fifos_and_sockets": "true"}, tree=["sock socket 0750 0:0"])
 scenario("ok-setuid-allowlisted",
          [t([d("usr", mode=0o755), d("usr/bin"), f("usr/bin/su", mode=0o4755, uid=0, gid=0),
              f("usr/bin/wall", mode=0o2755, gid=5)])], "ok",
