@@ -59,6 +59,12 @@ fn manifest(root: &Path, skip: Option<&Path>) -> BTreeMap<PathBuf, String> {
     out
 }
 
+/// A temp dir on the disk that holds `target/` (not a possibly tmpfs /tmp:
+/// user xattrs and file capabilities must be storable).
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
 /// A temp dir with an empty `target/` and a populated `sentinel/` beside it.
 struct Sandbox {
     dir: tempfile::TempDir,
@@ -66,7 +72,7 @@ struct Sandbox {
 
 impl Sandbox {
     fn new() -> Sandbox {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = scratch();
         let s = dir.path().join("sentinel");
         fs::create_dir_all(s.join("sub")).unwrap();
         fs::write(s.join("keep.txt"), b"keep me\n").unwrap();
@@ -375,7 +381,7 @@ fn corpus_generator_is_deterministic_and_committed() {
     require_tool("python3", "python3");
     require_tool("zstd", "zstd");
     let src = workspace_root().join("testdata/layers");
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     let copy = tmp.path().join("layers");
     fs::create_dir(&copy).unwrap();
     fs::copy(src.join("gen.py"), copy.join("gen.py")).unwrap();
@@ -906,7 +912,7 @@ fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
 fn same_tree_as_umoci_on_a_debian_rootfs_with_whiteouts() {
     let umoci = require_tool("umoci", "umoci");
     let rootfs = kubeslot_test_support::debian_rootfs(&["systemd", "dbus", "iproute2"]);
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     let mut tars = split_rootfs(&rootfs, 3);
     tars.push(semantics_layer());
     let layout = tmp.path().join("layout");
