@@ -65,7 +65,8 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
-/// A temp dir with an empty `target/` and a populated `sentinel/` beside it.
+/// A temp dir with an empty `target/` and, beside it, a populated
+/// `sentinel/` and a symlink `into-sentinel -> sentinel`.
 struct Sandbox {
     dir: tempfile::TempDir,
 }
@@ -78,6 +79,8 @@ impl Sandbox {
         fs::write(s.join("keep.txt"), b"keep me\n").unwrap();
         fs::write(s.join("sub/inner.txt"), b"inner\n").unwrap();
         std::os::unix::fs::symlink("keep.txt", s.join("link")).unwrap();
+        // beside the target, a symlink pointing into the sentinel
+        std::os::unix::fs::symlink("sentinel", dir.path().join("into-sentinel")).unwrap();
         fs::create_dir(dir.path().join("target")).unwrap();
         Sandbox { dir }
     }

@@ -16,7 +16,8 @@ Each scenario directory holds:
 
 The test (activator/tests/unpack.rs) unpacks each into `TMP/target` beside
 `TMP/sentinel` (a file `keep.txt`, a directory `sub/` with `inner.txt`, and a
-symlink `link -> keep.txt`); hostile entries aim at `../sentinel/...`. The
+symlink `link -> keep.txt`) and `TMP/into-sentinel -> sentinel`; hostile
+entries aim at `../sentinel/...` and `../into-sentinel/...`. The
 output is deterministic (fixed times, gzip mtime 0), so re-running the script
 gives byte-identical files.
 """
@@ -169,6 +170,10 @@ scenario("symlink-parent-next-layer",
 scenario("symlink-parent-deep",
          [t([d("a"), sym("a/b", "../../sentinel"), f("a/b/sub/inner.txt", b"pwned\n")])],
          "symlink-parent")
+scenario("symlink-parent-via-outside-symlink",
+         [t([sym("esc", "../into-sentinel"), f("esc/keep.txt", b"pwned\n")])], "symlink-parent")
+scenario("hardlink-via-outside-symlink",
+         [t([sym("esc", "../into-sentinel"), hard("h", "esc/keep.txt")])], "symlink-parent")
 scenario("symlink-loop", [t([sym("a", "b"), sym("b", "a"), f("a/x")])], "symlink-parent")
 scenario("symlink-self-loop", [t([sym("l", "l"), f("l/x")])], "symlink-parent")
 scenario("symlink-dir-then-file-through",
