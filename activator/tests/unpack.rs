@@ -378,6 +378,36 @@ fn hostile_corpus_is_refused_with_its_rule_and_nothing_outside_changes() {
 }
 
 #[test]
+fn the_sentinel_check_sees_every_kind_of_change() {
+    // The corpus relies on this comparison: show it notices a write through
+    // the outside symlink, a new file, a removal, a chmod and a retarget.
+    let changes: [fn(&Path); 5] = [
+        |d| fs::write(d.join("into-sentinel/keep.txt"), b"keep me!").unwrap(),
+        |d| fs::write(d.join("sentinel/sub/new"), b"").unwrap(),
+        |d| fs::remove_file(d.join("sentinel/sub/inner.txt")).unwrap(),
+        |d| {
+            fs::set_permissions(
+                d.join("sentinel/keep.txt"),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap()
+        },
+        |d| {
+            fs::remove_file(d.join("sentinel/link")).unwrap();
+            std::os::unix::fs::symlink("sub", d.join("sentinel/link")).unwrap();
+        },
+    ];
+    for (i, change) in changes.iter().enumerate() {
+        let sb = Sandbox::new();
+        let before = sb.outside();
+        fs::write(sb.target().join("inside"), b"changes inside do not count").unwrap();
+        assert_eq!(before, sb.outside());
+        change(sb.dir.path());
+        assert_ne!(before, sb.outside(), "change {i} went unnoticed");
+    }
+}
+
+#[test]
 fn corpus_generator_is_deterministic_and_committed() {
     // Regenerating into a copy must give the committed bytes: the corpus is
     // what the script says, not hand-edited.
