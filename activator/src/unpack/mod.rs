@@ -6,8 +6,9 @@
 //! per layer a reader of the blob with its compressed digest (for errors),
 //! its `diff_id` and its compression. It decompresses in-process (gzip,
 //! zstd, plain tar), hashes the uncompressed stream against the `diff_id`,
-//! reads entries with the `tar` crate and applies them with its own code
-//! (`apply.rs`): never following a symlink, with OCI whiteout and
+//! reads raw entries with the `tar` crate (GNU long names and PAX headers
+//! are interpreted here, read with caps, so no header can make it allocate
+//! without bound) and applies them with its own code (`apply.rs`): never following a symlink, with OCI whiteout and
 //! opaque-directory semantics (`whiteout.rs`) and the name rules of
 //! `path.rs`. Every refusal is an [`UnpackError`] naming layer, entry and
 //! [`Rule`].
