@@ -554,6 +554,23 @@ fn a_local_http_mirror_serves_the_same_pinned_bytes() {
         t.path(),
         &["--download-base", &format!("http://127.0.0.1:{port}")],
     );
+    // A missing file is reported with its URL and status, not retried
+    // forever. (A fresh cache: the pinned kubelet is already in the other
+    // one, and a cached input is never fetched again.)
+    let missing = format!("http://127.0.0.1:{port}/no/such/kubelet");
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache-empty"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out2").display()))
+            .arg("--download-override")
+            .arg(format!("kubelet={missing}")),
+    );
+    assert!(err.contains(&missing) && err.contains("404"), "{err}");
+    assert!(!t.path().join("out2").exists());
     let _ = server.kill();
     let _ = server.wait();
     let f = tempfile::tempdir().unwrap();
@@ -672,4 +689,127 @@ fn image_bases_from_an_archive_and_a_registry_give_the_same_image() {
     );
     assert!(err.contains(wrong), "{err}");
     assert!(!w.path().join("out2").exists());
+}
+
+/// Compares `actual` with a golden file (`UPDATE_GOLDEN=1` rewrites it).
+fn golden(name: &str, actual: &str) {
+    let path = workspace_root().join("testdata").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual,
+        want,
+        "{} differs (UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+/// What users read: `build --help` and `check --help`.
+#[test]
+fn help_snapshots() {
+    for cmd in ["build", "check"] {
+        let out = ok(bin().args([cmd, "--help"]).env("COLUMNS", "100"));
+        golden(&format!("help/builder-{cmd}.txt"), &out);
+    }
+}
+
+/// What the world sees of the demo: its amd64 manifest and config, pretty-printed.
+#[test]
+fn demo_documents_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let summary = json_summary(&demo(), t.path());
+    let blobs = t.path().join("out/blobs/sha256");
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
+    };
+    let manifest = read(summary["manifests"][0]["digest"].as_str().unwrap());
+    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    golden(
+        "golden/demo-amd64-manifest.json",
+        &(serde_json::to_string_pretty(&manifest).unwrap() + "\n"),
+    );
+    golden(
+        "golden/demo-amd64-config.json",
+        &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
+    );
+}
+
+#[test]
+fn an_empty_output_directory_is_filled_and_a_foreign_one_refused() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("out")).unwrap();
+    let digest = build(&demo(), t.path(), &[]);
+    assert!(t.path().join("out/index.json").is_file(), "{digest}");
+
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "keep me").unwrap();
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", foreign.display())),
+    );
+    assert!(err.contains("not an OCI image layout"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&foreign)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    let stray: Vec<String> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(stray.is_empty(), "staging left behind: {stray:?}");
+}
+
+#[test]
+fn zstd_layers_are_reproducible_and_readable_by_skopeo() {
+    require_tool("skopeo", "skopeo");
+    let text = demo_text().replace("compression = \"gzip\"", "compression = \"zstd\"");
+    assert_ne!(text, demo_text());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ra = write_recipe(a.path(), &text);
+    let rb = write_recipe(b.path(), &text);
+    let sa = json_summary(&ra, a.path());
+    let sb = json_summary(&rb, b.path());
+    assert_eq!(sa["index"], sb["index"]);
+    let gzip = json_summary(&demo(), tempfile::tempdir().unwrap().path());
+    for i in 0..4 {
+        let (z, g) = (
+            &sa["manifests"][0]["layers"][i],
+            &gzip["manifests"][0]["layers"][i],
+        );
+        assert_eq!(
+            z["media_type"],
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+        );
+        assert_eq!(
+            z["diff_id"], g["diff_id"],
+            "same tar under both compressions"
+        );
+    }
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}:{TAG}", a.path().join("out").display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
 }

@@ -146,6 +146,14 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
 fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
     let recipe = Recipe::load(&args.recipe)?;
     let target = args.output.as_deref().map(Target::parse).transpose()?;
+    // An existing output must be a layout we can add to: find out now,
+    // before anything is downloaded.
+    if let Some(Target::Layout { dir, .. }) = &target {
+        let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+        if dir.exists() && !empty {
+            Layout::open(dir).context("--output")?;
+        }
+    }
     let tag = target
         .as_ref()
         .and_then(|t| t.tag().map(str::to_string))
@@ -342,6 +350,9 @@ struct Summary {
 async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Result<Summary> {
     let recipe = &plan.recipe;
     let epoch = recipe.file.source_date_epoch;
+    // The Debian package base is built by `crate::debian` from its lock; it
+    // plugs in at `base_layers` (tarball → `rootfs_layer`), and this guard
+    // goes away with it.
     if let BaseSpec::Debian(d) = &recipe.file.base {
         bail!(
             "{}: base kind \"debian\" (suite {}): building a Debian package base needs its \
@@ -370,48 +381,63 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
     let blob_dir = blobs.root().join("sha256");
     let work = staging.path().join("work");
 
-    let mut images = Vec::new();
+    // Platforms are built concurrently (each layer is compressed on a
+    // blocking thread); identical blobs of two platforms land under the
+    // same name by atomic rename, so the race is harmless.
+    let mut per_platform = Vec::new();
     for (platform, inputs) in &plan.inputs {
-        let mut files: Vec<(Input, PathBuf)> = Vec::new();
-        for i in inputs {
-            files.push((i.clone(), fetched.next().expect("one path per input")));
-        }
-        let work = work.join(&platform.architecture);
-        let base = base_layers(plan, platform, &files, &blobs, &work, compression, global).await?;
-        let mut layers = base.layers;
-        for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
-            let mut tree = group_tree(recipe, &l.group, platform, &files, &work)?;
-            if let Some(shape) = &base.shape {
-                tree.fit_onto(shape)
-                    .with_context(|| format!("{}: layer {}", recipe.path.display(), l.group))?;
-            }
-            let task = global
-                .progress
-                .task("layer", &format!("{} {platform}", l.group), None);
-            let dir = blob_dir.clone();
-            let blob =
-                tokio::task::spawn_blocking(move || tree.write_layer(&dir, compression, epoch))
+        let files: Vec<(Input, PathBuf)> = inputs
+            .iter()
+            .map(|i| (i.clone(), fetched.next().expect("one path per input")))
+            .collect();
+        per_platform.push((platform, files));
+    }
+    let images =
+        futures_util::future::try_join_all(per_platform.into_iter().map(|(platform, files)| {
+            let work = work.join(&platform.architecture);
+            let (blobs, blob_dir) = (&blobs, &blob_dir);
+            async move {
+                let base =
+                    base_layers(plan, platform, &files, blobs, &work, compression, global).await?;
+                let mut layers = base.layers;
+                for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
+                    let mut tree = group_tree(recipe, &l.group, platform, &files, &work)?;
+                    if let Some(shape) = &base.shape {
+                        tree.fit_onto(shape).with_context(|| {
+                            format!("{}: layer {}", recipe.path.display(), l.group)
+                        })?;
+                    }
+                    let task =
+                        global
+                            .progress
+                            .task("layer", &format!("{} {platform}", l.group), None);
+                    let dir = blob_dir.clone();
+                    let blob = tokio::task::spawn_blocking(move || {
+                        tree.write_layer(&dir, compression, epoch)
+                    })
                     .await
                     .expect("layer writer does not panic")
                     .with_context(|| format!("layer {} ({platform})", l.group))?;
-            task.finish("done");
-            let comment = l
-                .description
-                .clone()
-                .unwrap_or_else(|| layer_contents(recipe, &l.group).join(", "));
-            layers.push(layer_desc(
-                &blob,
-                &l.group,
-                epoch,
-                format!("kubeslot-builder: layer {}", l.group),
-                comment,
-            ));
-        }
-        images.push(PlatformImage {
-            platform: platform.clone(),
-            layers,
-        });
-    }
+                    task.finish("done");
+                    let comment = l
+                        .description
+                        .clone()
+                        .unwrap_or_else(|| layer_contents(recipe, &l.group).join(", "));
+                    layers.push(layer_desc(
+                        &blob,
+                        &l.group,
+                        epoch,
+                        format!("kubeslot-builder: layer {}", l.group),
+                        comment,
+                    ));
+                }
+                anyhow::Ok(PlatformImage {
+                    platform: platform.clone(),
+                    layers,
+                })
+            }
+        }))
+        .await?;
 
     let meta = ImageMeta {
         created: rfc3339(epoch),
@@ -549,7 +575,7 @@ async fn base_layers(
                     BASE_GROUP,
                     epoch,
                     format!("kubeslot-builder: base rootfs {}", input.upstream),
-                    format!("sha256 {}", input.pinned.sha256),
+                    format!("pinned {}", input.pinned.sha256),
                 )],
                 shape: Some(shape),
             })
@@ -594,6 +620,8 @@ async fn base_layers(
                 shape: None,
             })
         }
+        // The debian module produces this platform's rootfs tarball from
+        // its locked `.deb`s, then: `rootfs_layer(&tarball, …)` as above.
         BaseSpec::Debian(_) => unreachable!("refused before fetching"),
     }
 }
