@@ -383,8 +383,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         assert_eq!(State::load(&root).unwrap(), State::default());
-        let mut s = State::default();
-        s.active = Some(Slot::Kube2);
+        let mut s = State {
+            active: Some(Slot::Kube2),
+            ..State::default()
+        };
         s.slot_mut(Slot::Kube2).status = SlotStatus::Active;
         s.slot_mut(Slot::Kube2).digest = Some(Digest::of(b"x"));
         s.save(&root).unwrap();
@@ -404,8 +406,10 @@ mod tests {
         let s = State::default();
         s.save(&root).unwrap();
         // simulate: `.next` and state written, sidecar not yet
-        let mut t = State::default();
-        t.active = Some(Slot::Kube1);
+        let t = State {
+            active: Some(Slot::Kube1),
+            ..State::default()
+        };
         let mut bytes = serde_json::to_vec_pretty(&t).unwrap();
         bytes.push(b'\n');
         let hex = Digest::of(&bytes).hex();
