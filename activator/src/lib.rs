@@ -8,8 +8,10 @@
 pub mod archive;
 pub mod config;
 pub mod digest;
+pub mod failpoint;
 pub mod gpu;
 pub mod layout;
+pub mod lock;
 pub mod oci;
 pub mod paths;
 pub mod reference;
