@@ -27,7 +27,9 @@ act_setup() {
 }
 
 # write_config IMAGE: the activator config inside the outer host. The node
-# runs on a private veth (CNI bridges stay out of this machine's network).
+# runs on a private veth (CNI bridges stay out of this machine's network);
+# KUBESLOT_E2E_NETWORK=host gives it the outer's (= this machine's) network,
+# as production does. The health gate: 2 good probes 500 ms apart within 30 s.
 write_config() {
   local image=$1 trust
   if [ "${SIGNED:-0}" = 1 ]; then
@@ -37,7 +39,8 @@ write_config() {
     # refusal scenarios then fail and name why.
     trust='{"allow_unsigned": true}'
   fi
-  jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" '{
+  jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
+    --arg network "${KUBESLOT_E2E_NETWORK:-veth}" '{
     image: $image,
     trust: $trust,
     kubelet: {
@@ -49,9 +52,9 @@ write_config() {
       labels: {"kubeslot.io/e2e": "true"}
     },
     gpu: "off",
-    network: "veth",
+    network: $network,
     nameservers: ["192.0.2.53"],
-    health: {timeout_secs: 30, successes: 2}
+    health: {timeout_secs: 30, successes: 2, interval_ms: 500}
   }' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
@@ -433,19 +436,82 @@ scenario_design_files() {
   outer systemctl daemon-reload
 }
 
-# v1 onto an empty host: kube1 boots and is healthy; status names kube1 and
+# ---------------------------------------------------------------- activate
+#
+# The node's life, in this order (each scenario starts from what the one
+# before left, and reads which machine runs from systemd, not from memory):
+#
+#   activate_v1             empty host -> kube1 = v1
+#   activate_v2_flip        kube1 -> kube2 = v2 (one layer downloaded)
+#   unsigned_refused        kube2 keeps running
+#   tampered_refused        kube2 keeps running, kube1's tree intact
+#   rollback                kube2 -> kube1 = v1, no download
+#   activate_v3_rolls_back  kube1 -> kube2 = v3, gate fails, kube1 again
+#   kill_mid_unpack         v4 into kube2, killed while staging; rerun commits
+#   kill_mid_flip           v1 into kube1, killed with kube2 stopped; rerun converges
+#   airgap_archive          v5 from an oci-archive, registry stopped, empty store
+
+# running_machine: the one node machine whose unit is active (fails when
+# none or both are).
+running_machine() {
+  local r
+  r=$(active_machines)
+  case $r in
+    kube1|kube2) echo "$r" ;;
+    *) fail "expected exactly one running node machine, systemd says '$r'"; return 1 ;;
+  esac
+}
+
+other_machine() { if [ "$1" = kube1 ]; then echo kube2; else echo kube1; fi; }
+
+# digest_alternatives DIGEST: DIGEST and its linux/amd64 manifest digest, as
+# an ERE alternation (status may name either).
+digest_alternatives() {
+  local p=${PLATFORM_DIGEST[$1]:-$1}
+  if [ "$p" = "$1" ]; then echo "$1"; else echo "($1|$p)"; fi
+}
+
+# report_json: report.json as flattened lines (empty when absent).
+report_flat() {
+  local f
+  f=$(report_file)
+  [ -s "$f" ] || return 0
+  flatten "$f"
+}
+
+# log_report: the report's outcome, exit code, downloads and error, one line.
+log_report() {
+  local f
+  f=$(report_file)
+  [ -s "$f" ] || { log "  (no report.json)"; return 0; }
+  log "  report: $(jq -c '{command, exit_code, outcome, slot, previous_slot, recovered, downloads, error}' "$f" 2>/dev/null || head -c 400 "$f")"
+}
+
+# v1 onto an empty host: kube1 boots, containerd answers through
+# `systemd-run -M`, the kubelet is healthy; status --json names kube1 and
 # v1's digest.
 scenario_activate_v1() {
   activator_present || return 1
   act_setup
   write_config "$REF_v1"
-  act activate || { show_log; fail "activate v1 exited non-zero"; return 1; }
+  local t0
+  t0=$(now_ms)
+  act activate || { show_log; log_report; fail "activate v1 exited non-zero"; return 1; }
+  log "  activate v1 onto an empty host took $(($(now_ms) - t0)) ms"
+  log_report
   expect_running kube1 v1.35.0-e2e.1 || return 1
-  expect_status kube1 "$DIGEST_v1"
+  expect_status kube1 "$DIGEST_v1" || return 1
+  # Idempotent: the same config again changes nothing and downloads nothing.
+  local mark
+  mark=$(registry_log_lines)
+  act activate || { show_log; fail "activate v1 again exited non-zero"; return 1; }
+  check_eq "blobs downloaded by a second activate of v1" "$(registry_blob_gets "$mark" | wc -l)" 0 || return 1
+  expect_running kube1 v1.35.0-e2e.1
 }
 
 # v2: flip to kube2; only v2's new Kubernetes layer is downloaded; kube1's
-# tree stays for rollback; the downtime is printed.
+# tree stays for rollback; the downtime is printed beside the new kubelet's
+# own start.
 scenario_activate_v2_flip() {
   activator_present || return 1
   local mark changed got watch=$WORK/flip-v2.txt
@@ -455,43 +521,30 @@ scenario_activate_v2_flip() {
   mark=$(registry_log_lines)
   flip_watch kube1 kube2 "$watch" &
   local watcher=$!
-  act activate || { show_log; kill "$watcher" 2>/dev/null; fail "activate v2 exited non-zero"; return 1; }
+  act activate || { show_log; log_report; kill "$watcher" 2>/dev/null; fail "activate v2 exited non-zero"; return 1; }
   wait "$watcher" || true
+  log_report
   expect_running kube2 v1.35.1-e2e.2 || return 1
   expect_status kube2 "$DIGEST_v2" || return 1
   # Layer blobs fetched from the registry (the image config is a blob too and
   # changes with the layer list; it is not a layer).
   got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") || true)
-  check_eq "layer blobs downloaded for v2" "$got" "$changed" || return 1
-  check "kube1 tree kept for rollback" test -x "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" || return 1
-  print_downtime "$watch" kube2 "kubeslot-activator activate"
-}
-
-# v3 never turns healthy: the gate fails, kube2 (v2) comes back, v3's digest
-# is marked bad and the report names the failed check.
-scenario_activate_v3_rolls_back() {
-  activator_present || return 1
-  write_config "$REF_v3"
-  if act activate; then show_log; fail "activate v3 succeeded; the health gate must fail"; return 1; fi
-  log "  activate v3 failed as expected: $(tail -n1 "$ACT_LOG")"
-  expect_running kube2 v1.35.1-e2e.2 || return 1
-  expect_status kube2 "$DIGEST_v2" || return 1
-  local flat
-  flat=$(flatten "$(status_json)")
-  check "status marks v3 bad" grep -Eqi "(bad|failed).*=$DIGEST_v3|(bad|failed).*$DIGEST_v3" <<<"$flat" || return 1
-  check "report names the failed health check" grep -Eqi 'health|healthz' "$(report_file)" || return 1
-  check "report carries v3's digest" grep -q "$DIGEST_v3" "$(report_file)"
+  check_eq "layer blobs downloaded for v2 (registry log)" "$got" "$changed" || return 1
+  check "kube1 tree kept for rollback" cmp -s "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet" || return 1
+  print_downtime "$watch" kube2 "kubeslot-activator activate v1 -> v2"
 }
 
 # An image without a signature is refused before anything changes; kube2
-# keeps running.
+# keeps running and kube1's tree is untouched.
 scenario_unsigned_refused() {
   activator_present || return 1
   [ "${SIGNED:-0}" = 1 ] || { fail "images are unsigned (kubeslot-builder sign missing): the policy cannot refuse"; return 1; }
   write_config "$REF_UNSIGNED"
   if act activate; then show_log; fail "an unsigned image was activated"; return 1; fi
+  log "  unsigned refused: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
   check "error names the signature" grep -Eqi 'signature|signed' "$ACT_LOG" || { show_log; return 1; }
-  expect_running kube2 v1.35.1-e2e.2
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  check "kube1 tree untouched" cmp -s "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet"
 }
 
 # v4's new Kubernetes layer is corrupted in the registry's storage: refused by
@@ -511,81 +564,147 @@ scenario_tampered_refused() {
   act activate || rc=$?
   cp "$WORK/v4-layer.orig" "$data"
   if [ $rc = 0 ]; then show_log; fail "a tampered layer was activated"; return 1; fi
-  check "error names the digest mismatch" grep -Eqi 'digest|sha256' "$ACT_LOG" || { show_log; return 1; }
+  log "  tampered refused: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
+  check "error names the tampered layer" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
-  expect_running kube2 v1.35.1-e2e.2
+  check "store holds only good blobs" store_is_clean || return 1
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  check "kube1 tree untouched" cmp -s "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet"
 }
 
-# rollback: back to kube1 (v1) without a single registry request for blobs.
+# rollback: back to kube1 (v1) without a single blob download; downtime
+# printed.
 scenario_rollback() {
   activator_present || return 1
-  local mark
+  local mark watch=$WORK/flip-rollback.txt watcher
   mark=$(registry_log_lines)
-  act rollback || { show_log; fail "rollback exited non-zero"; return 1; }
+  flip_watch kube2 kube1 "$watch" &
+  watcher=$!
+  act rollback || { show_log; log_report; kill "$watcher" 2>/dev/null; fail "rollback exited non-zero"; return 1; }
+  wait "$watcher" || true
+  log_report
   expect_running kube1 v1.35.0-e2e.1 || return 1
   expect_status kube1 "$DIGEST_v1" || return 1
-  check_eq "blobs downloaded by rollback" "$(registry_blob_gets "$mark" | wc -l)" 0
+  check_eq "blobs downloaded by rollback" "$(registry_blob_gets "$mark" | wc -l)" 0 || return 1
+  print_downtime "$watch" kube1 "kubeslot-activator rollback kube2 -> kube1"
 }
 
-# SIGKILL while v4 is being unpacked into kube2 (a staging dir exists); the
-# next run converges: kube2 runs v4, nothing half-written is left behind.
+# v3 never turns healthy: the gate fails, the machine that ran before comes
+# back by itself, v3's digest is marked bad, the report names the failed
+# check; a second activate of v3 is refused without touching a machine.
+scenario_activate_v3_rolls_back() {
+  activator_present || return 1
+  local before target rc=0 t0
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  write_config "$REF_v3"
+  t0=$(now_ms)
+  act activate || rc=$?
+  [ $rc != 0 ] || { show_log; fail "activate v3 succeeded; the health gate must fail"; return 1; }
+  log "  activate v3 failed as expected (exit $rc) after $(($(now_ms) - t0)) ms: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
+  log_report
+  expect_running "$before" v1.35.0-e2e.1 || return 1
+  expect_status "$before" "$DIGEST_v1" || return 1
+  local flat bad
+  flat=$(flatten "$(status_json)")
+  bad=$(digest_alternatives "$DIGEST_v3")
+  check "status marks v3 bad" grep -Eqi "(bad|failed)[^=]*=.*$bad" <<<"$flat" || { echo "$flat" >&2; return 1; }
+  check "report names the failed health check" grep -Eqi 'health|healthz' "$(report_file)" || return 1
+  check "report carries v3's digest" grep -Eq "$bad" "$(report_file)" || return 1
+  check "kubelet of the failed $target was v3's" cmp -s "$OUTER/var/lib/machines/$target/usr/bin/kubelet" "$WORK/kubelet/v3/kubelet" || return 1
+
+  # Not retried automatically: the same config again fails at once, no
+  # machine is stopped or started, nothing is downloaded.
+  local mark
+  mark=$(registry_log_lines)
+  rc=0
+  act activate || rc=$?
+  [ $rc != 0 ] || { show_log; fail "activate of the bad v3 succeeded"; return 1; }
+  log "  v3 again refused (exit $rc): $(grep -i 'error' "$ACT_LOG" | tail -n1)"
+  check "the refusal names v3 as bad" grep -Eqi "bad|failed before|not retried" "$ACT_LOG" || { show_log; return 1; }
+  check_eq "blobs downloaded by the refused retry" "$(registry_blob_gets "$mark" | wc -l)" 0 || return 1
+  check_eq "machine running after the refused retry" "$(active_machines)" "$before"
+}
+
+# SIGKILL while v4 is being unpacked into the idle slot (its staging dir
+# exists); the running machine is untouched; the next run converges: the
+# idle slot runs v4, nothing half-written is left behind.
 scenario_kill_mid_unpack() {
   activator_present || return 1
+  local before target staging
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
   write_config "$REF_v4"
   act_bg activate
-  local staging
-  staging=$(wait_for_path "$OUTER/var/lib/machines/.staging-*/usr" 120) ||
+  staging=$(wait_for_path "$OUTER/var/lib/machines/.*staging*/usr/bin" 120) ||
     { wait "$ACT_PID" || true; show_log; fail "never saw a staging dir while the activator ran"; return 1; }
   kill_activator || return 1
-  log "  killed while ${staging%/usr} was being filled"
-  check "kube1 still running after the kill" unit_active kube1 || return 1
-  act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
-  expect_running kube2 v1.35.3-e2e.4 || return 1
-  expect_status kube2 "$DIGEST_v4" || return 1
-  check_eq "staging dirs left" "$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.staging-*' | wc -l)" 0
+  log "  killed while ${staging%/usr/bin} was being filled"
+  check_eq "machine running after the kill" "$(active_machines)" "$before" || return 1
+  check "kubelet healthy in $before after the kill" machine_wait_healthy "$before" 30 || return 1
+  check "store holds only good blobs" store_is_clean || return 1
+  act activate || { show_log; log_report; fail "activate after the kill exited non-zero"; return 1; }
+  log_report
+  expect_running "$target" v1.35.3-e2e.4 || return 1
+  expect_status "$target" "$DIGEST_v4" || return 1
+  check_eq "staging dirs left" "$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.*staging*' | wc -l)" 0
 }
 
-# SIGKILL right after the old machine stopped; the next run converges: one
-# machine runs and is healthy, and status agrees with systemd.
+# SIGKILL mid-flip: v1 into the idle slot, the activator killed as soon as
+# the running machine's unit went inactive (the new one starting or in its
+# health gate). The next run converges: it finishes the flip (the new slot
+# runs v1) or undoes it (the old slot runs v4 again, v1 not retried, exit
+# non-zero for that reason only); either way exactly one machine runs, is
+# healthy, and status agrees with systemd.
 scenario_kill_mid_flip() {
   activator_present || return 1
-  write_config "$REF_v2"
+  local before target
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  write_config "$REF_v1"
   act_bg activate
   local deadline=$((SECONDS + 180))
-  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && unit_active kube2; do
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && unit_active "$before"; do
     sleep 0.02
   done
-  if unit_active kube2 || ! kill -0 "$ACT_PID" 2>/dev/null; then
+  if unit_active "$before" || ! kill -0 "$ACT_PID" 2>/dev/null; then
     wait "$ACT_PID" || true; show_log
-    fail "the activator never stopped kube2 (or ended before the kill)"; return 1
+    fail "the activator never stopped $before (or ended before the kill)"; return 1
   fi
   kill_activator || return 1
-  log "  killed with kube2 stopped; running now: '$(active_machines)'"
-  act activate || { show_log; fail "activate after the kill exited non-zero"; return 1; }
-  # Converged means finished (kube1 runs v2) or cleanly undone (kube2 runs v4).
+  log "  killed with $before stopped; running now: '$(active_machines)'"
+  local rc=0
+  act activate || rc=$?
+  log "  the next activate exited $rc"
+  log_report
   local running
-  running=$(active_machines)
-  case $running in
-    kube1) expect_running kube1 v1.35.1-e2e.2 && expect_status kube1 "$DIGEST_v2" ;;
-    kube2) expect_running kube2 v1.35.3-e2e.4 && expect_status kube2 "$DIGEST_v4" ;;
-    *) fail "after convergence running machines are '$running', expected exactly one" ;;
-  esac
+  running=$(running_machine) || { show_log; return 1; }
+  if [ "$running" = "$target" ]; then
+    [ $rc = 0 ] || { show_log; fail "flip finished but activate exited $rc"; return 1; }
+    expect_running "$target" v1.35.0-e2e.1 && expect_status "$target" "$DIGEST_v1"
+  else
+    # Undone: v1 used its one try; the refusal to retry is the only error.
+    [ $rc = 0 ] || grep -Eqi "bad|failed before|not retried|rolled back" "$ACT_LOG" ||
+      { show_log; fail "activate after the kill failed for another reason (exit $rc)"; return 1; }
+    expect_running "$before" v1.35.3-e2e.4 && expect_status "$before" "$DIGEST_v4"
+  fi
 }
 
-# Air-gapped: no registry, an empty content store, the image (with its
-# signature) from an oci-archive file inside the host.
+# Air-gapped: the registry stopped, the content store emptied, v5 (a digest
+# nothing on the host has seen) activated from an oci-archive file holding
+# its signature. Last scenario: the registry stays down.
 scenario_airgap_archive() {
   activator_present || return 1
-  local archive=$OUTER/var/tmp/node-v1.tar
-  archive_with_signature v1 "$archive" || { fail "no oci-archive of v1"; return 1; }
+  local archive=$OUTER/var/tmp/node-v5.tar before after
+  archive_with_signature v5 "$archive" || { fail "no oci-archive of v5"; return 1; }
   registry_stop
+  check "registry is down" bash -c "! (exec 3<>/dev/tcp/${REGISTRY%:*}/${REGISTRY#*:}) 2>/dev/null" || return 1
   rm -rf "$OUTER/var/lib/kubeslot/blobs"
-  local before after
-  before=$(active_machines)
-  write_config "oci-archive:/var/tmp/node-v1.tar:v1"
-  act activate || { show_log; fail "activate from oci-archive exited non-zero"; return 1; }
-  after=$(active_machines)
-  [ "$after" != "$before" ] || { fail "no flip: $before still runs"; return 1; }
-  expect_running "$after" v1.35.0-e2e.1 || return 1
-  expect_status "$after" "$DIGEST_v1"
+  before=$(running_machine) || return 1
+  write_config "oci-archive:/var/tmp/node-v5.tar:v5"
+  act activate || { show_log; log_report; fail "activate from oci-archive exited non-zero"; return 1; }
+  log_report
+  after=$(other_machine "$before")
+  expect_running "$after" v1.35.4-e2e.5 || return 1
+  expect_status "$after" "$DIGEST_v5"
 }

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# The e2e node images v1 to v4, sourced by ci/e2e/run.sh.
+# The e2e node images v1 to v5, sourced by ci/e2e/run.sh.
 #
-# Four images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
+# Five images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
 # the node package list), a config layer (the kubelet unit and the test-only
 # cgroup unit, enabled) and a Kubernetes layer holding only the fixture
 # kubelet. v1 and v2 differ only in the Kubernetes layer (another kubelet
@@ -15,16 +15,17 @@
 # which path made the images.
 #
 # Sets: IMAGES_BY (builder|umoci), IMAGE_LAYOUT (an oci: layout dir with the
-# tags v1..v4), and after images_push REF_v1..REF_v4 (tag references in the
-# local registry), DIGEST_v1..DIGEST_v4 (what each tag resolves to there) and
+# tags v1..v5), and after images_push REF_v1..REF_v5 (tag references in the
+# local registry), DIGEST_v1..DIGEST_v5 (what each tag resolves to there) and
 # REF_UNSIGNED (v2's content under a name that has no signature).
 
 IMAGE_REPO=kubeslot/e2e-node
 # Set by images_push / images_sign, read by the scenarios.
-REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_UNSIGNED=""
-DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4=""
+E2E_VERSIONS=(v1 v2 v3 v4 v5)
+REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_UNSIGNED=""
+DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5=""
 SIGNED=0 SIGNED_BY=none
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 SIGNED SIGNED_BY
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 SIGNED SIGNED_BY
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
@@ -38,7 +39,7 @@ images_stage() {
   ln -s ../kubelet.service "$stage/config/etc/systemd/system/multi-user.target.wants/kubelet.service"
   ln -s ../kubeslot-test-cgroup-rw.service \
     "$stage/config/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
-  for v in v1 v2 v3 v4; do
+  for v in "${E2E_VERSIONS[@]}"; do
     mkdir -p "$stage/kubernetes-$v/usr/bin"
     install -m 0755 "$WORK/kubelet/$v/kubelet" "$stage/kubernetes-$v/usr/bin/kubelet"
   done
@@ -68,7 +69,7 @@ images_build() {
     log "kubeslot-builder has no 'build --output' yet (or KUBESLOT_E2E_IMAGES=umoci): assembling the images with umoci"
     images_build_with_umoci
   fi
-  log "images v1 v2 v3 v4 built by $IMAGES_BY into oci:$IMAGE_LAYOUT"
+  log "images ${E2E_VERSIONS[*]} built by $IMAGES_BY into oci:$IMAGE_LAYOUT"
 }
 
 # recipe_for VERSION: the node recipe of one version, from the template. The
@@ -85,11 +86,11 @@ recipe_for() {
   echo "$recipe"
 }
 
-# The product path: one recipe template, four builds that differ in the
+# The product path: one recipe template, five builds that differ in the
 # kubelet only.
 images_build_with_builder() {
   local v recipe
-  for v in v1 v2 v3 v4; do
+  for v in "${E2E_VERSIONS[@]}"; do
     recipe=$(recipe_for "$v")
     # One layout, one tag per version (the builder adds to an existing layout).
     "$BUILDER" --progress plain build "$recipe" --output "oci:$IMAGE_LAYOUT:$v" >"$WORK/logs/build-$v.log" 2>&1 ||
@@ -111,7 +112,7 @@ images_build_with_umoci() {
   umoci new --image "$IMAGE_LAYOUT:empty"
   umoci raw add-layer --image "$IMAGE_LAYOUT:empty" --tag base "$base"
   umoci raw add-layer --image "$IMAGE_LAYOUT:base" --tag common "$WORK/images/config.tar"
-  for v in v1 v2 v3 v4; do
+  for v in "${E2E_VERSIONS[@]}"; do
     tar -C "$stage/kubernetes-$v" --numeric-owner --owner=0 --group=0 --sort=name \
       --mtime=@1700000000 -cf "$WORK/images/kubernetes-$v.tar" .
     umoci raw add-layer --image "$IMAGE_LAYOUT:common" --tag "$v" "$WORK/images/kubernetes-$v.tar"
@@ -131,11 +132,11 @@ push_one() {
   fi
 }
 
-# images_push: v1..v4 into the local registry (with signatures when the
+# images_push: v1..v5 into the local registry (with signatures when the
 # builder can sign), plus an unsigned copy of v2 for the refusal scenario.
 images_push() {
   local v
-  for v in v1 v2 v3 v4; do
+  for v in "${E2E_VERSIONS[@]}"; do
     push_one "oci:$IMAGE_LAYOUT:$v" "$REGISTRY/$IMAGE_REPO:$v"
     printf -v "REF_$v" '%s' "$REGISTRY/$IMAGE_REPO:$v"
     printf -v "DIGEST_$v" 'sha256:%s' "$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/$IMAGE_REPO:$v" | sha256sum | cut -d' ' -f1)"
@@ -147,7 +148,7 @@ images_push() {
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
 
-# images_sign: a fresh key pair and signatures on v1..v4 (not on the
+# images_sign: a fresh key pair and signatures on v1..v5 (not on the
 # unsigned copy). kubeslot-builder keygen/sign when they exist (the product
 # path), else ci/e2e/openssl-sign.py with an openssl key (SIGNED_BY says
 # which). Sets SIGNED=1 and leaves the public key in WORK/keys/e2e.pub.
@@ -158,7 +159,7 @@ images_sign() {
     SIGNED_BY=kubeslot-builder
     "$BUILDER" keygen --out "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
       { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
-    for v in v1 v2 v3 v4; do
+    for v in "${E2E_VERSIONS[@]}"; do
       ref=REF_$v; digest=DIGEST_$v
       "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
         { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
@@ -168,7 +169,7 @@ images_sign() {
     log "kubeslot-builder has no 'sign' yet (or KUBESLOT_E2E_SIGNER=openssl): signing with openssl the cosign way"
     openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/keys/e2e.key" 2>/dev/null
     openssl ec -in "$WORK/keys/e2e.key" -pubout -out "$WORK/keys/e2e.pub" 2>/dev/null
-    for v in v1 v2 v3 v4; do
+    for v in "${E2E_VERSIONS[@]}"; do
       digest=DIGEST_$v
       # Both the tag's digest and the platform manifest's (they differ when
       # the tag is an index).
@@ -179,7 +180,7 @@ images_sign() {
     done
   fi
   SIGNED=1
-  log "images v1..v4 signed by $SIGNED_BY"
+  log "images v1..v5 signed by $SIGNED_BY"
 }
 
 # layer_digests REF: the layer digests of REF's manifest for this platform.

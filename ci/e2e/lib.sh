@@ -18,11 +18,31 @@ now_ms() { date +%s%3N; }
 # ---------------------------------------------------------------- work dir
 
 # WORK holds everything: the outer rootfs, the registry storage, images,
-# keys, logs. Kept on /var/tmp (same filesystem as the cache, not a tmpfs).
+# keys, logs (a few GB at the peak). It is a private tmpfs mounted on a
+# mktemp dir under KUBESLOT_E2E_TMP (default /var/tmp) when the machine has
+# the memory for it (MemAvailable >= 12 GiB, or KUBESLOT_E2E_TMPFS=1), else
+# that disk dir itself (KUBESLOT_E2E_TMPFS=0, and always with
+# KUBESLOT_E2E_KEEP=1). Measured here: removing one 370 MB node tree takes
+# ~15 s on this ext4 (mounted with `discard`), and the scenarios remove
+# a dozen; on tmpfs removal is free and cleanup is one umount. (fsync is a
+# no-op on tmpfs: flip times printed are the platform's, not the disk's.)
+WORK_TMPFS=0
+
 work_init() {
   WORK=$(mktemp -d "${KUBESLOT_E2E_TMP:-/var/tmp}/kubeslot-e2e.XXXXXX")
+  local want=${KUBESLOT_E2E_TMPFS:-auto} avail_kb
+  if [ "${KUBESLOT_E2E_KEEP:-0}" = 1 ]; then want=0; fi
+  if [ "$want" = auto ]; then
+    avail_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
+    want=0; [ "${avail_kb:-0}" -ge $((12 * 1024 * 1024)) ] && want=1
+  fi
+  if [ "$want" = 1 ]; then
+    mount -t tmpfs -o size=10g,mode=0700 kubeslot-e2e "$WORK" ||
+      die "cannot mount a tmpfs on $WORK (KUBESLOT_E2E_TMPFS=0 uses the disk)"
+    WORK_TMPFS=1
+  fi
   mkdir -p "$WORK/logs"
-  log "work dir $WORK"
+  log "work dir $WORK ($([ $WORK_TMPFS = 1 ] && echo tmpfs || echo disk))"
 }
 
 # ---------------------------------------------------------------- cgroups
@@ -324,8 +344,9 @@ cleanup() {
   if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
     # Nothing may still be mounted below WORK before it is removed.
     local m
-    awk -v w="$WORK" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |
+    awk -v w="$WORK" '$2 == w || index($2, w "/") == 1 { print $2 }' /proc/self/mounts | sort -r |
       while IFS= read -r m; do umount -l "$m" 2>/dev/null; done
+    # (that includes WORK's own tmpfs, listed last after the sort)
     if [ "${KUBESLOT_E2E_KEEP:-0}" = 1 ]; then
       log "kept $WORK (KUBESLOT_E2E_KEEP=1)"
     else

@@ -54,7 +54,7 @@ build_binaries() {
   cargo build --quiet --locked -p kubeslot-activator -p kubeslot-builder
   ACTIVATOR=$REPO/target/debug/kubeslot-activator
   BUILDER=$REPO/target/debug/kubeslot-builder
-  # The fixture kubelet in four builds: v1, v2 and v4 (other versions, so only
+  # The fixture kubelet in five builds: v1, v2, v4 and v5 (other versions, so only
   # the Kubernetes layer differs) and v3 (never healthy). Each has its own target
   # dir so the build-time switches never make the main target dir rebuild.
   local variant version unhealthy
@@ -69,6 +69,7 @@ v1 v1.35.0-e2e.1 0
 v2 v1.35.1-e2e.2 0
 v3 v1.35.2-e2e.3 1
 v4 v1.35.3-e2e.4 0
+v5 v1.35.4-e2e.5 0
 EOF
 }
 
@@ -150,7 +151,7 @@ EOF
 # layer, v3's kubelet is the never-healthy build, and skopeo reads them all.
 scenario_images() {
   local v diff
-  for v in v2 v3 v4; do
+  for v in v2 v3 v4 v5; do
     local ref=REF_$v
     diff=$(comm -3 <(layer_digests "$REF_v1" | sort) <(layer_digests "${!ref}" | sort) | wc -l)
     # One layer out, one layer in.
@@ -162,7 +163,7 @@ scenario_images() {
   # Each fixture build, run for a moment on a free loopback port: v1, v2 and
   # v4 answer /healthz ok, v3 answers 500.
   local port pid out rc
-  for v in v1 v2 v3 v4; do
+  for v in "${E2E_VERSIONS[@]}"; do
     port=$(free_port)
     "$WORK/kubelet/$v/kubelet" --healthz-port "$port" >"$WORK/logs/fixture-$v.log" 2>&1 &
     pid=$!
@@ -192,10 +193,10 @@ SCENARIOS=(
   design_files
   activate_v1
   activate_v2_flip
-  activate_v3_rolls_back
   unsigned_refused
   tampered_refused
   rollback
+  activate_v3_rolls_back
   kill_mid_unpack
   kill_mid_flip
   airgap_archive
@@ -238,6 +239,7 @@ main() {
   images_sign
   outer_boot "$OUTER_TAR" \
     --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator" \
+    --bind-ro="$ACTIVATOR:/usr/bin/kubeslot-activator" \
     --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
   log "setup done in $((SECONDS - started)) s"
 
