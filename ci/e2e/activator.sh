@@ -367,12 +367,13 @@ scenario_unpack_killed() {
   outer systemctl daemon-reload
 }
 
-# design_files MACHINE: the host files of DESIGN.md section 5, by hand, as
-# the activator is to render them (no GPU, no extra devices, veth network):
-# the .nspawn file, the systemd-nspawn@ drop-in, the host-rendered files
-# bound read-only and the node state bound read-write.
+# design_files MACHINE VIRTUAL_ETHERNET: the host files of DESIGN.md
+# section 5, by hand, as the activator is to render them (no GPU, no extra
+# devices; VirtualEthernet=no is production's host network, yes the test's
+# private veth): the .nspawn file, the systemd-nspawn@ drop-in, the
+# host-rendered files bound read-only and the node state bound read-write.
 design_files() {
-  local m=$1
+  local m=$1 veth=$2
   mkdir -p "$OUTER/etc/systemd/nspawn" "$OUTER/etc/systemd/system/systemd-nspawn@$m.service.d" \
     "$OUTER/etc/kubeslot/host/$m" "$OUTER/var/lib/kubeslot/node/kubelet" "$OUTER/var/lib/kubeslot/node/containerd"
   echo "host-rendered for $m" >"$OUTER/etc/kubeslot/host/$m/marker"
@@ -384,7 +385,7 @@ PrivateUsers=no
 SystemCallFilter=@keyring bpf perf_event_open
 
 [Network]
-VirtualEthernet=yes
+VirtualEthernet=$veth
 
 [Files]
 BindReadOnly=/lib/modules
@@ -415,7 +416,8 @@ scenario_design_files() {
   local m got
   [ -d "$OUTER/var/lib/machines/kube1" ] || node_tree_fill "$OUTER/var/lib/machines/kube1" "$NODE_TAR" "$WORK/kubelet/v1/kubelet"
   [ -d "$OUTER/var/lib/machines/kube2" ] || node_tree_fill "$OUTER/var/lib/machines/kube2" "$NODE_TAR" "$WORK/kubelet/v2/kubelet"
-  for m in kube1 kube2; do design_files "$m"; done
+  design_files kube1 no
+  design_files kube2 yes
   got=$(outer systemctl show systemd-nspawn@kube1.service -p Restart -p RestartUSec -p StartLimitIntervalUSec --value | paste -sd' ')
   check_eq "drop-in: Restart RestartSec StartLimitIntervalSec" "$got" "on-failure 10s 0" || return 1
   check "drop-in: environment" bash -c "nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl show systemd-nspawn@kube1.service -p Environment | grep -q 'SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 SYSTEMD_NSPAWN_API_VFS_WRITABLE=network'" || return 1
@@ -424,11 +426,23 @@ scenario_design_files() {
   expect_running kube1 v1.35.0-e2e.1 || return 1
   got=$(outer systemd-run -M kube1 --quiet --wait --pipe sh -c 'cat /etc/kubeslot/host/marker; touch /etc/kubeslot/host/x 2>/dev/null && echo writable || echo read-only; echo state-from-kube1 >/var/lib/kubelet/identity; stat -fc %T /sys/fs/cgroup' </dev/null | paste -sd' ')
   check_eq "kube1 sees host files read-only, cgroup fs" "$got" "host-rendered for kube1 read-only cgroup2fs" || return 1
+  # VirtualEthernet=no in the file wins over the stock unit's --network-veth:
+  # kube1 shares the outer's network namespace, and its kubelet answers on
+  # the outer's own 127.0.0.1:10248 (what a host-side health gate probes).
+  local leader
+  leader=$(outer machinectl show kube1 -p Leader --value)
+  check_eq "kube1 network namespace (VirtualEthernet=no)" "$(outer readlink "/proc/$leader/ns/net")" "$(outer readlink /proc/1/ns/net)" || return 1
+  check_eq "kube1 /healthz from the outer's own 127.0.0.1:10248" "$(outer /usr/local/bin/e2e-probe --probe /healthz 2>&1)" ok || return 1
   check "kube1 stops" machine_stop kube1 || return 1
   outer systemctl start systemd-nspawn@kube2.service
   expect_running kube2 v1.35.1-e2e.2 || return 1
   got=$(outer systemd-run -M kube2 --quiet --wait --pipe cat /var/lib/kubelet/identity /etc/kubeslot/host/marker </dev/null | paste -sd' ')
   check_eq "kube2 keeps kube1's node state, sees its own host files" "$got" "state-from-kube1 host-rendered for kube2" || return 1
+  # VirtualEthernet=yes: a private namespace; the outer's 127.0.0.1:10248
+  # does not reach kube2's kubelet.
+  leader=$(outer machinectl show kube2 -p Leader --value)
+  check "kube2 has its own network namespace (VirtualEthernet=yes)" test "$(outer readlink "/proc/$leader/ns/net")" != "$(outer readlink /proc/1/ns/net)" || return 1
+  check "kube2's kubelet is not on the outer's 127.0.0.1:10248" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- /usr/local/bin/e2e-probe --probe /healthz >/dev/null 2>&1" || return 1
   check "kube2 stops" machine_stop kube2 || return 1
   rm -rf --one-file-system "$OUTER/var/lib/machines/kube1" "$OUTER/var/lib/machines/kube2" \
     "$OUTER/var/lib/kubeslot" "$OUTER/etc/kubeslot/host" "$OUTER"/etc/systemd/nspawn/kube?.nspawn \
