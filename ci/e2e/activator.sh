@@ -29,7 +29,7 @@ act_setup() {
 # write_config IMAGE: the activator config inside the outer host. The node
 # runs on a private veth (CNI bridges stay out of this machine's network);
 # KUBESLOT_E2E_NETWORK=host gives it the outer's (= this machine's) network,
-# as production does. The health gate: 2 good probes 500 ms apart within 30 s.
+# as production does. The health gate: 2 good probes 500 ms apart within 20 s.
 write_config() {
   local image=$1 trust
   if [ "${SIGNED:-0}" = 1 ]; then
@@ -54,7 +54,7 @@ write_config() {
     gpu: "off",
     network: $network,
     nameservers: ["192.0.2.53"],
-    health: {timeout_secs: 30, successes: 2, interval_ms: 500}
+    health: {timeout_secs: 20, successes: 2, interval_ms: 500}
   }' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
