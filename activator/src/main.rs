@@ -14,6 +14,8 @@ enum Cli {
     Version,
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
+    // about text: the doc comment of `cli::render::Args`
+    Render(cli::render::Args),
 }
 
 fn main() {
@@ -23,6 +25,7 @@ fn main() {
             Ok(())
         }
         Cli::Unpack(args) => cli::unpack::run(args),
+        Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -2,4 +2,5 @@
 //! The work lives in the library; these modules only turn arguments into a
 //! library call and print its result.
 
+pub mod render;
 pub mod unpack;
