@@ -40,7 +40,7 @@ use crate::config::{Config, ConfigError, Health};
 use crate::digest::Digest;
 use crate::failpoint;
 use crate::health::{self, Check, Failure, Gate};
-use crate::layout::{write_atomic, LayoutError};
+use crate::layout::LayoutError;
 use crate::lock::{Lock, LockError};
 use crate::oci::Platform;
 use crate::paths::Root;
@@ -357,21 +357,6 @@ pub fn load_slot_config(root: &Root, slot: Slot) -> Result<Config, ActivateError
     })
 }
 
-fn save_slot_config(root: &Root, slot: Slot, config: &Config) -> Result<(), ActivateError> {
-    let path = root.slot_inputs(slot.machine());
-    let io = |reason: String| ActivateError::SlotConfig {
-        path: path.clone(),
-        reason,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| io(e.to_string()))?;
-    }
-    let mut bytes = serde_json::to_vec_pretty(config).expect("config serialises");
-    bytes.push(b'\n');
-    // write_atomic's temp file is 0600: the config may hold a bootstrap token.
-    write_atomic(&path, &bytes).map_err(|e| io(e.to_string()))
-}
-
 impl Host<'_> {
     fn save(&self, state: &State) -> Result<(), ActivateError> {
         Ok(state.save(self.root)?)
@@ -425,7 +410,7 @@ impl Host<'_> {
             }
         }
         report.phase("render");
-        save_slot_config(self.root, to, config)?;
+        render::save_inputs(self.root, to, config)?;
         self.write_files(&render::render(config, to, facts))?;
         failpoint::hit("after-render");
         *state.slot_mut(to) = SlotState {

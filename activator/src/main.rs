@@ -20,6 +20,8 @@ enum Cli {
     Status(cli::status::Args),
     Rollback(cli::rollback::Args),
     Wait(cli::wait::Args),
+    // about text: the doc comment of `cli::render::Args`
+    Render(cli::render::Args),
 }
 
 fn main() {
@@ -34,6 +36,7 @@ fn main() {
         Cli::Status(args) => cli::status::run(args),
         Cli::Rollback(args) => cli::rollback::run(args),
         Cli::Wait(args) => cli::wait::run(args),
+        Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -4,6 +4,7 @@
 
 pub mod activate;
 pub mod plan;
+pub mod render;
 pub mod rollback;
 pub mod status;
 pub mod unpack;
