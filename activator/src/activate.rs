@@ -67,6 +67,14 @@ pub enum ActivateError {
     State(#[from] StateError),
     #[error(transparent)]
     Render(#[from] RenderError),
+    /// The config names host facts that cannot be gathered (CA file,
+    /// devices, DNS, GPUs).
+    #[error("config {config}: {source}")]
+    Facts {
+        config: PathBuf,
+        #[source]
+        source: RenderError,
+    },
     #[error(transparent)]
     Stage(#[from] StageError),
     #[error(transparent)]
@@ -113,7 +121,7 @@ impl ActivateError {
     /// The process exit code (see [`crate::report::exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {
-            ActivateError::Config(_) => exit::CONFIG,
+            ActivateError::Config(_) | ActivateError::Facts { .. } => exit::CONFIG,
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::Bad { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
@@ -226,7 +234,7 @@ fn run_activate(
     report.phase("config");
     let config = Config::load(config_path)?;
     report.image = Some(config.image.to_string());
-    let facts = render::gather(root, &config)?;
+    let facts = gather(root, config_path, &config)?;
 
     report.phase("resolve");
     let digest = resolve(root, &config)?;
@@ -308,6 +316,13 @@ fn run_rollback(
     )?;
     report.outcome = Some(Outcome::Committed);
     Ok(())
+}
+
+fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts, ActivateError> {
+    render::gather(root, config).map_err(|source| ActivateError::Facts {
+        config: config_path.to_path_buf(),
+        source,
+    })
 }
 
 /// Resolves the configured reference once and checks the trust policy.
@@ -658,7 +673,7 @@ pub struct Preview {
 pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, ActivateError> {
     let state = State::load(root)?;
     let config = Config::load(config_path)?;
-    let facts = render::gather(root, &config)?;
+    let facts = gather(root, config_path, &config)?;
     let digest = resolve(root, &config)?;
     let inputs = inputs_hash(&config, &facts);
     let current = state
