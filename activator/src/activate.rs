@@ -694,3 +694,349 @@ pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, 
         diffs,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! The flip engine against a recording fake of the systemd trait; the
+    //! black-box tests (`tests/host.rs`) run the binary with fake tools.
+
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use crate::layout::Layout;
+    use crate::oci::{
+        Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
+        MEDIA_TYPE_MANIFEST,
+    };
+
+    /// Records every call; a started machine is healthy unless its tree's
+    /// `etc/fixture-health` says otherwise; the kubelet endpoint is served
+    /// by a thread answering from `healthy`.
+    struct Fake {
+        root: Root,
+        calls: RefCell<Vec<String>>,
+        active: RefCell<BTreeSet<String>>,
+        healthy: Arc<AtomicBool>,
+        fail_stop: bool,
+        fail_start: bool,
+        gpu_visible: bool,
+    }
+
+    impl Fake {
+        fn new(root: &Root) -> (Fake, String) {
+            let healthy = Arc::new(AtomicBool::new(false));
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}/healthz", l.local_addr().unwrap());
+            let h = healthy.clone();
+            std::thread::spawn(move || {
+                for s in l.incoming() {
+                    let Ok(mut s) = s else { continue };
+                    let mut buf = [0u8; 512];
+                    let _ = s.read(&mut buf);
+                    let answer: &[u8] = if h.load(Ordering::SeqCst) {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    } else {
+                        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+                    };
+                    let _ = s.write_all(answer);
+                }
+            });
+            let fake = Fake {
+                root: root.clone(),
+                calls: RefCell::default(),
+                active: RefCell::default(),
+                healthy,
+                fail_stop: false,
+                fail_start: false,
+                gpu_visible: true,
+            };
+            (fake, url)
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.borrow().clone()
+        }
+
+        fn failed(&self, command: &str) -> SystemdError {
+            SystemdError::Failed {
+                command: command.into(),
+                status: "exit status: 1".into(),
+                stderr: "fake failure".into(),
+            }
+        }
+    }
+
+    impl Systemd for Fake {
+        fn daemon_reload(&self) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push("daemon-reload".into());
+            Ok(())
+        }
+
+        fn start(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("start {unit}"));
+            if self.fail_start {
+                return Err(self.failed(&format!("systemctl start {unit}")));
+            }
+            let machine = unit
+                .trim_start_matches("systemd-nspawn@")
+                .trim_end_matches(".service");
+            let health =
+                std::fs::read_to_string(self.root.machine_tree(machine).join("etc/fixture-health"))
+                    .unwrap_or_default();
+            self.healthy.store(health == "healthy", Ordering::SeqCst);
+            self.active.borrow_mut().insert(unit.into());
+            Ok(())
+        }
+
+        fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("stop {unit}"));
+            if self.fail_stop {
+                return Err(self.failed(&format!("systemctl stop {unit}")));
+            }
+            if self.active.borrow_mut().remove(unit) {
+                self.healthy.store(false, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+
+        fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+            Ok(self.active.borrow().contains(unit))
+        }
+
+        fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
+            self.calls
+                .borrow_mut()
+                .push(format!("run {machine} {}", argv.join(" ")));
+            Ok(self.gpu_visible)
+        }
+    }
+
+    fn tar_gz(files: &[(&str, &[u8])]) -> (Vec<u8>, Digest) {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        let tar = b.into_inner().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar).unwrap();
+        (gz.finish().unwrap(), Digest::of(&tar))
+    }
+
+    /// A one-layer image in a new layout; its machine is `health`.
+    fn image(dir: &Path, health: &str) -> Digest {
+        let layout = Layout::create(dir).unwrap();
+        let (blob, diff_id) = tar_gz(&[("etc/fixture-health", health.as_bytes())]);
+        let layer = layout.blobs().put_bytes(&blob).unwrap();
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": Platform::host().architecture, "os": "linux", "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }))
+        .unwrap();
+        let cd = layout.blobs().put_bytes(&config).unwrap();
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
+            "config": Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
+            "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
+        }))
+        .unwrap();
+        let md = layout.blobs().put_bytes(&manifest).unwrap();
+        let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, md, manifest.len() as u64);
+        desc.annotations
+            .insert(ANNOTATION_REF_NAME.into(), "t".into());
+        layout
+            .write_index(&Index {
+                schema_version: 2,
+                media_type: Some(MEDIA_TYPE_INDEX.into()),
+                manifests: vec![desc],
+                annotations: Default::default(),
+            })
+            .unwrap();
+        md
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        root: Root,
+        config: PathBuf,
+    }
+
+    fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake, Digest) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("root"));
+        let digest = image(&dir.path().join("img"), health);
+        let (fake, served) = Fake::new(&root);
+        let config = dir.path().join("activator.json");
+        std::fs::write(
+            &config,
+            serde_json::to_vec(&serde_json::json!({
+                "image": format!("oci:{}", dir.path().join("img").display()),
+                "trust": {"allow_unsigned": true},
+                "kubelet": {
+                    "api_server": "https://10.0.0.1:6443",
+                    "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                    "bootstrap_token": "abcdef.0123456789abcdef",
+                    "node_name": "node-a",
+                },
+                "gpu": gpu,
+                "nameservers": ["192.0.2.53"],
+                "health": {"timeout_secs": 1, "successes": 2, "interval_ms": 20,
+                           "kubelet_healthz_url": url.unwrap_or(&served)},
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        (
+            Setup {
+                _dir: dir,
+                root,
+                config,
+            },
+            fake,
+            digest,
+        )
+    }
+
+    fn run(s: &Setup, fake: &Fake) -> Report {
+        let ran = activate(&s.root, &s.config, fake, &Options::default());
+        ran.saved.unwrap();
+        ran.report
+    }
+
+    #[test]
+    fn first_activation_commits_and_records_every_step() {
+        let (s, fake, digest) = setup("healthy", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(
+            (r.exit_code, r.outcome),
+            (0, Some(Outcome::Committed)),
+            "{r:?}"
+        );
+        assert_eq!(
+            fake.calls(),
+            ["daemon-reload", "start systemd-nspawn@kube1.service"]
+        );
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube1).digest, Some(digest));
+        assert!(files_current(
+            &s.root,
+            &load_slot_config(&s.root, Slot::Kube1).unwrap(),
+            Slot::Kube1,
+            &render::gather(&s.root, &Config::load(&s.config).unwrap()).unwrap()
+        ));
+        // again: nothing to do, nothing called
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::UpToDate));
+        assert_eq!(fake.calls().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_start_rolls_back_with_the_check_named() {
+        let (s, mut fake, digest) = setup("healthy", None, "off");
+        fake.fail_start = true;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK);
+        assert!(r.error.as_deref().unwrap().contains("unit-start"), "{r:?}");
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, None);
+        assert!(st.bad[0].reason.starts_with("unit-start"));
+        assert_eq!(st.bad[0].digest, digest);
+        // --force tries it again
+        fake.fail_start = false;
+        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    }
+
+    #[test]
+    fn a_failed_stop_of_the_old_machine_does_not_use_up_the_try() {
+        let (s, mut fake, digest) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).exit_code, 0);
+        // new host settings (a label) make a flip with the same image
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["kubelet"]["labels"] = serde_json::json!({"pool": "b"});
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+        fake.fail_stop = true;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::FAILED);
+        assert!(r
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("systemctl stop systemd-nspawn@kube1.service"));
+        let st = State::load(&s.root).unwrap();
+        assert!(st.pending.is_none() && st.bad.is_empty(), "{st:?}");
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube2).status, SlotStatus::Staged);
+        // the next run reuses the staged slot: no download, no restage
+        fake.fail_stop = false;
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(r.downloads.is_none());
+        assert_eq!(
+            State::load(&s.root).unwrap().slot(Slot::Kube2).digest,
+            Some(digest)
+        );
+    }
+
+    #[test]
+    fn bound_gpus_must_be_visible_inside_the_machine() {
+        let (s, mut fake, _) = setup("healthy", None, "on");
+        crate::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
+        crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
+        let ldconfig = s.root.ldconfig();
+        std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+        std::fs::write(&ldconfig, "#!/bin/sh\necho '0 libs found in cache'\n").unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        fake.gpu_visible = false;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");
+        assert!(r.error.as_deref().unwrap().contains("gpu-devices"), "{r:?}");
+        assert!(fake
+            .calls()
+            .contains(&"run kube1 test -c /dev/nvidia0".to_string()));
+
+        fake.gpu_visible = true;
+        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    }
+
+    #[test]
+    fn a_second_run_is_refused_while_one_holds_the_lock() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        let held = Lock::try_exclusive(&s.root).unwrap();
+        let ran = activate(&s.root, &s.config, &fake, &Options::default());
+        assert_eq!(ran.report.exit_code, exit::BUSY);
+        assert!(!s.root.report_file().exists());
+        assert!(fake.calls().is_empty());
+        drop(held);
+    }
+
+    #[test]
+    fn an_unhealthy_first_machine_leaves_nothing_running() {
+        let (s, fake, _) = setup("never", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK);
+        let e = r.error.unwrap();
+        assert!(
+            e.contains("kubelet-healthz") && e.contains("no machine"),
+            "{e}"
+        );
+        assert!(fake.active.borrow().is_empty());
+    }
+}
