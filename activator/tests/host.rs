@@ -162,13 +162,14 @@ fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
     digest
 }
 
-/// Three images in one layout: v1 and v2 healthy, v3 never healthy.
+/// Four images in one layout: v1, v2 and v4 healthy, v3 never healthy.
 struct Images {
     _dir: tempfile::TempDir,
     layout: PathBuf,
     v1: Digest,
     v2: Digest,
     v3: Digest,
+    v4: Digest,
 }
 
 fn images() -> Images {
@@ -177,12 +178,14 @@ fn images() -> Images {
     let v1 = add_image(&layout, "v1", "healthy");
     let v2 = add_image(&layout, "v2", "healthy");
     let v3 = add_image(&layout, "v3", "never");
+    let v4 = add_image(&layout, "v4", "healthy");
     Images {
         _dir: dir,
         layout,
         v1,
         v2,
         v3,
+        v4,
     }
 }
 
@@ -637,7 +640,7 @@ fn crash_at_every_failpoint_keeps_the_old_slot_and_the_next_run_converges() {
         .iter()
         .map(|f| match *f {
             "after-rollback-stop" | "after-rollback-start" => (*f, "v3"),
-            _ => (*f, "v2"),
+            _ => (*f, "v4"),
         })
         .collect();
     // Two at a time: each host is independent (own root, port, fake).
@@ -652,11 +655,18 @@ fn crash_at_every_failpoint_keeps_the_old_slot_and_the_next_run_converges() {
 }
 
 fn crash_case(img: &Images, fp: &str, tag: &str) {
+    // kube2 runs v2, kube1 keeps v1 as the previous node: the crashing run
+    // stages over a slot the state vouches for, so a state that says more
+    // than the tree holds would show.
     let h = Host::new(img);
     let (code, _, err) = h.activate();
     assert_eq!(code, 0, "{fp}: setup: {err}");
-    let old = h.slot_snapshot(Slot::Kube1);
-    let want = if tag == "v2" { img.v2 } else { img.v3 };
+    h.set_config("v2", serde_json::json!({}));
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{fp}: setup: {err}");
+    let (old, new) = (Slot::Kube2, Slot::Kube1);
+    let old_files = h.slot_snapshot(old);
+    let want = if tag == "v4" { img.v4 } else { img.v3 };
 
     h.set_config(tag, serde_json::json!({}));
     let out = h.run(&["activate"], Some(fp));
@@ -667,17 +677,35 @@ fn crash_case(img: &Images, fp: &str, tag: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     // The old slot's tree and files are untouched whatever was hit; the
-    // state names kube1 active, unless the new slot was already committed.
-    assert_eq!(h.slot_snapshot(Slot::Kube1), old, "{fp}: old slot changed");
+    // state names it active, unless the new slot was already committed.
+    assert_eq!(h.slot_snapshot(old), old_files, "{fp}: old slot changed");
     let s = h.state();
-    assert_eq!(s.slot(Slot::Kube1).digest, Some(img.v1), "{fp}");
+    assert_eq!(s.slot(old).digest, Some(img.v2), "{fp}");
     match s.active {
-        Some(Slot::Kube1) => assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Active, "{fp}"),
-        Some(Slot::Kube2) => {
+        Some(a) if a == old => assert_eq!(s.slot(old).status, SlotStatus::Active, "{fp}"),
+        Some(_) => {
             assert_eq!(fp, "after-commit", "{fp}: committed too early");
-            assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Previous);
+            assert_eq!(s.slot(old).status, SlotStatus::Previous);
         }
         None => panic!("{fp}: no active slot"),
+    }
+    // The state never claims more than the new slot's tree holds.
+    let claimed = match s.slot(new).digest {
+        Some(d) if d == img.v1 => Some("kubelet v1\n"),
+        Some(d) if d == want => Some(if tag == "v4" {
+            "kubelet v4\n"
+        } else {
+            "kubelet v3\n"
+        }),
+        Some(d) => panic!("{fp}: {new} claims {d}"),
+        None => None,
+    };
+    if let Some(v) = claimed {
+        assert_eq!(
+            h.tree_version(new),
+            v,
+            "{fp}: {new} holds something else than {s:?}"
+        );
     }
 
     // The next run (same config) converges.
@@ -693,19 +721,20 @@ fn crash_case(img: &Images, fp: &str, tag: &str) {
     let running = h.running();
     assert_eq!(running.len(), 1, "{fp}: running {running:?}");
     assert_eq!(s.active, Some(running[0]), "{fp}");
-    if s.active == Some(Slot::Kube2) {
+    if s.active == Some(new) {
         // committed: the new image runs, the old slot is kept
         assert_eq!(code, 0, "{fp}: {err}\n{r:#}");
-        assert_eq!(s.slot(Slot::Kube2).digest, Some(want), "{fp}");
-        assert_eq!(tag, "v2", "{fp}: the unhealthy image was committed");
-        assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Previous, "{fp}");
-        assert_eq!(h.slot_snapshot(Slot::Kube1), old, "{fp}");
+        assert_eq!(s.slot(new).digest, Some(want), "{fp}");
+        assert_eq!(tag, "v4", "{fp}: the unhealthy image was committed");
+        assert_eq!(h.tree_version(new), "kubelet v4\n", "{fp}");
+        assert_eq!(s.slot(old).status, SlotStatus::Previous, "{fp}");
+        assert_eq!(h.slot_snapshot(old), old_files, "{fp}");
     } else {
         // cleanly rolled back: the old machine runs, the image is bad
-        assert_eq!(s.active, Some(Slot::Kube1), "{fp}");
+        assert_eq!(s.active, Some(old), "{fp}");
         assert!(s.bad.iter().any(|b| b.digest == want), "{fp}: {s:?}");
         assert!([2, 4].contains(&code), "{fp}: exit {code}: {err}\n{r:#}");
-        assert_eq!(h.slot_snapshot(Slot::Kube1), old, "{fp}");
+        assert_eq!(h.slot_snapshot(old), old_files, "{fp}");
     }
     // Boundaries that leave a pending flip or a dirty slot are recovered
     // (and the report says how) before anything else.
