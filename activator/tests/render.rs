@@ -553,6 +553,16 @@ fn refusals_name_what_is_wrong() {
     assert!(e.contains("kubelet.labels") && e.contains("\"a b\""), "{e}");
 
     let mut c = config_with("off");
+    c.kubelet
+        .labels
+        .insert("node-role.kubernetes.io/worker".into(), "".into());
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("node-role.kubernetes.io/worker") && e.contains("may not set"),
+        "{e}"
+    );
+
+    let mut c = config_with("off");
     c.kubelet.taints = vec!["dedicated=x:Sometimes".into()];
     let e = render::gather(&host.root, &c).unwrap_err().to_string();
     assert!(e.contains("kubelet.taints"), "{e}");
@@ -666,6 +676,24 @@ fn render_rewrites_and_reloads_only_when_devices_change() {
     assert!(!host
         .read("etc/systemd/nspawn/kube1.nspawn")
         .contains("nvidia"));
+
+    // a drifted mode of the credential's dir is repaired, nothing rewritten
+    fs::set_permissions(
+        host.path("etc/kubeslot/host/kube1"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    assert_eq!(
+        ok(host.render(&["kube1"])).trim(),
+        "kube1: host files unchanged"
+    );
+    assert_eq!(
+        fs::metadata(host.path("etc/kubeslot/host/kube1"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o700
+    );
 
     // a kubelet setting changes host files only: no reload needed
     host.write_config(&CLI_CONFIG.replace("LABEL", "b"));
@@ -848,4 +876,110 @@ fn render_help_snapshot() {
     let want =
         fs::read_to_string(&golden).expect("golden file (KUBESLOT_UPDATE_GOLDEN=1 creates it)");
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
+
+// ---------------------------------------------------------------------------
+// systemd's own parsers accept the golden files
+
+/// Every golden scenario's `.nspawn` file goes through `systemd-nspawn`'s
+/// settings parser (a settings file beside an empty directory: nspawn parses
+/// it, then refuses the directory), and its drop-in and render unit through
+/// `systemd-analyze verify` on the stock `systemd-nspawn@.service`. Any
+/// unknown key, wrong section or malformed bind is a warning line: none may
+/// appear. The golden files equal the rendered output (the tests above), so
+/// this checks what `render` writes.
+#[test]
+fn golden_files_pass_systemds_own_parsers() {
+    let nspawn = kubeslot_test_support::require_tool("systemd-nspawn", "systemd-container");
+    let analyze = kubeslot_test_support::require_tool("systemd-analyze", "systemd");
+    let stock = Path::new("/lib/systemd/system/systemd-nspawn@.service");
+    assert!(
+        stock.exists(),
+        "{} is missing: install it with `apt-get install systemd-container`",
+        stock.display()
+    );
+    let mut checked = 0;
+    for scenario in fs::read_dir(testdata("render")).unwrap() {
+        let files = scenario.unwrap().path().join("files");
+        let machine = if files.join("etc/systemd/nspawn/kube2.nspawn").exists() {
+            "kube2"
+        } else {
+            "kube1"
+        };
+        let work = tempfile::tempdir().unwrap();
+
+        // the .nspawn file
+        fs::create_dir(work.path().join(machine)).unwrap();
+        fs::copy(
+            files.join(format!("etc/systemd/nspawn/{machine}.nspawn")),
+            work.path().join(format!("{machine}.nspawn")),
+        )
+        .unwrap();
+        let out = Command::new(&nspawn)
+            .args([
+                "--settings=trusted",
+                "--register=no",
+                "--keep-unit",
+                "-q",
+                "-D",
+            ])
+            .arg(work.path().join(machine))
+            .arg("/bin/true")
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success());
+        let complaints: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.contains("doesn't look like it has an OS tree"))
+            .collect();
+        assert!(
+            complaints.is_empty() && err.contains("doesn't look like it has an OS tree"),
+            "{}: systemd-nspawn complains about the settings file:\n{err}",
+            files.display()
+        );
+
+        // the drop-in on the stock unit, and the render unit
+        let units = work.path().join("units");
+        let dropin_dir = format!("systemd-nspawn@{machine}.service.d");
+        fs::create_dir_all(units.join(&dropin_dir)).unwrap();
+        fs::copy(
+            stock,
+            units.join(format!("systemd-nspawn@{machine}.service")),
+        )
+        .unwrap();
+        fs::copy(
+            files
+                .join("etc/systemd/system")
+                .join(&dropin_dir)
+                .join("override.conf"),
+            units.join(&dropin_dir).join("override.conf"),
+        )
+        .unwrap();
+        // the installed binary path does not exist here; verify checks it
+        let render_unit =
+            fs::read_to_string(files.join("etc/systemd/system/kubeslot-render@.service"))
+                .unwrap()
+                .replace("/usr/local/bin/kubeslot-activator", BIN);
+        fs::write(
+            units.join(format!("kubeslot-render@{machine}.service")),
+            render_unit,
+        )
+        .unwrap();
+        let out = Command::new(&analyze)
+            .arg("verify")
+            .arg(units.join(format!("systemd-nspawn@{machine}.service")))
+            .arg(units.join(format!("kubeslot-render@{machine}.service")))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{}: systemd-analyze verify: {}\n{}",
+            files.display(),
+            out.status,
+            stderr(&out)
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "one check per golden scenario");
 }
