@@ -38,11 +38,10 @@ impl std::fmt::Debug for Credentials {
 /// Why credentials could not be read; names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum CredsError {
-    #[error("credentials file {path}: {source}")]
+    #[error("credentials file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("credentials file {path}: {reason}")]
     Format { path: PathBuf, reason: String },
@@ -84,7 +83,7 @@ pub fn lookup(registry: &str, creds_file: Option<&Path>) -> Result<Credentials, 
 fn read(path: &Path) -> Result<String, CredsError> {
     std::fs::read_to_string(path).map_err(|source| CredsError::Read {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })
 }
 

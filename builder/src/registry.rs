@@ -86,13 +86,12 @@ pub enum RegistryError {
         actual: Digest,
         size: u64,
     },
-    #[error("{repository}: reading blob {digest} from {path}: {source}")]
+    #[error("{repository}: reading blob {digest} from {path}: {error}")]
     Local {
         repository: String,
         digest: Digest,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{repository}: manifest {reference}: {reason}")]
     Manifest {
@@ -266,7 +265,7 @@ impl Remote {
                 repository: self.name(),
                 digest: *digest,
                 path: path.to_path_buf(),
-                source,
+                error: source,
             })?;
         let stream = futures_util::stream::unfold(file, |mut f| async move {
             use tokio::io::AsyncReadExt as _;
@@ -398,7 +397,7 @@ impl Remote {
             repository: self.name(),
             digest: *digest,
             path: path.to_path_buf(),
-            source,
+            error: source,
         };
         let dir = blobs.root().join("sha256");
         let mut tmp = tempfile::Builder::new()

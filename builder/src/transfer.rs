@@ -60,11 +60,10 @@ pub enum TransferError {
         expected: Digest,
         actual: String,
     },
-    #[error("{destination}: {source}")]
+    #[error("{destination}: {error}")]
     Signature {
         destination: String,
-        #[source]
-        source: SignatureError,
+        error: SignatureError,
     },
 }
 
@@ -310,7 +309,7 @@ impl Staged {
                         verify_layout(&layout, &self.graph()?.manifest_digests(), keys).map_err(
                             |source| TransferError::Signature {
                                 destination: dst.to_string(),
-                                source,
+                                error: source,
                             },
                         )?;
                 }
@@ -333,7 +332,7 @@ impl Staged {
                         verify_layout(&layout, &self.graph()?.manifest_digests(), keys).map_err(
                             |source| TransferError::Signature {
                                 destination: dst.to_string(),
-                                source,
+                                error: source,
                             },
                         )?;
                 }
@@ -415,7 +414,8 @@ impl Staged {
             });
         }
         if let Some(keys) = verify_keys {
-            for d in graph.manifest_digests() {
+            // The root first: its error names the image the user asked for.
+            for d in graph.manifest_digests().into_iter().rev() {
                 verify_remote(remote, d, keys).await?;
                 report.verified.push(d);
             }
@@ -715,7 +715,8 @@ pub fn verify_layout(
         path: layout.dir().join("index.json"),
         reason: e.to_string(),
     })?;
-    for &digest in digests {
+    // The root (last) first: its error names the image the user asked for.
+    for &digest in digests.iter().rev() {
         let tag = digest.attachment_tag("sig");
         let sig = index
             .manifests
@@ -751,7 +752,7 @@ pub async fn verify_remote(
     let tag = digest.attachment_tag("sig");
     let sig_err = |source| TransferError::Signature {
         destination: remote.name(),
-        source,
+        error: source,
     };
     let Some(raw) = remote.pull_manifest(&tag).await? else {
         return Err(sig_err(SignatureError::Missing { digest }));

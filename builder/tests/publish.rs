@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kubeslot_activator::layout::Layout;
 use kubeslot_activator::oci::{
     Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_REF_NAME,
-    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_TAR, MEDIA_TYPE_MANIFEST,
+    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_MANIFEST,
 };
 use kubeslot_activator::Digest;
 use kubeslot_test_support::{require_tool, Registry};
@@ -68,7 +68,7 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A tar layer holding one file of `len` noise bytes.
+/// A tar holding one file of `len` noise bytes.
 fn layer(seed: u64, len: usize) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     let mut h = tar::Header::new_gnu();
@@ -88,10 +88,19 @@ fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, V
     let mut entries = Vec::new();
     for (p, arch) in ["amd64", "arm64"].iter().enumerate() {
         let mut descs = Vec::new();
+        let mut diff_ids = Vec::new();
         for (i, size) in layers.iter().enumerate() {
-            let bytes = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
+            let tar = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
+            diff_ids.push(Digest::of(&tar));
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, &tar).unwrap();
+            let bytes = gz.finish().unwrap();
             let d = layout.blobs().put_bytes(&bytes).unwrap();
-            descs.push(Descriptor::new(MEDIA_TYPE_LAYER_TAR, d, bytes.len() as u64));
+            descs.push(Descriptor::new(
+                MEDIA_TYPE_LAYER_GZIP,
+                d,
+                bytes.len() as u64,
+            ));
         }
         let config = ImageConfig {
             created: Some("2024-01-01T00:00:00Z".into()),
@@ -101,7 +110,7 @@ fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, V
             config: None,
             rootfs: RootFs {
                 kind: "layers".into(),
-                diff_ids: descs.iter().map(|d| d.digest).collect(),
+                diff_ids,
             },
             history: vec![],
         };
@@ -215,6 +224,7 @@ fn push_pull_back_sign_and_sigstore_verifies() {
     skopeo(&[
         "copy",
         "--all",
+        "--preserve-digests",
         "--src-tls-verify=false",
         &format!("docker://{image}"),
         &format!("oci:{}:v1", p(&back)),
@@ -520,6 +530,7 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
     skopeo(&[
         "copy",
         "--all",
+        "--preserve-digests",
         "--src-tls-verify=false",
         &format!("docker://{image}"),
         &format!("oci:{}:v1", p(&back)),
