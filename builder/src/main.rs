@@ -1,5 +1,6 @@
-//! `kubeslot-builder`: parse the command line, dispatch to one module per
-//! subcommand (`cmd/`), print the error chain once.
+//! `kubeslot-builder`: parse the command line, build the tokio runtime,
+//! dispatch to one module per subcommand (`cmd/`), print the error chain
+//! once and exit 1 on failure. The work lives in the modules below.
 
 mod assemble;
 mod cmd;
@@ -7,6 +8,7 @@ mod creds;
 mod debian;
 mod fetch;
 mod output;
+mod progress;
 mod recipe;
 mod registry;
 mod rootfs;
@@ -14,20 +16,27 @@ mod sbom;
 mod sign;
 mod transfer;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Build, sign and publish reproducible kubeslot node images.
 #[derive(Parser)]
 #[command(name = "kubeslot-builder", version, about)]
 struct Cli {
     #[command(flatten)]
-    global: cmd::Global,
+    global: cmd::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(clap::Subcommand)]
+#[derive(Subcommand)]
 enum Command {
+    /// Build a recipe into an OCI image layout or oci-archive.
+    Build(cmd::build::Args),
+    /// Parse and validate a recipe without touching the network.
+    Check(cmd::check::Args),
+    /// (benchmark) Write one deterministic layer from a directory tree.
+    #[command(hide = true)]
+    BenchLayer(cmd::build::BenchLayerArgs),
     /// Print the version and exit.
     Version,
     Push(cmd::push::PushArgs),
@@ -37,40 +46,39 @@ enum Command {
     Sbom(cmd::sbom::SbomArgs),
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<()> {
-    let g = &cli.global;
-    match cli.command {
-        Command::Version => {
-            println!("{}", env!("CARGO_PKG_VERSION"));
-            Ok(())
-        }
-        Command::Push(a) => cmd::push::run(a, g).await,
-        Command::Keygen(a) => cmd::keygen::run(a, g).await,
-        Command::Sign(a) => cmd::sign::run(a, g).await,
-        Command::Copy(a) => cmd::copy::run(a, g).await,
-        Command::Sbom(a) => cmd::sbom::run(a, g).await,
-    }
-}
-
-fn main() -> std::process::ExitCode {
+fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("error,kubeslot_builder=warn")
-            }),
+            tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,oci_client=error")),
         )
         .with_writer(std::io::stderr)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
-        .expect("tokio runtime starts");
-    match runtime.block_on(dispatch(cli)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+        .expect("tokio runtime");
+    let global = cli.global.resolve();
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Build(args) => cmd::build::run(args, &global).await,
+            Command::Check(args) => cmd::check::run(args, &global).await,
+            Command::BenchLayer(args) => cmd::build::bench_layer(args, &global).await,
+            Command::Version => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                Ok(())
+            }
+            Command::Push(args) => cmd::push::run(args, &global).await,
+            Command::Keygen(args) => cmd::keygen::run(args, &global).await,
+            Command::Sign(args) => cmd::sign::run(args, &global).await,
+            Command::Copy(args) => cmd::copy::run(args, &global).await,
+            Command::Sbom(args) => cmd::sbom::run(args, &global).await,
         }
+    });
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
 }
