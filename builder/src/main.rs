@@ -9,6 +9,7 @@ mod debian;
 mod fetch;
 mod output;
 mod progress;
+mod publish;
 mod recipe;
 mod registry;
 mod rootfs;
