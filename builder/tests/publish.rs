@@ -537,3 +537,137 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
     ]);
     assert_eq!(blob_set(&back), blob_set(&src));
 }
+
+/// The demo recipe, built by the binary with `--sign-key --push`: the pushed
+/// index is the built one, skopeo pulls back the same digests, sigstore-rs
+/// accepts every signature, and the SBOM (embedded and attached) validates
+/// and lists every component with its pinned sha256.
+#[test]
+fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
+    let pyspdxtools = require_tool(
+        "pyspdxtools",
+        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+    );
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(tmp.path(), "release");
+    let recipe = kubeslot_test_support::workspace_root().join("testdata/recipes/demo.toml");
+    let out = tmp.path().join("out");
+    let image = format!("{}/kube/demo:v1", reg.host());
+    let summary = run_json(&[
+        "--progress",
+        "quiet",
+        "--cache",
+        p(&tmp.path().join("cache")),
+        "build",
+        p(&recipe),
+        "--output",
+        &format!("oci:{}", p(&out)),
+        "--sign-key",
+        p(&key),
+        "--push",
+        &image,
+    ]);
+    let index: Digest = summary["index"].as_str().unwrap().parse().unwrap();
+    assert_eq!(summary["pushed"]["digest"], index.to_string());
+    // index + 2 platforms signed; each platform's .sbom attached
+    assert_eq!(summary["pushed"]["verified"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        summary["pushed"]["attachments"].as_array().unwrap().len(),
+        5
+    );
+
+    let back = tmp.path().join("back");
+    skopeo(&[
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        &format!("docker://{image}"),
+        &format!("oci:{}:v1", p(&back)),
+    ]);
+    let back_layout = Layout::open(&back).unwrap();
+    assert_eq!(back_layout.index().unwrap().manifests[0].digest, index);
+    assert!(blob_set(&back).is_subset(&blob_set(&out)));
+
+    let platforms: Vec<Descriptor> = back_layout
+        .read_json::<Index>(&index, None)
+        .unwrap()
+        .manifests;
+    for d in std::iter::once(index).chain(platforms.iter().map(|d| d.digest)) {
+        sigstore_verify(&format!("{}/kube/demo@{d}", reg.host()), &public)
+            .unwrap_or_else(|e| panic!("sigstore rejects {d}: {e}"));
+    }
+
+    // Our copy brings the .sbom attachments along; the amd64 one validates,
+    // equals the file embedded in the image, and lists every component.
+    let copied = tmp.path().join("copied");
+    run(&["copy", &image, &format!("oci:{}", p(&copied))]);
+    let copied = Layout::open(&copied).unwrap();
+    let amd64 = platforms
+        .iter()
+        .find(|d| d.platform.as_ref().unwrap().architecture == "amd64")
+        .unwrap();
+    let sbom_tag = amd64.digest.attachment_tag("sbom");
+    let entry = copied
+        .index()
+        .unwrap()
+        .manifests
+        .into_iter()
+        .find(|e| e.annotations.get(ANNOTATION_REF_NAME) == Some(&sbom_tag))
+        .expect("the .sbom attachment was copied");
+    let artifact: Manifest = copied.read_json(&entry.digest, Some(entry.size)).unwrap();
+    assert_eq!(artifact.subject.as_ref().unwrap().digest, amd64.digest);
+    let doc_bytes = copied
+        .blobs()
+        .read_verified(&artifact.layers[0].digest, None, 1 << 20)
+        .unwrap();
+    let doc_file = tmp.path().join("amd64.spdx.json");
+    std::fs::write(&doc_file, &doc_bytes).unwrap();
+    check(
+        "pyspdxtools",
+        Command::new(pyspdxtools)
+            .args(["-i", p(&doc_file)])
+            .output()
+            .unwrap(),
+    );
+
+    let manifest: Manifest = copied.read_json(&amd64.digest, None).unwrap();
+    let last = manifest.layers.last().unwrap();
+    let gz = std::fs::File::open(copied.blobs().path(&last.digest)).unwrap();
+    let mut embedded = None;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(gz));
+    for e in tar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some("usr/share/kubeslot/sbom.spdx.json") {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut v).unwrap();
+            embedded = Some(v);
+        }
+    }
+    assert_eq!(
+        embedded.as_deref(),
+        Some(&doc_bytes[..]),
+        "embedded = attached"
+    );
+
+    let spdx: serde_json::Value = serde_json::from_slice(&doc_bytes).unwrap();
+    let recipe: toml::Value = toml::from_str(&std::fs::read_to_string(&recipe).unwrap()).unwrap();
+    let components = recipe["components"].as_table().unwrap();
+    assert!(components.len() >= 5);
+    for (name, c) in components {
+        let pin = c["sha256"]["amd64"].as_str().unwrap();
+        let pkg = spdx["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("component {name} missing from the SBOM"));
+        assert_eq!(
+            pkg["checksums"][0]["checksumValue"],
+            pin.strip_prefix("sha256:").unwrap(),
+            "{name}"
+        );
+        assert_eq!(pkg["versionInfo"], c["version"].as_str().unwrap(), "{name}");
+    }
+}
