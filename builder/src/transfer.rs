@@ -17,9 +17,7 @@
 //! transfer again resumes, since existing blobs are skipped.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::Write as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use kubeslot_activator::layout::{BlobDir, Layout, LayoutError, MAX_DOCUMENT_BYTES};
 use kubeslot_activator::oci::{
@@ -53,6 +51,10 @@ pub enum TransferError {
     },
     #[error("archive {path}: {reason}")]
     Archive { path: PathBuf, reason: String },
+    #[error(transparent)]
+    ReadArchive(#[from] kubeslot_activator::archive::ArchiveError),
+    #[error(transparent)]
+    WriteArchive(#[from] crate::output::OutputError),
     #[error("{destination}: after pushing, tag {tag} resolves to {actual}, not {expected}")]
     Readback {
         destination: String,
@@ -157,8 +159,8 @@ impl Staged {
                     path: file.clone(),
                     reason: format!("cannot create a temp dir: {e}"),
                 })?;
-                extract_archive(file, tmp.path())?;
-                let layout = Layout::open(tmp.path())?;
+                // The activator's own reader: the same checks a host runs.
+                let layout = kubeslot_activator::archive::extract(file, tmp.path())?;
                 Self::from_layout(layout, tag.clone(), src.to_string(), Some(tmp))
             }
             ImageSource::Registry(image) => {
@@ -336,7 +338,7 @@ impl Staged {
                             },
                         )?;
                 }
-                write_archive(tmp.path(), file)?;
+                crate::output::write_archive(tmp.path(), file)?;
                 report.destination = dst.to_string();
                 Ok(report)
             }
@@ -781,98 +783,6 @@ pub async fn verify_remote(
     .map_err(sig_err)
 }
 
-/// Extracts an `oci-archive` (a tar of a layout) into `dest`: regular files
-/// and directories only, every name a plain relative path.
-pub fn extract_archive(file: &Path, dest: &Path) -> Result<(), TransferError> {
-    let err = |reason: String| TransferError::Archive {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let f = File::open(file).map_err(|e| err(e.to_string()))?;
-    let mut ar = tar::Archive::new(f);
-    for entry in ar.entries().map_err(|e| err(e.to_string()))? {
-        let mut entry = entry.map_err(|e| err(e.to_string()))?;
-        let path = entry.path().map_err(|e| err(e.to_string()))?.into_owned();
-        if path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(err(format!(
-                "entry {}: not a plain relative path",
-                path.display()
-            )));
-        }
-        let target = dest.join(&path);
-        match entry.header().entry_type() {
-            tar::EntryType::Directory => std::fs::create_dir_all(&target)
-                .map_err(|e| err(format!("{}: {e}", path.display())))?,
-            tar::EntryType::Regular => {
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| err(format!("{}: {e}", path.display())))?;
-                }
-                let mut out = File::options()
-                    .write(true)
-                    .create_new(true)
-                    .open(&target)
-                    .map_err(|e| err(format!("entry {}: {e}", path.display())))?;
-                std::io::copy(&mut entry, &mut out)
-                    .map_err(|e| err(format!("entry {}: {e}", path.display())))?;
-            }
-            other => {
-                return Err(err(format!(
-                    "entry {}: type {other:?} is not allowed in an oci-archive",
-                    path.display()
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Tars the layout at `dir` into `file`, deterministically (sorted names,
-/// fixed owner, mode and mtime), through a temp file renamed into place.
-pub fn write_archive(dir: &Path, file: &Path) -> Result<(), TransferError> {
-    let err = |reason: String| TransferError::Archive {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let parent = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(".tmp-archive-")
-        .tempfile_in(parent)
-        .map_err(|e| err(format!("cannot create a temp file beside it: {e}")))?;
-    let mut builder = tar::Builder::new(std::io::BufWriter::new(tmp));
-    builder.mode(tar::HeaderMode::Deterministic);
-    let mut names: Vec<PathBuf> = walkdir::WalkDir::new(dir)
-        .min_depth(1)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| e.map(|e| e.path().to_path_buf()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| err(e.to_string()))?;
-    // Layout metadata first, as skopeo writes it; then blobs.
-    names.sort_by_key(|p| (p.starts_with(dir.join("blobs")), p.clone()));
-    for path in names {
-        let rel = path.strip_prefix(dir).expect("walkdir stays under dir");
-        builder
-            .append_path_with_name(&path, rel)
-            .map_err(|e| err(format!("{}: {e}", path.display())))?;
-    }
-    let writer = builder.into_inner().map_err(|e| err(e.to_string()))?;
-    let mut tmp = writer
-        .into_inner()
-        .map_err(|e| err(e.error().to_string()))?;
-    tmp.flush().map_err(|e| err(e.to_string()))?;
-    tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
-    tmp.persist(file).map_err(|e| err(e.error.to_string()))?;
-    kubeslot_activator::layout::sync_dir(parent)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -884,39 +794,5 @@ mod tests {
         assert!(is_attachment_tag(&d.attachment_tag("sbom")));
         assert!(!is_attachment_tag(&d.attachment_tag("att")));
         assert!(!is_attachment_tag("v1"));
-    }
-
-    #[test]
-    fn archive_round_trip_and_refuses_escapes() {
-        let tmp = tempfile::tempdir().unwrap();
-        let layout = Layout::create(tmp.path().join("l")).unwrap();
-        let d = layout.blobs().put_bytes(b"{}").unwrap();
-        merge_index(&layout, vec![Descriptor::new(MEDIA_TYPE_INDEX, d, 2)]).unwrap();
-        let file = tmp.path().join("a.tar");
-        write_archive(layout.dir(), &file).unwrap();
-        let first = std::fs::read(&file).unwrap();
-        write_archive(layout.dir(), &file).unwrap();
-        assert_eq!(
-            first,
-            std::fs::read(&file).unwrap(),
-            "archives are deterministic"
-        );
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        extract_archive(&file, &out).unwrap();
-        assert!(Layout::open(&out).unwrap().blobs().contains(&d));
-
-        let evil = tmp.path().join("evil.tar");
-        let mut b = tar::Builder::new(File::create(&evil).unwrap());
-        let mut h = tar::Header::new_gnu();
-        h.set_size(1);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
-        h.set_cksum();
-        b.append(&h, &b"x"[..]).unwrap();
-        b.finish().unwrap();
-        drop(b);
-        let e = extract_archive(&evil, &out).unwrap_err().to_string();
-        assert!(e.contains("not a plain relative path"), "{e}");
     }
 }
