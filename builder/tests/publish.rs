@@ -298,6 +298,32 @@ fn push_pull_back_sign_and_sigstore_verifies() {
         stderr.contains(&format!("signature payload names digest {}", platforms[0])),
         "{stderr}"
     );
+    // A registry serving other bytes for a blob: the copy fails with one
+    // line naming the blob, and writes nothing.
+    let m: Manifest = Layout::open(&src)
+        .unwrap()
+        .read_json(&platforms[0], None)
+        .unwrap();
+    let victim = m.layers[1].digest;
+    let hex = victim.hex();
+    let data = reg
+        .storage()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(&hex)
+        .join("data");
+    let len = std::fs::metadata(&data).unwrap().len() as usize;
+    std::fs::write(&data, noise(99, len)).unwrap();
+    let dest = tmp.path().join("tampered");
+    let out = builder()
+        .args(["copy", &image, &format!("oci:{}", p(&dest))])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("blob {victim}")), "{stderr}");
+    assert!(!dest.exists(), "nothing is written from a bad source");
 }
 
 #[test]
@@ -669,5 +695,30 @@ fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
             "{name}"
         );
         assert_eq!(pkg["versionInfo"], c["version"].as_str().unwrap(), "{name}");
+    }
+}
+
+/// What users read: `--help` of the publishing subcommands (golden files
+/// under testdata/help; `UPDATE_GOLDEN=1` rewrites them).
+#[test]
+fn publishing_help_snapshots() {
+    for cmd in ["push", "sign", "keygen", "copy", "sbom"] {
+        let out = check(
+            cmd,
+            builder()
+                .args([cmd, "--help"])
+                .env("COLUMNS", "100")
+                .output()
+                .unwrap(),
+        );
+        let path = kubeslot_test_support::workspace_root()
+            .join("testdata/help")
+            .join(format!("builder-{cmd}.txt"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &out).unwrap();
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+        assert_eq!(out, want, "{} differs", path.display());
     }
 }
