@@ -109,6 +109,7 @@ pub async fn push_output(
     dest: &ImageRef,
     opts: &RegistryOptions,
     key: Option<&SigningKey>,
+    progress: &crate::progress::Progress,
 ) -> anyhow::Result<TransferReport> {
     let src = match target {
         Target::Layout { dir, .. } => ImageSource::Layout {
@@ -123,6 +124,11 @@ pub async fn push_output(
     let keys = key.map(crate::sign::trusted);
     let staged = Staged::open(&src, opts).await?;
     Ok(staged
-        .deliver(&ImageSource::Registry(dest.clone()), opts, keys.as_ref())
+        .deliver(
+            &ImageSource::Registry(dest.clone()),
+            opts,
+            keys.as_ref(),
+            progress,
+        )
         .await?)
 }

@@ -61,6 +61,8 @@ pub struct RegistryOptions {
 pub enum RegistryError {
     #[error(transparent)]
     Creds(#[from] CredsError),
+    #[error("registry {registry}: cannot reach it: {reason}")]
+    Unreachable { registry: String, reason: String },
     #[error("registry {registry}: authentication refused for {repository}: {reason}")]
     Auth {
         registry: String,
@@ -209,10 +211,16 @@ impl Remote {
             .client
             .auth(&remote.reference("latest"), &remote.auth, op)
             .await
-            .map_err(|e| RegistryError::Auth {
-                registry: image.registry.clone(),
-                repository: image.name(),
-                reason: chain(&e),
+            .map_err(|e| match e {
+                OciDistributionError::RequestError(_) => RegistryError::Unreachable {
+                    registry: image.registry.clone(),
+                    reason: chain(&e),
+                },
+                _ => RegistryError::Auth {
+                    registry: image.registry.clone(),
+                    repository: image.name(),
+                    reason: chain(&e),
+                },
             })?;
         Ok(remote)
     }

@@ -28,6 +28,7 @@ use kubeslot_activator::signature::{self, SignatureError, TrustedKeys, MAX_PAYLO
 use kubeslot_activator::{Digest, ImageRef, ImageSource};
 use serde::Serialize;
 
+use crate::progress::Progress;
 use crate::registry::{RegistryError, RegistryOptions, Remote};
 use crate::sign::Artifact;
 
@@ -295,11 +296,12 @@ impl Staged {
         dst: &ImageSource,
         opts: &RegistryOptions,
         verify_keys: Option<&TrustedKeys>,
+        progress: &Progress,
     ) -> Result<TransferReport, TransferError> {
         match dst {
             ImageSource::Registry(image) => {
                 let remote = Remote::connect(image, opts, true).await?;
-                self.push(&remote, image, verify_keys).await
+                self.push(&remote, image, verify_keys, progress).await
             }
             ImageSource::Layout { dir, tag } => {
                 let tag = tag.clone().or_else(|| self.tag.clone());
@@ -353,6 +355,7 @@ impl Staged {
         remote: &Remote,
         image: &ImageRef,
         verify_keys: Option<&TrustedKeys>,
+        progress: &Progress,
     ) -> Result<TransferReport, TransferError> {
         let graph = self.graph()?;
         let attachments = self.attachments(&graph)?;
@@ -374,10 +377,16 @@ impl Staged {
                 continue;
             }
             let path = self.layout.blobs().path(&blob.digest);
-            tracing::info!(digest = %blob.digest, size = blob.size, "uploading blob");
+            let mut task = progress.task(
+                "upload",
+                &format!("{} {}", remote.name(), blob.digest),
+                Some(blob.size),
+            );
             remote
                 .push_blob_file(&blob.digest, blob.size, &path)
                 .await?;
+            task.inc(blob.size);
+            task.finish("sent");
             report.blobs_sent.push(blob.digest);
             report.bytes_sent += blob.size;
         }

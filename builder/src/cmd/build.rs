@@ -155,6 +155,7 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
             dest,
             &args.registry,
             plan.sign_key.as_ref(),
+            &global.progress,
         )
         .await?;
         summary.lines.push(format!("pushed {pushed}"));
