@@ -225,6 +225,37 @@ impl Remote {
         Ok(remote)
     }
 
+    /// A refusal (401/403) becomes [`RegistryError::Auth`], whatever the
+    /// request was; anything else is built by `other`.
+    fn fail(
+        &self,
+        e: OciDistributionError,
+        other: impl FnOnce(String) -> RegistryError,
+    ) -> RegistryError {
+        let refused = match &e {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => true,
+            OciDistributionError::RequestError(r) => {
+                matches!(r.status().map(|s| s.as_u16()), Some(401 | 403))
+            }
+            OciDistributionError::ServerError { code, .. } => matches!(code, 401 | 403),
+            OciDistributionError::RegistryError { envelope, .. } => envelope
+                .errors
+                .iter()
+                .any(|x| matches!(x.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
+            _ => false,
+        };
+        if refused {
+            RegistryError::Auth {
+                registry: self.image.registry.clone(),
+                repository: self.name(),
+                reason: chain(&e),
+            }
+        } else {
+            other(chain(&e))
+        }
+    }
+
     /// `registry/repository`.
     pub fn name(&self) -> String {
         self.image.name()
@@ -251,10 +282,12 @@ impl Remote {
         self.client
             .blob_exists(&self.reference("latest"), &digest.to_string())
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest: *digest,
-                reason: format!("checking whether the registry has it: {}", chain(&e)),
+            .map_err(|e| {
+                self.fail(e, |r| RegistryError::Upload {
+                    repository: self.name(),
+                    digest: *digest,
+                    reason: format!("checking whether the registry has it: {r}"),
+                })
             })
     }
 
@@ -295,10 +328,12 @@ impl Remote {
                 Some(size),
             )
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest: *digest,
-                reason: chain(&e),
+            .map_err(|e| {
+                self.fail(e, |reason| RegistryError::Upload {
+                    repository: self.name(),
+                    digest: *digest,
+                    reason,
+                })
             })?;
         Ok(())
     }
@@ -313,10 +348,12 @@ impl Remote {
                 &digest.to_string(),
             )
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest,
-                reason: chain(&e),
+            .map_err(|e| {
+                self.fail(e, |reason| RegistryError::Upload {
+                    repository: self.name(),
+                    digest,
+                    reason,
+                })
             })?;
         Ok(digest)
     }
@@ -340,7 +377,7 @@ impl Remote {
         self.client
             .push_manifest_raw(&self.reference(reference), bytes.to_vec(), content_type)
             .await
-            .map_err(|e| err(format!("push refused: {}", chain(&e))))?;
+            .map_err(|e| self.fail(e, |r| err(format!("push refused: {r}"))))?;
         Ok(Digest::of(bytes))
     }
 
@@ -363,7 +400,7 @@ impl Remote {
         let bytes = match result {
             Ok((bytes, _)) => bytes.to_vec(),
             Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(err(chain(&e))),
+            Err(e) => return Err(self.fail(e, err)),
         };
         if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
             return Err(err(format!(
@@ -416,7 +453,7 @@ impl Remote {
             .client
             .pull_blob_stream(&self.reference("latest"), digest.to_string().as_str())
             .await
-            .map_err(|e| download(chain(&e)))?
+            .map_err(|e| self.fail(e, download))?
             .stream;
         let mut hasher = Hasher::new();
         while let Some(chunk) = stream.next().await {

@@ -722,3 +722,154 @@ fn publishing_help_snapshots() {
         assert_eq!(out, want, "{} differs", path.display());
     }
 }
+
+/// A `docker-registry` with htpasswd auth (user `kubeslot`, password
+/// `s3cret`, testdata/registry-auth), killed when dropped.
+struct AuthRegistry {
+    child: std::process::Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthRegistry {
+    fn start() -> AuthRegistry {
+        let bin = require_tool("docker-registry", "docker-registry");
+        let dir = tempfile::tempdir().unwrap();
+        let htpasswd =
+            kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
+        let port = kubeslot_test_support::free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("storage").display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "auth registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        AuthRegistry {
+            child,
+            host: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn credentials_refused_and_accepted_from_each_source() {
+    let reg = AuthRegistry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, _) = write_image(&src, "v1", 6, &[1000]);
+    let image = format!("{}/kube/private:v1", reg.host);
+    let push = |envs: &[(&str, &str)], extra: &[&str]| {
+        let mut c = builder();
+        c.env_remove("KUBESLOT_REGISTRY_USER")
+            .env_remove("KUBESLOT_REGISTRY_PASSWORD")
+            .env("DOCKER_CONFIG", tmp.path().join("no-docker-config"))
+            .args(["push", &format!("oci:{}", p(&src)), &image])
+            .args(extra);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // Anonymous and wrong passwords are refused, in one line naming the registry.
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "kubeslot:nope\n").unwrap();
+    for out in [push(&[], &[]), push(&[], &["--creds-file", p(&wrong)])] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(&reg.host), "{err}");
+        assert!(
+            err.contains(&format!("registry {}: authentication refused", reg.host)),
+            "{err}"
+        );
+    }
+    // A creds file, the environment, a docker config: each is accepted.
+    let good = tmp.path().join("good");
+    std::fs::write(&good, "kubeslot:s3cret\n").unwrap();
+    check("creds file", push(&[], &["--creds-file", p(&good)]));
+    check(
+        "env",
+        push(
+            &[
+                ("KUBESLOT_REGISTRY_USER", "kubeslot"),
+                ("KUBESLOT_REGISTRY_PASSWORD", "s3cret"),
+            ],
+            &[],
+        ),
+    );
+    let docker = tmp.path().join("docker");
+    std::fs::create_dir(&docker).unwrap();
+    std::fs::write(
+        docker.join("config.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}}}}"#,
+            reg.host
+        ),
+    )
+    .unwrap();
+    check("docker config", push(&[("DOCKER_CONFIG", p(&docker))], &[]));
+    // A --creds-file in docker config format, and one naming only another registry.
+    let config = docker.join("config.json");
+    check(
+        "creds file (docker config)",
+        push(&[], &["--creds-file", p(&config)]),
+    );
+    let other = tmp.path().join("other.json");
+    std::fs::write(
+        &other,
+        r#"{"auths":{"elsewhere.example":{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}"#,
+    )
+    .unwrap();
+    let out = push(&[], &["--creds-file", p(&other)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("no auths entry for registry {}", reg.host)),
+        "{err}"
+    );
+    // Every accepted push left the same image in the registry.
+    let pulled = tmp.path().join("pulled");
+    let out = Command::new("skopeo")
+        .args([
+            "copy",
+            "--src-tls-verify=false",
+            "--src-creds",
+            "kubeslot:s3cret",
+        ])
+        .arg(format!("docker://{image}"))
+        .arg(format!("oci:{}:v1", p(&pulled)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
