@@ -59,19 +59,28 @@ fn manifest(root: &Path, skip: Option<&Path>) -> BTreeMap<PathBuf, String> {
     out
 }
 
-/// A temp dir with an empty `target/` and a populated `sentinel/` beside it.
+/// A temp dir on the disk that holds `target/` (not a possibly tmpfs /tmp:
+/// user xattrs and file capabilities must be storable).
+fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// A temp dir with an empty `target/` and, beside it, a populated
+/// `sentinel/` and a symlink `into-sentinel -> sentinel`.
 struct Sandbox {
     dir: tempfile::TempDir,
 }
 
 impl Sandbox {
     fn new() -> Sandbox {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = scratch();
         let s = dir.path().join("sentinel");
         fs::create_dir_all(s.join("sub")).unwrap();
         fs::write(s.join("keep.txt"), b"keep me\n").unwrap();
         fs::write(s.join("sub/inner.txt"), b"inner\n").unwrap();
         std::os::unix::fs::symlink("keep.txt", s.join("link")).unwrap();
+        // beside the target, a symlink pointing into the sentinel
+        std::os::unix::fs::symlink("sentinel", dir.path().join("into-sentinel")).unwrap();
         fs::create_dir(dir.path().join("target")).unwrap();
         Sandbox { dir }
     }
@@ -245,6 +254,8 @@ fn tree_lines(root: &Path) -> Vec<String> {
             ("file", format!(" {}", read(&p).trim_end_matches('\n')))
         } else if ft.is_fifo() {
             ("fifo", String::new())
+        } else if ft.is_socket() {
+            ("socket", String::new())
         } else {
             ("other", String::new())
         };
@@ -367,13 +378,43 @@ fn hostile_corpus_is_refused_with_its_rule_and_nothing_outside_changes() {
 }
 
 #[test]
+fn the_sentinel_check_sees_every_kind_of_change() {
+    // The corpus relies on this comparison: show it notices a write through
+    // the outside symlink, a new file, a removal, a chmod and a retarget.
+    let changes: [fn(&Path); 5] = [
+        |d| fs::write(d.join("into-sentinel/keep.txt"), b"keep me!").unwrap(),
+        |d| fs::write(d.join("sentinel/sub/new"), b"").unwrap(),
+        |d| fs::remove_file(d.join("sentinel/sub/inner.txt")).unwrap(),
+        |d| {
+            fs::set_permissions(
+                d.join("sentinel/keep.txt"),
+                fs::Permissions::from_mode(0o600),
+            )
+            .unwrap()
+        },
+        |d| {
+            fs::remove_file(d.join("sentinel/link")).unwrap();
+            std::os::unix::fs::symlink("sub", d.join("sentinel/link")).unwrap();
+        },
+    ];
+    for (i, change) in changes.iter().enumerate() {
+        let sb = Sandbox::new();
+        let before = sb.outside();
+        fs::write(sb.target().join("inside"), b"changes inside do not count").unwrap();
+        assert_eq!(before, sb.outside());
+        change(sb.dir.path());
+        assert_ne!(before, sb.outside(), "change {i} went unnoticed");
+    }
+}
+
+#[test]
 fn corpus_generator_is_deterministic_and_committed() {
     // Regenerating into a copy must give the committed bytes: the corpus is
     // what the script says, not hand-edited.
     require_tool("python3", "python3");
     require_tool("zstd", "zstd");
     let src = workspace_root().join("testdata/layers");
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     let copy = tmp.path().join("layers");
     fs::create_dir(&copy).unwrap();
     fs::copy(src.join("gen.py"), copy.join("gen.py")).unwrap();
@@ -382,17 +423,33 @@ fn corpus_generator_is_deterministic_and_committed() {
         .status()
         .unwrap();
     assert!(st.success());
-    let a = manifest(&src, None);
-    let b = manifest(&copy, None);
-    let strip = |m: BTreeMap<PathBuf, String>| -> BTreeMap<PathBuf, String> {
-        m.into_iter()
-            .filter(|(p, _)| !p.to_string_lossy().contains("__pycache__"))
-            .map(|(p, v)| (p, v.split(' ').skip(3).collect::<Vec<_>>().join(" ")))
+    // Compressed bytes depend on the zlib and zstd versions; what they
+    // decompress to must not.
+    let content = |root: &Path| -> BTreeMap<PathBuf, Digest> {
+        manifest(root, None)
+            .into_keys()
+            .filter(|p| !p.to_string_lossy().contains("__pycache__"))
+            .filter(|p| root.join(p).is_file())
+            .map(|p| {
+                let bytes = fs::read(root.join(&p)).unwrap();
+                let name = p.to_string_lossy();
+                let plain = if name.ends_with(".tar.gz") {
+                    decompress(&bytes, Compression::Gzip)
+                } else if name.ends_with(".tar.zst") {
+                    let mut d = zstd::stream::read::Decoder::new(&bytes[..]).unwrap();
+                    d.window_log_max(31).unwrap();
+                    let mut out = Vec::new();
+                    d.read_to_end(&mut out).ok().map(|_| out)
+                } else {
+                    None
+                };
+                (p, Digest::of(&plain.unwrap_or(bytes)))
+            })
             .collect()
     };
     assert_eq!(
-        strip(a),
-        strip(b),
+        content(&src),
+        content(&copy),
         "testdata/layers differs from what gen.py writes"
     );
 }
@@ -504,10 +561,13 @@ fn hardlinks_symlinks_modes_owners_and_times() {
         .is_symlink());
     let d = fs::symlink_metadata(t.join("d")).unwrap();
     assert_eq!(d.mode() & 0o7777, 0o750);
-    // directory times are set after their children were written (layer 1
-    // changed `d` and the root, so look at a directory it left alone)
-    let e = fs::symlink_metadata(t.join("e")).unwrap();
-    assert_eq!(e.mtime(), 1_600_000_000);
+    // directory times are set after their children were written, and a
+    // later layer that changes a directory without listing it (layer 1 and
+    // `d`, the root) leaves the directory's time as the image said
+    for dir in ["e", "d", ""] {
+        let m = fs::symlink_metadata(t.join(dir)).unwrap();
+        assert_eq!(m.mtime(), 1_600_000_000, "mtime of {dir:?}");
+    }
     assert_eq!(
         fs::symlink_metadata(t.join("sticky-dir-file"))
             .unwrap()
@@ -570,6 +630,81 @@ fn target_must_be_an_empty_directory() {
     std::os::unix::fs::symlink("sentinel", &link).unwrap();
     let e = Unpacker::new(&link, Policy::default()).err().unwrap();
     assert_eq!(e.rule, Rule::Target, "a symlinked target is refused");
+}
+
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    rustix::fs::lgetxattr(p, name, &mut buf[..])
+        .ok()
+        .map(|n| buf[..n].to_vec())
+}
+
+#[test]
+fn file_capabilities_and_user_xattrs_are_applied_others_ignored() {
+    let dir = workspace_root().join("testdata/layers/ok-capability-and-xattrs");
+    let bytes = fs::read(dir.join("layer-0.tar")).unwrap();
+    let sb = Sandbox::new();
+    let mut u = Unpacker::new(&sb.target(), Policy::default()).unwrap();
+    let st = u
+        .apply(layer_of(0, &bytes, Compression::None, None))
+        .unwrap();
+    u.finish().unwrap();
+    let ping = sb.target().join("usr/bin/ping");
+    let cap = xattr(&ping, "security.capability").expect("capability applied");
+    assert_eq!(&cap[..8], &[1, 0, 0, 2, 0, 0x20, 0, 0]);
+    assert_eq!(xattr(&ping, "user.kubeslot").as_deref(), Some(&b"yes"[..]));
+    assert_eq!(xattr(&ping, "trusted.overlay.opaque"), None);
+    let d = sb.target().join("dir");
+    assert_eq!(xattr(&d, "user.dir").as_deref(), Some(&b"1"[..]));
+    assert_eq!(xattr(&d, "system.posix_acl_access"), None);
+    // trusted.overlay.opaque, security.selinux, system.posix_acl_access
+    assert_eq!(st.ignored_xattrs, 3, "{st:?}");
+}
+
+#[test]
+fn a_malformed_allowlist_entry_is_refused() {
+    for bad in [
+        "usr/bin/su",
+        "/usr/../bin/su",
+        "/usr//bin/su",
+        "/",
+        "/usr/bin/su/",
+    ] {
+        let sb = Sandbox::new();
+        let mut p = Policy::default();
+        p.setuid_allowlist.push(bad.to_string());
+        let e = Unpacker::new(&sb.target(), p).err().unwrap();
+        assert_eq!(e.rule, Rule::Policy, "{bad}");
+        assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+    }
+}
+
+#[test]
+fn errors_name_layer_entry_and_rule_with_escapes() {
+    let corpus = workspace_root().join("testdata/layers");
+    for (scenario, want) in [
+        (
+            "name-dotdot-middle",
+            "entry 1 \"a/../../sentinel/pwned\": rule dotdot: ",
+        ),
+        ("name-nul-pax", "entry 0 \"a\\x00b\": rule nul-byte: "),
+    ] {
+        let bytes = fs::read(corpus.join(scenario).join("layer-0.tar")).unwrap();
+        let sb = Sandbox::new();
+        let e = unpack_all(
+            &sb.target(),
+            Policy::default(),
+            &[(bytes.clone(), Compression::None)],
+            None,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&format!("layer 0 ({}): ", Digest::of(&bytes))),
+            "{msg}"
+        );
+        assert!(msg.contains(want), "{msg}");
+    }
 }
 
 #[test]
@@ -746,8 +881,8 @@ fn write_layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> Vec<(Vec<u8>, Dige
     out
 }
 
-/// Path → (type, mode, owner, symlink target or content digest, mtime of
-/// non-directories, hardlink group).
+/// Path → (type, mode, owner, symlink target or content digest, mtime,
+/// hardlink group).
 fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
     let mut groups: BTreeMap<(u64, u64), Vec<PathBuf>> = BTreeMap::new();
     let mut facts = BTreeMap::new();
@@ -777,11 +912,7 @@ fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
                     .or_default()
                     .push(rel.clone());
             }
-            let mtime = if ft.is_dir() {
-                String::new()
-            } else {
-                format!(" mtime={}", m.mtime())
-            };
+            let mtime = format!(" mtime={}", m.mtime());
             facts.insert(
                 rel,
                 format!(
@@ -814,7 +945,7 @@ fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
 fn same_tree_as_umoci_on_a_debian_rootfs_with_whiteouts() {
     let umoci = require_tool("umoci", "umoci");
     let rootfs = kubeslot_test_support::debian_rootfs(&["systemd", "dbus", "iproute2"]);
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = scratch();
     let mut tars = split_rootfs(&rootfs, 3);
     tars.push(semantics_layer());
     let layout = tmp.path().join("layout");

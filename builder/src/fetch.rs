@@ -173,10 +173,29 @@ impl Fetcher {
                 path: self.dir.clone(),
                 source,
             })?;
-        futures_util::stream::iter(items.iter().map(|item| self.fetch_one(item)))
-            .buffered(self.parallel)
-            .try_collect()
-            .await
+        // The same bytes may be pinned twice (an `Architecture: all` package
+        // of two platforms): fetch each digest once.
+        let mut unique: Vec<&Pinned> = Vec::new();
+        for item in items {
+            if !unique.iter().any(|u| u.sha256 == item.sha256) {
+                unique.push(item);
+            }
+        }
+        let paths: Vec<PathBuf> =
+            futures_util::stream::iter(unique.iter().map(|item| self.fetch_one(item)))
+                .buffered(self.parallel)
+                .try_collect()
+                .await?;
+        Ok(items
+            .iter()
+            .map(|item| {
+                let i = unique
+                    .iter()
+                    .position(|u| u.sha256 == item.sha256)
+                    .expect("every digest was fetched");
+                paths[i].clone()
+            })
+            .collect())
     }
 
     /// Fetches one item, retrying transient failures with backoff.
@@ -188,6 +207,9 @@ impl Fetcher {
             return Ok(dest);
         }
         let mut task = self.progress.task("fetch", &item.label, item.size);
+        if let (None, Ok(md)) = (item.size, std::fs::metadata(local_path(&item.url))) {
+            task.set_total(md.len());
+        }
         let mut delay = self.backoff;
         let mut attempt = 1;
         loop {
@@ -318,6 +340,7 @@ impl Fetcher {
                     if len > limit {
                         return Err(self.too_big(item, limit));
                     }
+                    task.set_total(len);
                 }
                 let mut stream = resp.bytes_stream();
                 while let Some(chunk) = stream.next().await {
@@ -383,6 +406,16 @@ impl Fetcher {
     }
 }
 
+/// The local path of a `file://` URL (empty for anything else), for sizing
+/// the progress bar only.
+fn local_path(url: &str) -> PathBuf {
+    reqwest::Url::parse(url)
+        .ok()
+        .filter(|u| u.scheme() == "file")
+        .and_then(|u| u.to_file_path().ok())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -424,6 +457,68 @@ mod tests {
         let big = pinned(url, b"hellox", "c");
         let e = capped.fetch_all(&[big]).await.unwrap_err();
         assert!(matches!(e, FetchError::TooLarge { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_same_digest_is_fetched_once_and_returned_for_each_item() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("a.bin");
+        std::fs::write(&src, b"same").unwrap();
+        let url = reqwest::Url::from_file_path(&src).unwrap().to_string();
+        let f = Fetcher::new(tmp.path().join("cache"), Progress::quiet()).unwrap();
+        let items = [
+            pinned(url.clone(), b"same", "x amd64"),
+            pinned(url, b"same", "x arm64"),
+        ];
+        let paths = f.fetch_all(&items).await.unwrap();
+        assert_eq!(paths.len(), 2);
+        assert_eq!(paths[0], paths[1]);
+    }
+
+    /// A loopback HTTP server that answers 503 to the first request and
+    /// `body` to the next ones; returns its URL and a request counter.
+    async fn flaky_server(
+        body: &'static [u8],
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let _ = sock.read(&mut buf).await;
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                let resp = if n == 0 {
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_vec()
+                } else {
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .into_bytes();
+                    r.extend_from_slice(body);
+                    r
+                };
+                let _ = sock.write_all(&resp).await;
+                let _ = sock.shutdown().await;
+            }
+        });
+        (format!("http://{addr}/blob"), hits)
+    }
+
+    #[tokio::test]
+    async fn transient_http_errors_are_retried() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (url, hits) = flaky_server(b"served").await;
+        let mut f = Fetcher::new(tmp.path().join("cache"), Progress::quiet()).unwrap();
+        f.backoff = Duration::from_millis(10);
+        let p = f.fetch_one(&pinned(url, b"served", "flaky")).await.unwrap();
+        assert_eq!(std::fs::read(p).unwrap(), b"served");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -113,7 +113,9 @@ pub fn write_layout(
     entries: &[Descriptor],
     dest: &Path,
 ) -> Result<(), OutputError> {
-    if dest.exists() {
+    // An empty directory counts as missing: rename(2) replaces it.
+    let empty_dir = fs::read_dir(dest).is_ok_and(|mut d| d.next().is_none());
+    if dest.exists() && !empty_dir {
         let layout = Layout::open(dest)?;
         copy_blobs(blobs, layout.blobs())?;
         let mut index = layout.index()?;

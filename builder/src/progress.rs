@@ -74,6 +74,9 @@ impl Progress {
                 .progress_chars("=> "),
             );
             bar.set_prefix(verb.to_string());
+            if total.is_none() {
+                bar.enable_steady_tick(std::time::Duration::from_millis(150));
+            }
             bar.set_message(label.to_string());
             m.add(bar)
         });
@@ -114,6 +117,13 @@ impl Task {
         self.done += n;
         if let Some(b) = &self.bar {
             b.inc(n);
+        }
+    }
+
+    /// Sets the expected total once it is known (a Content-Length).
+    pub fn set_total(&mut self, total: u64) {
+        if let Some(b) = &self.bar {
+            b.set_length(total);
         }
     }
 

@@ -472,7 +472,7 @@ impl Recipe {
             }
             match (&file.source, &file.content) {
                 (Some(src), None) => {
-                    let full = self.dir.join(src);
+                    let full = normalise(&self.dir.join(src));
                     if !full.is_file() {
                         return Err(
                             self.invalid(&at, format!("source {} is not a file", full.display()))

@@ -750,3 +750,74 @@ fn demo_documents_snapshot() {
         &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
     );
 }
+
+#[test]
+fn an_empty_output_directory_is_filled_and_a_foreign_one_refused() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("out")).unwrap();
+    let digest = build(&demo(), t.path(), &[]);
+    assert!(t.path().join("out/index.json").is_file(), "{digest}");
+
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "keep me").unwrap();
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", foreign.display())),
+    );
+    assert!(err.contains("not an OCI image layout"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&foreign)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    let stray: Vec<String> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(stray.is_empty(), "staging left behind: {stray:?}");
+}
+
+#[test]
+fn zstd_layers_are_reproducible_and_readable_by_skopeo() {
+    require_tool("skopeo", "skopeo");
+    let text = demo_text().replace("compression = \"gzip\"", "compression = \"zstd\"");
+    assert_ne!(text, demo_text());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ra = write_recipe(a.path(), &text);
+    let rb = write_recipe(b.path(), &text);
+    let sa = json_summary(&ra, a.path());
+    let sb = json_summary(&rb, b.path());
+    assert_eq!(sa["index"], sb["index"]);
+    let gzip = json_summary(&demo(), tempfile::tempdir().unwrap().path());
+    for i in 0..4 {
+        let (z, g) = (
+            &sa["manifests"][0]["layers"][i],
+            &gzip["manifests"][0]["layers"][i],
+        );
+        assert_eq!(
+            z["media_type"],
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+        );
+        assert_eq!(
+            z["diff_id"], g["diff_id"],
+            "same tar under both compressions"
+        );
+    }
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}:{TAG}", a.path().join("out").display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+}

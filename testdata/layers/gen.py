@@ -16,7 +16,8 @@ Each scenario directory holds:
 
 The test (activator/tests/unpack.rs) unpacks each into `TMP/target` beside
 `TMP/sentinel` (a file `keep.txt`, a directory `sub/` with `inner.txt`, and a
-symlink `link -> keep.txt`); hostile entries aim at `../sentinel/...`. The
+symlink `link -> keep.txt`) and `TMP/into-sentinel -> sentinel`; hostile
+entries aim at `../sentinel/...` and `../into-sentinel/...`. The
 output is deterministic (fixed times, gzip mtime 0), so re-running the script
 gives byte-identical files.
 """
@@ -123,8 +124,9 @@ def gz(b):
     return buf.getvalue()
 
 
-def zst(b):
-    return subprocess.run(["zstd", "-q", "-19", "-c"], input=b, check=True, capture_output=True).stdout
+def zst(b, *flags):
+    return subprocess.run(["zstd", "-q", "-19", "-c", *flags], input=b, check=True,
+                          capture_output=True).stdout
 
 
 SCENARIOS = {}
@@ -168,6 +170,10 @@ scenario("symlink-parent-next-layer",
 scenario("symlink-parent-deep",
          [t([d("a"), sym("a/b", "../../sentinel"), f("a/b/sub/inner.txt", b"pwned\n")])],
          "symlink-parent")
+scenario("symlink-parent-via-outside-symlink",
+         [t([sym("esc", "../into-sentinel"), f("esc/keep.txt", b"pwned\n")])], "symlink-parent")
+scenario("hardlink-via-outside-symlink",
+         [t([sym("esc", "../into-sentinel"), hard("h", "esc/keep.txt")])], "symlink-parent")
 scenario("symlink-loop", [t([sym("a", "b"), sym("b", "a"), f("a/x")])], "symlink-parent")
 scenario("symlink-self-loop", [t([sym("l", "l"), f("l/x")])], "symlink-parent")
 scenario("symlink-dir-then-file-through",
@@ -240,6 +246,51 @@ scenario("tar-gzip-garbage", [("tar.gz", gz(tar_bytes([f("a")]))[:-12] + b"garba
          "malformed-archive")
 scenario("tar-zstd-dotdot", [("tar.zst", zst(tar_bytes([f("../sentinel/pwned")])))], "dotdot")
 
+def ext_member(typeflag, data, name=b"././@LongLink", gnu=True):
+    return (raw_header(name, typeflag=typeflag, size=len(data), gnu=gnu), data)
+
+
+def pax_record(key, value):
+    """One "LEN KEY=VALUE\\n" record; LEN counts itself."""
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + len(str(len(body)))
+    if len(str(n)) + len(body) != n:
+        n += 1
+    return str(n).encode() + body
+
+
+scenario("tar-gnu-longname-huge",
+         [("tar.zst", zst(raw_tar(ext_member(b"L", b"a" * (64 << 20)), (raw_header(b"x"), b""))))],
+         "path-too-long")
+scenario("tar-pax-header-huge",
+         [("tar.zst", zst(raw_tar(ext_member(b"x", pax_record(b"comment", b"a" * (4 << 20)),
+                                             name=b"PaxHeader/x", gnu=False),
+                                  (raw_header(b"x"), b""))))],
+         "malformed-archive")
+scenario("tar-pax-size-disagrees",
+         [("tar", raw_tar(ext_member(b"x", pax_record(b"size", b"1024"), name=b"PaxHeader/f", gnu=False),
+                          (raw_header(b"f", size=4), b"abcd")))],
+         "malformed-archive")
+scenario("tar-two-gnu-longnames",
+         [("tar", raw_tar(ext_member(b"L", b"first\0"), ext_member(b"L", b"second\0"),
+                          (raw_header(b"x"), b"")))],
+         "malformed-archive")
+scenario("tar-longname-and-pax-path",
+         [("tar", raw_tar(ext_member(b"x", pax_record(b"path", b"one"), name=b"PaxHeader/x", gnu=False),
+                          ext_member(b"L", b"two\0"), (raw_header(b"x"), b"")))],
+         "malformed-archive")
+scenario("tar-pax-uid-minus-one", [t([f("f", pax={"uid": "4294967295"})])], "malformed-archive")
+scenario("tar-pax-mtime-garbage", [t([f("f", pax={"mtime": "soon"})])], "malformed-archive")
+scenario("tar-trailing-extension-header",
+         [("tar", raw_tar(ext_member(b"L", b"dangling\0")))], "malformed-archive")
+scenario("ok-pax-owner-and-long-names",
+         [t([d("d"), f("d/" + "n" * 150, b"long\n", pax={"uid": "70000", "gid": "70001"}),
+             sym("d/l", "t" * 150)], fmt=tarfile.PAX_FORMAT),
+          t([f("g/" + "m" * 120, b"gnu\n")], fmt=tarfile.GNU_FORMAT)], "ok",
+         tree=["d dir 0755 0:0", "d/" + "n" * 150 + " file 0644 70000:70001 long",
+               "d/l symlink 0777 0:0 " + "t" * 150, "g dir 0755 0:0",
+               "g/" + "m" * 120 + " file 0644 0:0 gnu"])
+
 # --- resource exhaustion -----------------------------------------------------
 scenario("limit-entries", [t([f("f%03d" % i) for i in range(100)])], "too-many-entries",
          policy={"max_entries": 50})
@@ -249,6 +300,9 @@ scenario("limit-total-bytes",
          [tgz([f("a", b"\0" * (3 << 20))]), tgz([f("b", b"\0" * (3 << 20))])],
          "total-too-large", layer=1,
          policy={"max_layer_bytes": 4 << 20, "max_total_bytes": 5 << 20})
+# a frame that asks the decoder for a 1 GiB window (streamed: no size to shrink it)
+scenario("limit-zstd-window", [("tar.zst", zst(tar_bytes([f("a")]), "--long=30"))],
+         "malformed-archive")
 scenario("limit-path-bytes-policy", [t([f("a" * 300)])], "path-too-long",
          policy={"max_path_bytes": 255})
 scenario("limit-depth-policy", [t([f("a/b/c/d/e")])], "too-deep", policy={"max_depth": 4})
@@ -284,11 +338,29 @@ scenario("ok-dir-replaces-symlink",
          tree=["esc dir 0755 0:0", "esc/keep.txt file 0644 0:0 mine"])
 scenario("ok-fifo-allowed", [t([ti("fifo", tarfile.FIFOTYPE, 0o600)])], "ok",
          policy={"allow_fifos_and_sockets": "true"}, tree=["fifo fifo 0600 0:0"])
+scenario("ok-socket-allowed",
+         [("tar", raw_tar((raw_header(b"sock", mode=0o140750), b"")))], "ok",
+         policy={"allow_fifos_and_sockets": "true"}, tree=["sock socket 0750 0:0"])
 scenario("ok-setuid-allowlisted",
          [t([d("usr", mode=0o755), d("usr/bin"), f("usr/bin/su", mode=0o4755, uid=0, gid=0),
              f("usr/bin/wall", mode=0o2755, gid=5)])], "ok",
          tree=["usr dir 0755 0:0", "usr/bin dir 0755 0:0", "usr/bin/su file 4755 0:0 x",
                "usr/bin/wall file 2755 0:5 x"])
+
+
+CAP_NET_RAW = ("\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00"
+               "\x00\x00\x00\x00\x00\x00\x00\x00")
+scenario("ok-capability-and-xattrs",
+         [t([d("usr"), d("usr/bin"),
+             f("usr/bin/ping", mode=0o755, pax={"SCHILY.xattr.security.capability": CAP_NET_RAW,
+                                               "SCHILY.xattr.user.kubeslot": "yes",
+                                               "SCHILY.xattr.trusted.overlay.opaque": "y",
+                                               "SCHILY.xattr.security.selinux": "x_t"}),
+             d("dir", pax={"SCHILY.xattr.user.dir": "1",
+                           "SCHILY.xattr.system.posix_acl_access": "\x02\x00\x00\x00"})])],
+         "ok",
+         tree=["dir dir 0755 0:0", "usr dir 0755 0:0", "usr/bin dir 0755 0:0",
+               "usr/bin/ping file 0755 0:0 x"])
 
 
 def main():

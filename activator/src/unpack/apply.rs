@@ -297,8 +297,14 @@ impl Tree {
             AtFlags::SYMLINK_NOFOLLOW,
         )
         .map_err(|e| io_fail("chown node", shown, e))?;
-        // fchmodat cannot refuse to follow, but the leaf was just created by
-        // us as a node, and nodes are not symlinks.
+        // fchmodat cannot refuse to follow (and a socket cannot be opened
+        // for fchmod): check that the leaf still is the node we made, in a
+        // staging directory nobody else writes to.
+        let st = rfs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| io_fail("stat node", shown, e))?;
+        if FileType::from_raw_mode(st.st_mode) != kind {
+            return Err(io_fail("chmod node", shown, Errno::STALE));
+        }
         rfs::chmodat(
             parent,
             name,
@@ -355,21 +361,29 @@ impl Tree {
     /// false, descending into kept directories (an opaque directory, or a
     /// whiteout of a directory this layer also wrote).
     /// The caller must [`Tree::invalidate`] afterwards.
+    /// `before_change` is called once per directory before the first
+    /// removal in it (to save its times).
     pub fn prune(
         &self,
         dir: &OwnedFd,
         dir_path: &ImagePath,
         keep: &dyn Fn(&[u8]) -> bool,
+        before_change: &mut dyn FnMut(&ImagePath, BorrowedFd<'_>) -> Result<(), Fail>,
     ) -> Result<(), Fail> {
+        let mut noted = false;
         for (name, ft) in list(dir.as_fd(), dir_path.as_bytes())? {
             let child = dir_path.join(&name);
             if keep(child.as_bytes()) {
                 if ft == FileType::Directory {
                     let sub = rfs::openat(dir, name.as_slice(), DIR_PATH, Mode::empty())
                         .map_err(|e| io_fail("open directory", child.as_bytes(), e))?;
-                    self.prune(&sub, &child, keep)?;
+                    self.prune(&sub, &child, keep, before_change)?;
                 }
             } else {
+                if !noted {
+                    before_change(dir_path, dir.as_fd())?;
+                    noted = true;
+                }
                 remove_at(dir.as_fd(), &name, child.as_bytes(), 0)?;
             }
         }

@@ -6,8 +6,9 @@
 //! per layer a reader of the blob with its compressed digest (for errors),
 //! its `diff_id` and its compression. It decompresses in-process (gzip,
 //! zstd, plain tar), hashes the uncompressed stream against the `diff_id`,
-//! reads entries with the `tar` crate and applies them with its own code
-//! (`apply.rs`): never following a symlink, with OCI whiteout and
+//! reads raw entries with the `tar` crate (GNU long names and PAX headers
+//! are interpreted here, read with caps, so no header can make it allocate
+//! without bound) and applies them with its own code (`apply.rs`): never following a symlink, with OCI whiteout and
 //! opaque-directory semantics (`whiteout.rs`) and the name rules of
 //! `path.rs`. Every refusal is an [`UnpackError`] naming layer, entry and
 //! [`Rule`].
@@ -31,7 +32,7 @@ use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, BufReader, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -137,6 +138,43 @@ impl<R: Read> Read for Budget<R> {
     }
 }
 
+/// Directories a layer changed without listing them, with their times from
+/// before the change: restored when the layer is done, so a directory's time
+/// is what the image says (as umoci does), not the time of unpacking.
+#[derive(Default)]
+struct SavedTimes {
+    seen: HashSet<u128>,
+    times: Vec<(ImagePath, rfs::Timestamps)>,
+}
+
+impl SavedTimes {
+    /// Remembers the times of directory `path` (handle `fd`, key `key`)
+    /// the first time this layer is about to change it.
+    fn note(&mut self, key: u128, path: &[u8], fd: BorrowedFd<'_>) -> Result<(), Fail> {
+        if !self.seen.insert(key) {
+            return Ok(());
+        }
+        let st = rfs::fstat(fd).map_err(|e| {
+            (
+                Rule::Io,
+                format!("stat directory \"{}\": {e}", escape(path)),
+            )
+        })?;
+        let ts = |sec: i64, nsec: u64| Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec as _,
+        };
+        self.times.push((
+            ImagePath::from_normalised(path),
+            rfs::Timestamps {
+                last_access: ts(st.st_atime as i64, st.st_atime_nsec as u64),
+                last_modification: ts(st.st_mtime as i64, st.st_mtime_nsec as u64),
+            },
+        ));
+        Ok(())
+    }
+}
+
 /// Per-layer bookkeeping: paths this layer wrote (duplicate detection, and
 /// "entries of the same layer survive whiteouts"), their ancestors, and
 /// directory times to set once the layer is complete.
@@ -144,6 +182,7 @@ struct LayerState {
     written: HashSet<u128>,
     ancestors: HashSet<u128>,
     dir_times: Vec<(ImagePath, Timespec)>,
+    saved: SavedTimes,
     stats: LayerStats,
 }
 
@@ -156,6 +195,29 @@ impl Unpacker {
             rule,
             detail,
         })?;
+        // Only the shape matters here; the limits apply to entries.
+        let unlimited = Limits {
+            max_path_bytes: usize::MAX,
+            max_depth: usize::MAX,
+            ..Limits::default()
+        };
+        for entry in &policy.setuid_allowlist {
+            let normal = entry
+                .strip_prefix('/')
+                .and_then(|rest| ImagePath::parse(rest.as_bytes(), &unlimited).ok())
+                .filter(|p| !p.is_root())
+                .is_some_and(|p| p.to_absolute() == *entry);
+            if !normal {
+                return Err(UnpackError {
+                    layer: None,
+                    entry: None,
+                    rule: Rule::Policy,
+                    detail: format!(
+                        "setuid allowlist entry {entry:?} is not a normalised absolute path (like \"/usr/bin/su\")"
+                    ),
+                });
+            }
+        }
         let setuid_allowed = policy.setuid_allowlist.iter().cloned().collect();
         Ok(Unpacker {
             tree,
@@ -226,6 +288,7 @@ impl Unpacker {
             written: HashSet::new(),
             ancestors: HashSet::new(),
             dir_times: Vec::new(),
+            saved: SavedTimes::default(),
             stats: LayerStats {
                 index,
                 ..LayerStats::default()
@@ -241,17 +304,45 @@ impl Unpacker {
         };
 
         {
+            // Raw iteration: the tar crate would read GNU long names and PAX
+            // headers of any size into memory; we read them with caps and
+            // interpret them ourselves (`Ext`).
             let entries = archive
                 .entries()
-                .map_err(|e| stream_err(e, "reading the tar stream"))?;
-            for (i, entry) in entries.enumerate() {
-                let i = i as u64;
+                .map_err(|e| stream_err(e, "reading the tar stream"))?
+                .raw(true);
+            let mut ext = Ext::default();
+            let mut i = 0u64;
+            for entry in entries {
                 let mut entry = entry
                     .map_err(|e| stream_err(e, &format!("reading tar header after entry {i}")))?;
-                let with_entry = |mut e: UnpackError, entry: &tar::Entry<'_, _>| {
-                    e.entry = Some((i, escape(&entry.path_bytes())));
+                let ty = entry.header().entry_type();
+                let with_entry = |mut e: UnpackError, name: &[u8]| {
+                    e.entry = Some((i, escape(name)));
                     e
                 };
+                let meta_cap = match ty {
+                    tar::EntryType::GNULongName | tar::EntryType::GNULongLink => {
+                        // the name, its NUL, and nothing more
+                        Some(self.policy.limits.max_path_bytes as u64 + 1)
+                    }
+                    tar::EntryType::XHeader => Some(MAX_PAX_BYTES),
+                    _ => None,
+                };
+                if let Some(cap) = meta_cap {
+                    let raw_name = entry.header().path_bytes().into_owned();
+                    let data = read_capped(&mut entry, cap, ty).map_err(|step| match step {
+                        Step::Stream(e) => {
+                            with_entry(stream_err(e, "reading a tar extension header"), &raw_name)
+                        }
+                        Step::Rule(r, d) => with_entry(at(r, d), &raw_name),
+                    })?;
+                    ext.set(ty, data)
+                        .map_err(|(r, d)| with_entry(at(r, d), &raw_name))?;
+                    continue;
+                }
+                let ext_now = std::mem::take(&mut ext);
+                let raw_path = ext_now.path(entry.header());
                 self.stats.entries += 1;
                 if self.stats.entries > self.policy.limits.max_entries {
                     let e = at(
@@ -261,19 +352,26 @@ impl Unpacker {
                             self.policy.limits.max_entries
                         ),
                     );
-                    return Err(with_entry(e, &entry));
+                    return Err(with_entry(e, &raw_path));
                 }
                 state.stats.entries += 1;
-                match self.entry(&mut entry, &mut state) {
+                match self.entry(&mut entry, &ext_now, &raw_path, &mut state) {
                     Ok(()) => {}
                     Err(Step::Rule(rule, detail)) => {
-                        return Err(with_entry(at(rule, detail), &entry))
+                        return Err(with_entry(at(rule, detail), &raw_path))
                     }
                     Err(Step::Stream(e)) => {
                         let e = stream_err(e, "reading entry data");
-                        return Err(with_entry(e, &entry));
+                        return Err(with_entry(e, &raw_path));
                     }
                 }
+                i += 1;
+            }
+            if !ext.is_empty() {
+                return Err(at(
+                    Rule::MalformedArchive,
+                    "the archive ends with an extension header that describes no entry".into(),
+                ));
             }
         }
 
@@ -292,7 +390,19 @@ impl Unpacker {
                 ),
             ));
         }
-        self.set_dir_times(&state.dir_times)
+        // Saved times first: an explicit entry for the same directory wins.
+        self.set_dir_times(state.saved.times.iter().map(|(p, t)| (p, t.clone())))
+            .map_err(|(rule, detail)| at(rule, detail))?;
+        let explicit = state.dir_times.iter().map(|(p, m)| {
+            (
+                p,
+                rfs::Timestamps {
+                    last_access: *m,
+                    last_modification: *m,
+                },
+            )
+        });
+        self.set_dir_times(explicit)
             .map_err(|(rule, detail)| at(rule, detail))?;
 
         let s = &mut state.stats;
@@ -328,6 +438,9 @@ impl Unpacker {
         Ok(self.stats)
     }
 
+    /// A 128-bit keyed hash of a path (per-unpacker random keys): the
+    /// per-layer sets hold these instead of names, so their size does not
+    /// grow with name length.
     fn path_key(&self, p: &[u8]) -> u128 {
         let a = self.keys.0.hash_one(p) as u128;
         let b = self.keys.1.hash_one(p) as u128;
@@ -338,6 +451,8 @@ impl Unpacker {
     fn entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
+        ext: &Ext,
+        raw_path: &[u8],
         state: &mut LayerState,
     ) -> Result<(), Step> {
         let limits = &self.policy.limits;
@@ -346,12 +461,15 @@ impl Unpacker {
         let raw_mode = header
             .mode()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("mode field: {e}")))?;
-        let uid = header
+        let mut uid = header
             .uid()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("uid field: {e}")))?;
-        let gid = header
+        let mut gid = header
             .gid()
             .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("gid field: {e}")))?;
+        let header_size = header
+            .entry_size()
+            .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("size field: {e}")))?;
         let mut mtime = Timespec {
             tv_sec: header
                 .mtime()
@@ -413,52 +531,68 @@ impl Unpacker {
         }
         let mode = raw_mode & 0o7777;
 
-        // PAX records: sparse markers, mtime with sub-seconds, xattrs.
+        // PAX records: sparse markers, size/uid/gid/mtime overrides, xattrs.
         let mut xattrs: Vec<(String, Vec<u8>)> = Vec::new();
-        if let Some(pax) = entry
-            .pax_extensions()
-            .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("PAX header: {e}")))?
-        {
-            for ext in pax {
-                let ext = ext
+        if let Some(pax) = &ext.pax {
+            let bad = |what: &str, v: &[u8]| {
+                Step::Rule(
+                    Rule::MalformedArchive,
+                    format!("PAX {what} {:?}", escape(v)),
+                )
+            };
+            for rec in tar::PaxExtensions::new(pax) {
+                let rec = rec
                     .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("PAX record: {e}")))?;
-                let key = ext.key_bytes();
-                if key.starts_with(b"GNU.sparse.") {
-                    return Err(Step::Rule(
-                        Rule::Sparse,
-                        "PAX GNU.sparse records mark a sparse entry".into(),
-                    ));
-                }
-                if key == b"mtime" {
-                    mtime = parse_pax_time(ext.value_bytes()).ok_or_else(|| {
-                        Step::Rule(
-                            Rule::MalformedArchive,
-                            format!("PAX mtime {:?}", escape(ext.value_bytes())),
-                        )
-                    })?;
-                } else if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                    xattrs.push((
-                        String::from_utf8_lossy(name).into_owned(),
-                        ext.value_bytes().to_vec(),
-                    ));
-                } else if key.starts_with(b"LIBARCHIVE.xattr.") {
-                    state.stats.ignored_xattrs += 1;
+                let (key, value) = (rec.key_bytes(), rec.value_bytes());
+                match key {
+                    b"mtime" => mtime = parse_pax_time(value).ok_or_else(|| bad("mtime", value))?,
+                    b"uid" => uid = parse_u64(value).ok_or_else(|| bad("uid", value))?,
+                    b"gid" => gid = parse_u64(value).ok_or_else(|| bad("gid", value))?,
+                    // The raw reader skips by the header's size; a PAX size
+                    // that disagrees would make parsers see different files.
+                    b"size" => {
+                        if parse_u64(value) != Some(header_size) {
+                            return Err(Step::Rule(
+                                Rule::MalformedArchive,
+                                format!(
+                                    "PAX size {:?} disagrees with the header's {header_size}",
+                                    escape(value)
+                                ),
+                            ));
+                        }
+                    }
+                    _ if key.starts_with(b"GNU.sparse.") => {
+                        return Err(Step::Rule(
+                            Rule::Sparse,
+                            "PAX GNU.sparse records mark a sparse entry".into(),
+                        ));
+                    }
+                    _ => {
+                        if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
+                            xattrs
+                                .push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+                        } else if key.starts_with(b"LIBARCHIVE.xattr.") {
+                            state.stats.ignored_xattrs += 1;
+                        }
+                    }
                 }
             }
         }
 
-        let raw_path = entry.path_bytes().into_owned();
-        let path = ImagePath::parse(&raw_path, limits).map_err(|(r, d)| Step::Rule(r, d))?;
+        ext.check()?;
+        let path = ImagePath::parse(raw_path, limits).map_err(|(r, d)| Step::Rule(r, d))?;
         let meta = Meta {
             uid: uid.min(u32::MAX as u64) as u32,
             gid: gid.min(u32::MAX as u64) as u32,
             mode,
             mtime,
         };
-        if uid > u32::MAX as u64 || gid > u32::MAX as u64 {
+        // (u32)-1 means "leave unchanged" to chown: the file would stay
+        // root-owned while the image said otherwise.
+        if uid >= u32::MAX as u64 || gid >= u32::MAX as u64 {
             return Err(Step::Rule(
                 Rule::MalformedArchive,
-                format!("owner {uid}:{gid} does not fit 32 bits"),
+                format!("owner {uid}:{gid} is not a valid 32-bit uid:gid"),
             ));
         }
 
@@ -484,12 +618,6 @@ impl Unpacker {
                     "the root of the tree can only be a directory".into(),
                 ));
             }
-            let root = self
-                .tree
-                .open_dir(b"", false)
-                .map_err(Step::from)?
-                .ok_or_else(|| Step::Rule(Rule::Io, "target vanished".into()))?;
-            drop(root);
             let fd = rfs::openat(
                 self.tree.root(),
                 ".",
@@ -515,17 +643,17 @@ impl Unpacker {
             }
         }
 
-        let (dir, name) = path.split_last().expect("not the root");
+        let Some((dir, name)) = path.split_last() else {
+            return Err(Step::Rule(
+                Rule::RootEntry,
+                "the root of the tree can only be a directory".into(),
+            ));
+        };
         let shown = path.as_bytes();
         match kind {
             EntryKind::File => {
                 self.check_setuid(&path, mode, &xattrs)?;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir, state)?;
                 let mut file = self.tree.create_file(parent.as_fd(), name, shown)?;
                 let expected = entry.size();
                 let mut copied = 0u64;
@@ -551,57 +679,71 @@ impl Unpacker {
                 state.stats.files += 1;
             }
             EntryKind::Dir => {
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir, state)?;
                 let fd = self.tree.create_dir(parent.as_fd(), name, shown)?;
                 self.set_meta(&fd, &path, &meta, &xattrs, false, &mut state.stats)?;
                 state.dir_times.push((path, mtime));
                 state.stats.dirs += 1;
             }
             EntryKind::Symlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
+                let target = ext.link(entry.header());
                 check_link_target(&target, limits)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir, state)?;
                 self.tree
                     .create_symlink(parent.as_fd(), name, &target, &meta, shown)?;
                 state.stats.symlinks += 1;
             }
             EntryKind::Hardlink => {
-                let target = entry
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
-                self.hardlink(&path, &target)?;
+                let target = ext.link(entry.header());
+                self.hardlink(&path, &target, state)?;
                 state.stats.ignored_xattrs += xattrs.len() as u64;
                 state.stats.hardlinks += 1;
             }
             EntryKind::Node(ft) => {
                 state.stats.ignored_xattrs += xattrs.len() as u64;
-                let parent = self
-                    .tree
-                    .dir(dir, true)?
-                    .expect("created")
-                    .try_clone_to_owned();
-                let parent = parent.map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+                let parent = self.parent(dir, state)?;
                 self.tree
                     .create_node(parent.as_fd(), name, ft, &meta, shown)?;
                 state.stats.nodes += 1;
             }
         }
         Ok(())
+    }
+
+    /// The parent directory of a new leaf, created if missing (a handle of
+    /// its own, so the tree can be changed while it is held).
+    fn parent(&mut self, dir: &[u8], state: &mut LayerState) -> Result<std::os::fd::OwnedFd, Step> {
+        let key = self.path_key(dir);
+        if let Some(fd) = self.tree.dir(dir, false)? {
+            state.saved.note(key, dir, fd)?;
+        } else {
+            // Missing parents are about to be created: their first existing
+            // ancestor changes.
+            let dir_path = ImagePath::from_normalised(dir);
+            for anc in dir_path.ancestors().chain([&b""[..]]) {
+                let key = self.path_key(anc);
+                if let Some(fd) = self.tree.open_dir(anc, false)? {
+                    state.saved.note(key, anc, fd.as_fd())?;
+                    break;
+                }
+            }
+        }
+        let fd = self.tree.dir(dir, true)?.ok_or_else(|| {
+            Step::Rule(
+                Rule::Io,
+                format!("parent \"{}\" was not created", escape(dir)),
+            )
+        })?;
+        fd.try_clone_to_owned()
+            .map_err(|e| Step::Rule(Rule::Io, format!("duplicate a directory handle: {e}")))
+    }
+
+    /// Whether `path` is on the setuid allowlist (compared byte for byte; a
+    /// name that is not UTF-8 never is).
+    fn allowlisted(&self, path: &ImagePath) -> bool {
+        std::str::from_utf8(path.as_bytes())
+            .is_ok_and(|s| self.setuid_allowed.contains(&format!("/{s}")))
     }
 
     /// Setuid/setgid bits and file capabilities only on allowlisted paths.
@@ -612,7 +754,7 @@ impl Unpacker {
         xattrs: &[(String, Vec<u8>)],
     ) -> Result<(), Step> {
         let caps = xattrs.iter().any(|(n, _)| n == "security.capability");
-        if (mode & 0o6000 != 0 || caps) && !self.setuid_allowed.contains(&path.to_absolute()) {
+        if (mode & 0o6000 != 0 || caps) && !self.allowlisted(path) {
             let what = if caps {
                 "file capabilities (security.capability)".to_string()
             } else {
@@ -671,7 +813,12 @@ impl Unpacker {
     }
 
     /// A hardlink: the target must be a regular file already in the tree.
-    fn hardlink(&mut self, path: &ImagePath, target: &[u8]) -> Result<(), Step> {
+    fn hardlink(
+        &mut self,
+        path: &ImagePath,
+        target: &[u8],
+        state: &mut LayerState,
+    ) -> Result<(), Step> {
         let limits = &self.policy.limits;
         let tpath = ImagePath::parse(target, limits).map_err(|(r, d)| match r {
             Rule::Dotdot | Rule::Absolute => Step::Rule(
@@ -734,7 +881,7 @@ impl Unpacker {
             .map_err(|e| Step::Rule(Rule::Io, format!("open hardlink target: {e}")))?;
             privileged = rfs::fgetxattr(&f, "security.capability", &mut [0u8; 64][..]).is_ok();
         }
-        if privileged && !self.setuid_allowed.contains(&path.to_absolute()) {
+        if privileged && !self.allowlisted(path) {
             return Err(Step::Rule(
                 Rule::Setuid,
                 format!(
@@ -744,13 +891,13 @@ impl Unpacker {
                 ),
             ));
         }
-        let (dir, name) = path.split_last().expect("not the root");
-        let parent = self
-            .tree
-            .dir(dir, true)?
-            .expect("created")
-            .try_clone_to_owned()
-            .map_err(|e| Step::Rule(Rule::Io, format!("dup: {e}")))?;
+        let Some((dir, name)) = path.split_last() else {
+            return Err(Step::Rule(
+                Rule::RootEntry,
+                "the root of the tree can only be a directory".into(),
+            ));
+        };
+        let parent = self.parent(dir, state)?;
         self.tree.create_hardlink(
             tparent.as_fd(),
             tname,
@@ -764,7 +911,7 @@ impl Unpacker {
     /// `dir/.wh.name`: removes `dir/name` of lower layers. If this layer
     /// already wrote that path (or something under it), only lower
     /// layers' contents beneath it go.
-    fn whiteout(&mut self, dir: &[u8], name: &[u8], state: &LayerState) -> Result<(), Step> {
+    fn whiteout(&mut self, dir: &[u8], name: &[u8], state: &mut LayerState) -> Result<(), Step> {
         let Some(parent) = self.tree.open_dir(dir, false)? else {
             return Ok(()); // nothing below to hide
         };
@@ -779,41 +926,62 @@ impl Unpacker {
                 OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                let keep = |p: &[u8]| self.layer_wrote(p, state);
-                let r = self.tree.prune(&fd, &target, &keep);
-                self.tree.invalidate();
-                r?;
+                self.prune(&fd, &target, state)?;
             }
             return Ok(());
         }
-        self.tree.remove(parent.as_fd(), name, target.as_bytes())?;
+        let exists = rfs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if exists {
+            state.saved.note(self.path_key(dir), dir, parent.as_fd())?;
+            self.tree.remove(parent.as_fd(), name, target.as_bytes())?;
+        }
         Ok(())
     }
 
     /// `dir/.wh..wh..opq`: removes lower layers' entries in `dir`.
-    fn opaque(&mut self, dir: &[u8], state: &LayerState) -> Result<(), Step> {
+    fn opaque(&mut self, dir: &[u8], state: &mut LayerState) -> Result<(), Step> {
         let Some(fd) = self.tree.open_dir(dir, false)? else {
             return Ok(());
         };
-        let dir_path = ImagePath::from_normalised(dir);
-        let keep = |p: &[u8]| self.layer_wrote(p, state);
-        let r = self.tree.prune(&fd, &dir_path, &keep);
+        self.prune(&fd, &ImagePath::from_normalised(dir), state)
+    }
+
+    /// Removes lower layers' entries under `dir` (see [`Tree::prune`]).
+    fn prune(
+        &mut self,
+        fd: &std::os::fd::OwnedFd,
+        dir: &ImagePath,
+        state: &mut LayerState,
+    ) -> Result<(), Step> {
+        let LayerState {
+            written,
+            ancestors,
+            saved,
+            ..
+        } = state;
+        let keys = &self.keys;
+        let key_of = |p: &[u8]| {
+            let a = keys.0.hash_one(p) as u128;
+            let b = keys.1.hash_one(p) as u128;
+            (a << 64) | b
+        };
+        let keep = |p: &[u8]| {
+            let k = key_of(p);
+            written.contains(&k) || ancestors.contains(&k)
+        };
+        let mut before_change =
+            |p: &ImagePath, fd: BorrowedFd<'_>| saved.note(key_of(p.as_bytes()), p.as_bytes(), fd);
+        let r = self.tree.prune(fd, dir, &keep, &mut before_change);
         self.tree.invalidate();
         r.map_err(Step::from)
     }
 
-    fn layer_wrote(&self, p: &[u8], state: &LayerState) -> bool {
-        let k = self.path_key(p);
-        state.written.contains(&k) || state.ancestors.contains(&k)
-    }
-
     /// Directory times, once no child will change them any more.
-    fn set_dir_times(&self, dirs: &[(ImagePath, Timespec)]) -> Result<(), Fail> {
-        for (path, mtime) in dirs {
-            let ts = rfs::Timestamps {
-                last_access: *mtime,
-                last_modification: *mtime,
-            };
+    fn set_dir_times<'p>(
+        &self,
+        dirs: impl Iterator<Item = (&'p ImagePath, rfs::Timestamps)>,
+    ) -> Result<(), Fail> {
+        for (path, ts) in dirs {
             let fd = if path.is_root() {
                 rfs::openat(
                     self.tree.root(),
@@ -849,6 +1017,123 @@ impl Unpacker {
         }
         Ok(())
     }
+}
+
+/// Largest PAX extended header accepted (paths, times, xattrs all fit).
+const MAX_PAX_BYTES: u64 = 1 << 20;
+
+/// GNU long name/link and PAX headers seen since the last real entry; they
+/// describe the next one.
+#[derive(Default)]
+struct Ext {
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+    pax: Option<Vec<u8>>,
+}
+
+impl Ext {
+    fn is_empty(&self) -> bool {
+        self.long_name.is_none() && self.long_link.is_none() && self.pax.is_none()
+    }
+
+    /// Records an extension header; two of a kind for one entry is an
+    /// ambiguity parsers resolve differently, so it is refused.
+    fn set(&mut self, ty: tar::EntryType, data: Vec<u8>) -> Result<(), Fail> {
+        let (slot, what) = match ty {
+            tar::EntryType::GNULongName => (&mut self.long_name, "GNU long name"),
+            tar::EntryType::GNULongLink => (&mut self.long_link, "GNU long link"),
+            _ => (&mut self.pax, "PAX"),
+        };
+        if slot.is_some() {
+            return Err((
+                Rule::MalformedArchive,
+                format!("two {what} headers describe the same entry"),
+            ));
+        }
+        *slot = Some(data);
+        Ok(())
+    }
+
+    fn pax_value(&self, key: &[u8]) -> Option<&[u8]> {
+        tar::PaxExtensions::new(self.pax.as_deref()?)
+            .filter_map(Result::ok)
+            .find(|r| r.key_bytes() == key)
+            .map(|r| r.value_bytes())
+    }
+
+    /// The entry's name: PAX `path`, else the GNU long name (without its
+    /// terminating NUL), else the header's (prefix and) name.
+    fn path(&self, header: &tar::Header) -> Vec<u8> {
+        if let Some(p) = self.pax_value(b"path") {
+            return p.to_vec();
+        }
+        if let Some(n) = &self.long_name {
+            return n.strip_suffix(b"\0").unwrap_or(n).to_vec();
+        }
+        header.path_bytes().into_owned()
+    }
+
+    /// The link target: PAX `linkpath`, else the GNU long link, else the header's.
+    fn link(&self, header: &tar::Header) -> Vec<u8> {
+        if let Some(p) = self.pax_value(b"linkpath") {
+            return p.to_vec();
+        }
+        if let Some(n) = &self.long_link {
+            return n.strip_suffix(b"\0").unwrap_or(n).to_vec();
+        }
+        header
+            .link_name_bytes()
+            .map(|c| c.into_owned())
+            .unwrap_or_default()
+    }
+
+    /// A GNU long name and a PAX path for one entry may disagree; refuse both.
+    fn check(&self) -> Result<(), Step> {
+        if (self.long_name.is_some() && self.pax_value(b"path").is_some())
+            || (self.long_link.is_some() && self.pax_value(b"linkpath").is_some())
+        {
+            return Err(Step::Rule(
+                Rule::MalformedArchive,
+                "both a GNU long name and a PAX path name this entry".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads an extension header's data, refusing it unread past `cap`.
+fn read_capped<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    cap: u64,
+    ty: tar::EntryType,
+) -> Result<Vec<u8>, Step> {
+    let size = entry.size();
+    if size > cap {
+        return Err(Step::Rule(
+            if ty == tar::EntryType::XHeader {
+                Rule::MalformedArchive
+            } else {
+                Rule::PathTooLong
+            },
+            format!("a {size}-byte extension header ({ty:?}), more than the {cap} allowed"),
+        ));
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut data).map_err(Step::Stream)?;
+    if data.len() as u64 != size {
+        return Err(Step::Rule(
+            Rule::MalformedArchive,
+            format!(
+                "extension header data ends after {} of {size} bytes",
+                data.len()
+            ),
+        ));
+    }
+    Ok(data)
+}
+
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -157,7 +157,8 @@ pub enum Rule {
     /// `.wh.` alone, `.wh..`, `.wh...`, an unknown `.wh..wh.` marker or a
     /// whiteout-named directory component.
     MalformedWhiteout,
-    /// A setuid/setgid file or file capability outside the allowlist.
+    /// A setuid/setgid regular file, a file capability, or a hardlink to
+    /// either, outside the allowlist.
     Setuid,
     /// An extended attribute that cannot be applied as given.
     Xattr,
@@ -167,16 +168,24 @@ pub enum Rule {
     TotalTooLarge,
     /// The image has more than `max_entries` entries.
     TooManyEntries,
-    /// A name or link target longer than `max_path_bytes`.
+    /// A name, link target or GNU long-name header longer than
+    /// `max_path_bytes`.
     PathTooLong,
     /// A name deeper than `max_depth` components.
     TooDeep,
     /// The uncompressed stream does not hash to the config's `diff_id`.
     DiffIdMismatch,
-    /// The compressed stream or the tar structure is corrupt.
+    /// The compressed stream or the tar structure is corrupt or ambiguous:
+    /// bad checksums, truncation, a zstd frame asking for a window above
+    /// 32 MiB, a PAX header above 1 MiB, two extension headers of a kind (or
+    /// a GNU long name and a PAX path) for one entry, a PAX size that
+    /// disagrees with the header, an owner that does not fit 32 bits.
     MalformedArchive,
     /// The target directory is unusable (missing, not a directory, not empty).
     Target,
+    /// The policy itself is unusable (an allowlist entry that is not a
+    /// normalised absolute path).
+    Policy,
     /// A filesystem operation inside the target failed.
     Io,
 }
@@ -212,6 +221,7 @@ impl Rule {
         Rule::DiffIdMismatch,
         Rule::MalformedArchive,
         Rule::Target,
+        Rule::Policy,
         Rule::Io,
     ];
 
@@ -246,6 +256,7 @@ impl Rule {
             Rule::DiffIdMismatch => "diff-id-mismatch",
             Rule::MalformedArchive => "malformed-archive",
             Rule::Target => "target",
+            Rule::Policy => "policy",
             Rule::Io => "io",
         }
     }

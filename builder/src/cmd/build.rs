@@ -175,6 +175,14 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
 fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
     let recipe = Recipe::load(&args.recipe)?;
     let target = args.output.as_deref().map(Target::parse).transpose()?;
+    // An existing output must be a layout we can add to: find out now,
+    // before anything is downloaded.
+    if let Some(Target::Layout { dir, .. }) = &target {
+        let empty = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+        if dir.exists() && !empty {
+            Layout::open(dir).context("--output")?;
+        }
+    }
     let tag = target
         .as_ref()
         .and_then(|t| t.tag().map(str::to_string))
@@ -382,6 +390,9 @@ struct Summary {
 async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Result<Summary> {
     let recipe = &plan.recipe;
     let epoch = recipe.file.source_date_epoch;
+    // The Debian package base is built by `crate::debian` from its lock; it
+    // plugs in at `base_layers` (tarball → `rootfs_layer`), and this guard
+    // goes away with it.
     if let BaseSpec::Debian(d) = &recipe.file.base {
         bail!(
             "{}: base kind \"debian\" (suite {}): building a Debian package base needs its \
@@ -709,6 +720,8 @@ async fn base_layers(
                 shape: None,
             })
         }
+        // The debian module produces this platform's rootfs tarball from
+        // its locked `.deb`s, then: `rootfs_layer(&tarball, …)` as above.
         BaseSpec::Debian(_) => unreachable!("refused before fetching"),
     }
 }
