@@ -858,6 +858,7 @@ fn credentials_refused_and_accepted_from_each_source() {
     std::fs::write(&wrong, "kubeslot:nope\n").unwrap();
     for out in [push(&[], &[]), push(&[], &["--creds-file", p(&wrong)])] {
         let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("refused: {}", err.trim());
         assert!(!out.status.success(), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(&reg.host), "{err}");
