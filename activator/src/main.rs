@@ -28,7 +28,7 @@ fn main() {
         Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
