@@ -189,26 +189,12 @@ fn finish(root: &Root, mut report: Report, result: Result<(), ActivateError>, lo
             if matches!(e, ActivateError::RolledBack { .. }) {
                 report.outcome = Some(Outcome::RolledBack);
             }
-            report.finish(e.exit_code(), Some(error_chain(&e)));
+            report.finish(e.exit_code(), Some(crate::error_chain(&e)));
         }
     }
     let saved = report.save(root);
     drop(lock);
     Ran { report, saved }
-}
-
-/// `e` and its sources, `: `-separated (as anyhow's `{:#}`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s = format!("{s}: {t}");
-        }
-        cur = c.source();
-    }
-    s
 }
 
 /// The facts and files a run works with, for one config.
@@ -368,7 +354,7 @@ pub fn load_slot_config(root: &Root, slot: Slot) -> Result<Config, ActivateError
     let path = root.slot_inputs(slot.machine());
     Config::load(&path).map_err(|e| ActivateError::SlotConfig {
         path,
-        reason: error_chain(&e),
+        reason: crate::error_chain(&e),
     })
 }
 
@@ -998,7 +984,15 @@ mod tests {
         crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
         let ldconfig = s.root.ldconfig();
         std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
-        std::fs::write(&ldconfig, "#!/bin/sh\necho '0 libs found in cache'\n").unwrap();
+        let marker = match std::env::consts::ARCH {
+            "aarch64" => "AArch64",
+            _ => "x86-64",
+        };
+        std::fs::write(
+            &ldconfig,
+            format!("#!/bin/sh\nprintf '1 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+        )
+        .unwrap();
         {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -107,7 +107,7 @@ pub enum RenderError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no upstream DNS server: {path} lists only loopback resolvers ({found}); a node machine needs real upstreams, set \"nameservers\" in the config")]
+    #[error("no upstream DNS server in {path} (found: {found}; loopback resolvers such as the 127.0.0.53 stub are unreachable from pods): set \"nameservers\" in the config")]
     OnlyStub { path: PathBuf, found: String },
     #[error("no upstream DNS server: neither {upstream} nor {etc} exists; set \"nameservers\" in the config")]
     NoResolv { upstream: PathBuf, etc: PathBuf },
@@ -303,6 +303,36 @@ fn is_label_text(s: &str, allow_slash: bool) -> bool {
         })
 }
 
+/// Labels in the `kubernetes.io`/`k8s.io` namespaces that a kubelet may set
+/// on its own node (`k8s.io/kubelet/pkg/apis`, `IsKubeletLabel`); any other
+/// label there makes the kubelet refuse to start, which would only show as a
+/// failed health gate.
+const KUBELET_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kubernetes.io"];
+
+fn kubelet_may_set(key: &str) -> bool {
+    let Some((ns, _)) = key.split_once('/') else {
+        return true;
+    };
+    let in_ns = |n: &str| ns == n || ns.ends_with(&format!(".{n}"));
+    if !in_ns("kubernetes.io") && !in_ns("k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key) || KUBELET_LABEL_NAMESPACES.iter().any(|n| in_ns(n))
+}
+
 fn check_kubelet(config: &Config) -> Result<(), RenderError> {
     let k = &config.kubelet;
     if let Some(name) = &k.node_name {
@@ -314,6 +344,14 @@ fn check_kubelet(config: &Config) -> Result<(), RenderError> {
                 "kubelet.labels",
                 key,
                 "is not a label key (a-z, A-Z, 0-9, '-', '_', '.', '/')",
+            ));
+        }
+        if !kubelet_may_set(key) {
+            return Err(invalid(
+                "kubelet.labels",
+                key,
+                "is in the kubernetes.io/k8s.io namespace, which a kubelet may not set on its node \
+                 (allowed there: node.kubernetes.io/*, kubelet.kubernetes.io/*, topology.kubernetes.io/zone|region, ...)",
             ));
         }
         if !is_label_text(value, false) {
@@ -704,15 +742,28 @@ fn sync_dir(dir: &Path) -> Result<(), RenderError> {
         .map_err(write_err(dir))
 }
 
+/// Creates `dir` (and missing parents, mode 0755) with `mode`, fsyncing each
+/// parent that gained an entry. An existing `dir` is left as it is.
 fn create_dir(dir: &Path, mode: u32) -> Result<(), RenderError> {
     if dir.is_dir() {
         return Ok(());
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(dir)
-        .map_err(write_err(dir))
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            create_dir(parent, 0o755)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(write_err(dir)(e)),
+    }
+    // the umask may have narrowed the mode
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(write_err(dir))?;
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => Ok(()),
+    }
 }
 
 /// Temp file in the same directory with the final mode set before any byte
@@ -743,8 +794,19 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
     create_dir(&root.node_state().join("kubelet"), 0o700)?;
     create_dir(&root.node_state().join("containerd"), 0o711)?;
     for dir in host_file_dirs(files) {
-        // holds the credential: root only
-        create_dir(&root.dir().join(dir), 0o700)?;
+        // holds the credential: root only, also when an older dir drifted
+        let dir = root.dir().join(dir);
+        create_dir(&dir, 0o700)?;
+        if std::fs::metadata(&dir)
+            .map_err(write_err(&dir))?
+            .permissions()
+            .mode()
+            & 0o7777
+            != 0o700
+        {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(write_err(&dir))?;
+        }
     }
     for file in &files.files {
         let path = root.dir().join(&file.path);
@@ -943,5 +1005,28 @@ mod tests {
         assert!(check_node_name("n", "node-1.example").is_ok());
         assert!(check_bind_path("d", "/dev/a:b").is_err());
         assert!(check_bind_path("d", "/dev/nvidia-caps/nvidia-cap1").is_ok());
+        assert!(check_bind_path("d", "/dev/../etc").is_err());
+    }
+
+    #[test]
+    fn kubelet_restricted_labels() {
+        for ok in [
+            "pool",
+            "example.com/team",
+            "node.kubernetes.io/pool",
+            "topology.kubernetes.io/zone",
+            "kubelet.kubernetes.io/x",
+            "sub.node.kubernetes.io/y",
+        ] {
+            assert!(kubelet_may_set(ok), "{ok}");
+        }
+        for refused in [
+            "node-role.kubernetes.io/worker",
+            "kubernetes.io/role",
+            "k8s.io/x",
+            "foo.k8s.io/y",
+        ] {
+            assert!(!kubelet_may_set(refused), "{refused}");
+        }
     }
 }
