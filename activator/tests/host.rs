@@ -854,3 +854,112 @@ fn host_commands_have_useful_help() {
         assert!(text.contains("--root <DIR>"), "{cmd}: {text}");
     }
 }
+
+#[test]
+fn an_image_that_fails_verification_changes_nothing() {
+    let img = images();
+    let h = Host::new(&img);
+    // a trusted key that never signed the image: refused before any layer
+    use p256::pkcs8::{EncodePublicKey as _, LineEnding};
+    let key = p256::ecdsa::SigningKey::from_bytes(&[7u8; 32].into()).unwrap();
+    let pem = key
+        .verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .unwrap();
+    fs::write(h.root().join("etc/kubeslot/release.pub"), pem).unwrap();
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/release.pub"]});
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 1, "{err}");
+    let e = r["error"].as_str().unwrap();
+    assert!(e.contains(&img.v1.to_string()), "{e}");
+    assert_eq!(
+        r["phases"].as_array().unwrap().last().unwrap()["name"],
+        "resolve"
+    );
+    assert!(!Root::new(h.root()).state_file().exists());
+    assert!(!h.root().join("var/lib/machines/kube1").exists());
+    assert!(h.calls().is_empty(), "{:?}", h.calls());
+}
+
+#[test]
+fn dry_run_writes_nothing_and_wait_blocks_on_a_running_activation() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    let (code, out, err) = h.cmd(&["activate", "--dry-run", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["action"], "flip");
+    assert_eq!(plan["to"], "kube1");
+    assert_eq!(plan["digest"], img.v1.to_string());
+    assert!(plan["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["path"] == "etc/systemd/nspawn/kube1.nspawn"));
+    assert!(!root.state_file().exists() && !root.report_file().exists());
+    assert!(!root.machines_dir().join("kube1").exists());
+
+    // `wait` blocks while a run holds the lock, then prints its report
+    let (code, _, _) = h.cmd(&["activate"]);
+    assert_eq!(code, 0);
+    let held = kubeslot_activator::lock::Lock::try_exclusive(&root).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"))
+        .args(["wait", "--json", "--root"])
+        .arg(h.root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // (a `wait` that did not block would have exited by now; one that
+    // blocks can never make this fail)
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "wait returned while the lock was held"
+    );
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report, h.report());
+    assert_eq!(report["outcome"], "committed");
+}
+
+#[test]
+fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
+    let analyze = require_tool("systemd-analyze", "systemd");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("units");
+    let service = fs::read_to_string(units.join("kubeslot-activator.service")).unwrap();
+    let path_unit = fs::read_to_string(units.join("kubeslot-activator.path")).unwrap();
+    let bin = kubeslot_activator::paths::host::ACTIVATOR_BIN;
+    assert!(
+        service.contains(&format!("ExecStart={bin} activate\n")),
+        "{service}"
+    );
+    assert!(service.contains("Type=oneshot") && !service.contains("\nRestart="));
+    let config = format!("/{}", kubeslot_activator::config::DEFAULT_PATH);
+    assert!(
+        path_unit.contains(&format!("PathChanged={config}\n")),
+        "{path_unit}"
+    );
+    assert!(path_unit.contains("Unit=kubeslot-activator.service"));
+    // systemd's own parser, with the binary at a path that exists here
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("kubeslot-activator.service"),
+        service.replace(bin, env!("CARGO_BIN_EXE_kubeslot-activator")),
+    )
+    .unwrap();
+    fs::write(dir.path().join("kubeslot-activator.path"), &path_unit).unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(dir.path().join("kubeslot-activator.service"))
+        .arg(dir.path().join("kubeslot-activator.path"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("kubeslot-activator.service:"), "{text}");
+}
