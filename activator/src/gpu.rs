@@ -70,6 +70,8 @@ pub enum GpuError {
     },
     #[error("gpu mode is \"on\" but {dev} holds no /dev/nvidia<N> character device")]
     Required { dev: PathBuf },
+    #[error("gpu mode is \"on\" but {ldconfig} -p lists no NVIDIA driver library for {arch} (is the driver's user-space part installed?)")]
+    NoLibraries { ldconfig: PathBuf, arch: String },
     #[error("{path} -p: {reason}")]
     Ldconfig { path: PathBuf, reason: String },
     #[error("device {device}: {reason} (listed in the config's \"devices\")")]
@@ -230,6 +232,14 @@ pub fn discover(
         Some(arch) => parse_ldconfig(&ldconfig()?, arch),
         None => Vec::new(),
     };
+    // "on" promises a usable GPU: device nodes without the driver libraries
+    // would start a node that schedules GPU pods it cannot run
+    if mode == GpuMode::On && library_dirs.is_empty() {
+        return Err(GpuError::NoLibraries {
+            ldconfig: root.ldconfig(),
+            arch: arch.map_or_else(|| std::env::consts::ARCH.to_string(), |a| format!("{a:?}")),
+        });
+    }
     Ok(GpuBinds {
         devices,
         library_dirs,
@@ -300,6 +310,41 @@ mod tests {
         );
         // the amd64 cache has no arm64 entries
         assert!(parse_ldconfig(&fixture("ldconfig-amd64.txt"), Arch::Arm64).is_empty());
+    }
+
+    #[test]
+    fn the_wrong_architecture_is_excluded() {
+        assert!(parse_ldconfig(&fixture("ldconfig-arm64.txt"), Arch::Amd64).is_empty());
+        // one cache holding both (a multiarch host): each arch keeps its own
+        let both = fixture("ldconfig-amd64.txt") + &fixture("ldconfig-arm64.txt");
+        let amd = parse_ldconfig(&both, Arch::Amd64);
+        let arm = parse_ldconfig(&both, Arch::Arm64);
+        assert!(amd.iter().all(|d| d.contains("x86_64")), "{amd:?}");
+        assert!(arm.iter().all(|d| d.contains("aarch64")), "{arm:?}");
+        // 32-bit (i386) entries carry no architecture marker and never match
+        assert!(!amd.iter().any(|d| d.contains("i386")), "{amd:?}");
+    }
+
+    #[test]
+    fn gpu_on_needs_driver_libraries() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        fake_dev(&root, true);
+        let e = discover(&root, GpuMode::On, Some(Arch::Amd64), || {
+            Ok(fixture("ldconfig-arm64.txt"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("no NVIDIA driver library") && e.contains("ldconfig"),
+            "{e}"
+        );
+        // auto mode binds the devices it found even without libraries
+        let auto = discover(&root, GpuMode::Auto, Some(Arch::Amd64), || {
+            Ok(fixture("ldconfig-arm64.txt"))
+        })
+        .unwrap();
+        assert!(!auto.devices.is_empty() && auto.library_dirs.is_empty());
     }
 
     #[test]

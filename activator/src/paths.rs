@@ -139,6 +139,23 @@ impl Root {
     pub fn etc_hostname(&self) -> PathBuf {
         self.join("etc/hostname")
     }
+
+    /// `/proc/sys/kernel/hostname`: the kernel's (possibly transient) host
+    /// name, the node name of last resort when `/etc/hostname` is missing.
+    pub fn kernel_hostname(&self) -> PathBuf {
+        self.join("proc/sys/kernel/hostname")
+    }
+
+    /// `/etc/systemd/system/kubeslot-render@.service`: the oneshot that
+    /// re-renders a machine's host files before every start.
+    pub fn render_unit(&self) -> PathBuf {
+        self.join("etc/systemd/system").join(RENDER_UNIT)
+    }
+
+    /// `/etc/systemd/system`: where a change means `daemon-reload`.
+    pub fn systemd_system_dir(&self) -> PathBuf {
+        self.join("etc/systemd/system")
+    }
 }
 
 /// Absolute host paths as they appear *inside rendered files* (the `.nspawn`
@@ -157,11 +174,34 @@ pub mod host {
     pub const ACTIVATOR_BIN: &str = "/usr/local/bin/kubeslot-activator";
 }
 
+/// The template unit file name of the render oneshot.
+pub const RENDER_UNIT: &str = "kubeslot-render@.service";
+
+/// The render oneshot's instance for a machine (`kubeslot-render@kube1.service`).
+pub fn render_unit_instance(machine: &str) -> String {
+    format!("kubeslot-render@{machine}.service")
+}
+
+/// File names inside a machine's host-files dir (`/etc/kubeslot/host/<machine>/`).
+pub mod host_files {
+    /// A kubeconfig with the bootstrap token (TLS bootstrap), mode 0600.
+    pub const BOOTSTRAP_KUBECONFIG: &str = "bootstrap-kubeconfig";
+    /// A kubeconfig with an exec credential plugin, mode 0600.
+    pub const EXEC_KUBECONFIG: &str = "kubeconfig";
+    /// The cluster CA certificate.
+    pub const CLIENT_CA: &str = "apiserver-client-ca.crt";
+    /// The kubelet.service drop-in (node name, labels, taints, cluster DNS).
+    pub const KUBELET_DROPIN: &str = "20-kubeslot.conf";
+    pub const RESOLV_CONF: &str = "resolv.conf";
+    pub const HOSTNAME: &str = "hostname";
+}
+
 /// Paths inside a node machine (the targets of binds).
 pub mod machine {
     /// The host files dir appears here, read-only.
     pub const HOST_FILES: &str = "/etc/kubeslot/host";
     pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+    pub const HOSTNAME: &str = "/etc/hostname";
     pub const CLIENT_CA: &str = "/etc/kubernetes/pki/apiserver-client-ca.crt";
     pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/20-kubeslot.conf";
     pub const KUBELET_STATE: &str = "/var/lib/kubelet";

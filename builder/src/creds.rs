@@ -38,11 +38,10 @@ impl std::fmt::Debug for Credentials {
 /// Why credentials could not be read; names the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum CredsError {
-    #[error("credentials file {path}: {source}")]
+    #[error("credentials file {path}: {error}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("credentials file {path}: {reason}")]
     Format { path: PathBuf, reason: String },
@@ -50,25 +49,34 @@ pub enum CredsError {
 
 /// Finds the credentials for `registry` (`host[:port]`).
 pub fn lookup(registry: &str, creds_file: Option<&Path>) -> Result<Credentials, CredsError> {
+    lookup_in(registry, creds_file, |k| std::env::var(k).ok())
+}
+
+/// [`lookup`] with the environment given as a function (tests pass a map).
+fn lookup_in(
+    registry: &str,
+    creds_file: Option<&Path>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Credentials, CredsError> {
     if let Some(path) = creds_file {
         return from_file(path, registry);
     }
-    if let (Ok(user), Ok(password)) = (std::env::var(ENV_USER), std::env::var(ENV_PASSWORD)) {
+    if let (Some(user), Some(password)) = (env(ENV_USER), env(ENV_PASSWORD)) {
         return Ok(Credentials::Basic { user, password });
     }
     if registry == "ghcr.io" {
-        if let Ok(token) = std::env::var("GITHUB_TOKEN") {
+        if let Some(token) = env("GITHUB_TOKEN") {
             // ghcr.io accepts any user name with a token as the password.
-            let user = std::env::var("GITHUB_ACTOR").unwrap_or_else(|_| "token".into());
+            let user = env("GITHUB_ACTOR").unwrap_or_else(|| "token".into());
             return Ok(Credentials::Basic {
                 user,
                 password: token,
             });
         }
     }
-    let docker_config = match std::env::var_os("DOCKER_CONFIG") {
+    let docker_config = match env("DOCKER_CONFIG") {
         Some(dir) => Some(PathBuf::from(dir).join("config.json")),
-        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".docker/config.json")),
+        None => env("HOME").map(|h| PathBuf::from(h).join(".docker/config.json")),
     };
     if let Some(path) = docker_config {
         if path.is_file() {
@@ -84,7 +92,7 @@ pub fn lookup(registry: &str, creds_file: Option<&Path>) -> Result<Credentials, 
 fn read(path: &Path) -> Result<String, CredsError> {
     std::fs::read_to_string(path).map_err(|source| CredsError::Read {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })
 }
 
@@ -199,6 +207,60 @@ mod tests {
         let bad = r#"{"auths":{"ghcr.io":{"auth":"!!"}}}"#;
         let e = from_docker_config(bad, p, "ghcr.io").unwrap_err();
         assert!(e.to_string().contains("auths.ghcr.io.auth"), "{e}");
+    }
+
+    #[test]
+    fn github_token_only_for_ghcr_and_env_before_docker_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = base64::engine::general_purpose::STANDARD.encode("carol:fromconfig");
+        std::fs::write(
+            dir.path().join("config.json"),
+            format!(r#"{{"auths":{{"ghcr.io":{{"auth":"{auth}"}},"r.example:5000":{{"auth":"{auth}"}}}}}}"#),
+        )
+        .unwrap();
+        let config_dir = dir.path().to_str().unwrap().to_string();
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            let config_dir = config_dir.clone();
+            move |k: &str| {
+                if k == "DOCKER_CONFIG" {
+                    return Some(config_dir.clone());
+                }
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let basic = |user: &str, password: &str| Credentials::Basic {
+            user: user.into(),
+            password: password.into(),
+        };
+        let token = &[("GITHUB_TOKEN", "ghp_x"), ("GITHUB_ACTOR", "ci-bot")];
+        assert_eq!(
+            lookup_in("ghcr.io", None, env(token)).unwrap(),
+            basic("ci-bot", "ghp_x")
+        );
+        // The token is never sent to another registry: its docker config entry wins.
+        assert_eq!(
+            lookup_in("r.example:5000", None, env(token)).unwrap(),
+            basic("carol", "fromconfig")
+        );
+        let user_pw = &[
+            ("KUBESLOT_REGISTRY_USER", "dave"),
+            ("KUBESLOT_REGISTRY_PASSWORD", "tok"),
+            ("GITHUB_TOKEN", "ghp_x"),
+        ];
+        assert_eq!(
+            lookup_in("ghcr.io", None, env(user_pw)).unwrap(),
+            basic("dave", "tok")
+        );
+        assert_eq!(
+            lookup_in("ghcr.io", None, env(&[])).unwrap(),
+            basic("carol", "fromconfig")
+        );
+        assert_eq!(
+            lookup_in("other.example", None, env(&[])).unwrap(),
+            Credentials::Anonymous
+        );
     }
 
     #[test]

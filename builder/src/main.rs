@@ -9,6 +9,7 @@ mod debian;
 mod fetch;
 mod output;
 mod progress;
+mod publish;
 mod recipe;
 mod registry;
 mod rootfs;
@@ -51,7 +52,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,oci_client=error")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -78,7 +79,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -61,6 +61,8 @@ pub struct RegistryOptions {
 pub enum RegistryError {
     #[error(transparent)]
     Creds(#[from] CredsError),
+    #[error("registry {registry}: cannot reach it: {reason}")]
+    Unreachable { registry: String, reason: String },
     #[error("registry {registry}: authentication refused for {repository}: {reason}")]
     Auth {
         registry: String,
@@ -86,13 +88,12 @@ pub enum RegistryError {
         actual: Digest,
         size: u64,
     },
-    #[error("{repository}: reading blob {digest} from {path}: {source}")]
+    #[error("{repository}: reading blob {digest} from {path}: {error}")]
     Local {
         repository: String,
         digest: Digest,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{repository}: manifest {reference}: {reason}")]
     Manifest {
@@ -210,12 +211,49 @@ impl Remote {
             .client
             .auth(&remote.reference("latest"), &remote.auth, op)
             .await
-            .map_err(|e| RegistryError::Auth {
-                registry: image.registry.clone(),
-                repository: image.name(),
-                reason: chain(&e),
+            .map_err(|e| match e {
+                OciDistributionError::RequestError(_) => RegistryError::Unreachable {
+                    registry: image.registry.clone(),
+                    reason: chain(&e),
+                },
+                _ => RegistryError::Auth {
+                    registry: image.registry.clone(),
+                    repository: image.name(),
+                    reason: chain(&e),
+                },
             })?;
         Ok(remote)
+    }
+
+    /// A refusal (401/403) becomes [`RegistryError::Auth`], whatever the
+    /// request was; anything else is built by `other`.
+    fn fail(
+        &self,
+        e: OciDistributionError,
+        other: impl FnOnce(String) -> RegistryError,
+    ) -> RegistryError {
+        let refused = match &e {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => true,
+            OciDistributionError::RequestError(r) => {
+                matches!(r.status().map(|s| s.as_u16()), Some(401 | 403))
+            }
+            OciDistributionError::ServerError { code, .. } => matches!(code, 401 | 403),
+            OciDistributionError::RegistryError { envelope, .. } => envelope
+                .errors
+                .iter()
+                .any(|x| matches!(x.code, OciErrorCode::Unauthorized | OciErrorCode::Denied)),
+            _ => false,
+        };
+        if refused {
+            RegistryError::Auth {
+                registry: self.image.registry.clone(),
+                repository: self.name(),
+                reason: chain(&e),
+            }
+        } else {
+            other(chain(&e))
+        }
     }
 
     /// `registry/repository`.
@@ -244,10 +282,12 @@ impl Remote {
         self.client
             .blob_exists(&self.reference("latest"), &digest.to_string())
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest: *digest,
-                reason: format!("checking whether the registry has it: {}", chain(&e)),
+            .map_err(|e| {
+                self.fail(e, |r| RegistryError::Upload {
+                    repository: self.name(),
+                    digest: *digest,
+                    reason: format!("checking whether the registry has it: {r}"),
+                })
             })
     }
 
@@ -266,7 +306,7 @@ impl Remote {
                 repository: self.name(),
                 digest: *digest,
                 path: path.to_path_buf(),
-                source,
+                error: source,
             })?;
         let stream = futures_util::stream::unfold(file, |mut f| async move {
             use tokio::io::AsyncReadExt as _;
@@ -288,10 +328,12 @@ impl Remote {
                 Some(size),
             )
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest: *digest,
-                reason: chain(&e),
+            .map_err(|e| {
+                self.fail(e, |reason| RegistryError::Upload {
+                    repository: self.name(),
+                    digest: *digest,
+                    reason,
+                })
             })?;
         Ok(())
     }
@@ -306,10 +348,12 @@ impl Remote {
                 &digest.to_string(),
             )
             .await
-            .map_err(|e| RegistryError::Upload {
-                repository: self.name(),
-                digest,
-                reason: chain(&e),
+            .map_err(|e| {
+                self.fail(e, |reason| RegistryError::Upload {
+                    repository: self.name(),
+                    digest,
+                    reason,
+                })
             })?;
         Ok(digest)
     }
@@ -333,7 +377,7 @@ impl Remote {
         self.client
             .push_manifest_raw(&self.reference(reference), bytes.to_vec(), content_type)
             .await
-            .map_err(|e| err(format!("push refused: {}", chain(&e))))?;
+            .map_err(|e| self.fail(e, |r| err(format!("push refused: {r}"))))?;
         Ok(Digest::of(bytes))
     }
 
@@ -356,7 +400,7 @@ impl Remote {
         let bytes = match result {
             Ok((bytes, _)) => bytes.to_vec(),
             Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(err(chain(&e))),
+            Err(e) => return Err(self.fail(e, err)),
         };
         if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
             return Err(err(format!(
@@ -398,7 +442,7 @@ impl Remote {
             repository: self.name(),
             digest: *digest,
             path: path.to_path_buf(),
-            source,
+            error: source,
         };
         let dir = blobs.root().join("sha256");
         let mut tmp = tempfile::Builder::new()
@@ -409,7 +453,7 @@ impl Remote {
             .client
             .pull_blob_stream(&self.reference("latest"), digest.to_string().as_str())
             .await
-            .map_err(|e| download(chain(&e)))?
+            .map_err(|e| self.fail(e, download))?
             .stream;
         let mut hasher = Hasher::new();
         while let Some(chunk) = stream.next().await {

@@ -140,7 +140,7 @@ pub fn generate(input: &SbomInput) -> Vec<u8> {
             "SPDXID": id,
             "name": p.name,
             "versionInfo": p.version,
-            "downloadLocation": if p.download_location.is_empty() { "NOASSERTION" } else { &p.download_location },
+            "downloadLocation": download_location(&p.download_location),
             "filesAnalyzed": false,
             "checksums": [{ "algorithm": "SHA256", "checksumValue": p.sha256.hex() }],
             "licenseConcluded": "NOASSERTION",
@@ -185,6 +185,16 @@ pub fn generate(input: &SbomInput) -> Vec<u8> {
         content.hex()
     ));
     to_bytes(&doc)
+}
+
+/// SPDX wants a URL (or NONE/NOASSERTION): a local or relative path (a
+/// recipe's `../demo/base.tar.gz`) says nothing to a reader elsewhere.
+fn download_location(s: &str) -> &str {
+    let scheme = s.split_once("://").map(|(scheme, _)| scheme);
+    match scheme {
+        Some("http" | "https" | "ftp" | "git+https") => s,
+        _ => "NOASSERTION",
+    }
 }
 
 fn sanitise(s: &str) -> String {

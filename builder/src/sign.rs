@@ -36,11 +36,10 @@ pub const EMPTY_CONFIG: &[u8] = b"{}";
 pub enum KeyError {
     #[error("key file {path} already exists: refusing to overwrite a key")]
     Exists { path: PathBuf },
-    #[error("key file {path}: {source}")]
+    #[error("key file {path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("key file {path}: not a PKCS#8 PEM ECDSA P-256 private key ({reason})")]
     Parse { path: PathBuf, reason: String },
@@ -97,7 +96,7 @@ fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
 fn write_new(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
     let io = |source| KeyError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -128,7 +127,7 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
 pub fn load_key(path: &Path) -> Result<SigningKey, KeyError> {
     let pem = std::fs::read_to_string(path).map_err(|source| KeyError::Io {
         path: path.to_path_buf(),
-        source,
+        error: source,
     })?;
     SigningKey::from_pkcs8_pem(&pem).map_err(|e| KeyError::Parse {
         path: path.to_path_buf(),

@@ -17,9 +17,7 @@
 //! transfer again resumes, since existing blobs are skipped.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::Write as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use kubeslot_activator::layout::{BlobDir, Layout, LayoutError, MAX_DOCUMENT_BYTES};
 use kubeslot_activator::oci::{
@@ -30,6 +28,7 @@ use kubeslot_activator::signature::{self, SignatureError, TrustedKeys, MAX_PAYLO
 use kubeslot_activator::{Digest, ImageRef, ImageSource};
 use serde::Serialize;
 
+use crate::progress::Progress;
 use crate::registry::{RegistryError, RegistryOptions, Remote};
 use crate::sign::Artifact;
 
@@ -53,6 +52,10 @@ pub enum TransferError {
     },
     #[error("archive {path}: {reason}")]
     Archive { path: PathBuf, reason: String },
+    #[error(transparent)]
+    ReadArchive(#[from] kubeslot_activator::archive::ArchiveError),
+    #[error(transparent)]
+    WriteArchive(#[from] crate::output::OutputError),
     #[error("{destination}: after pushing, tag {tag} resolves to {actual}, not {expected}")]
     Readback {
         destination: String,
@@ -60,11 +63,10 @@ pub enum TransferError {
         expected: Digest,
         actual: String,
     },
-    #[error("{destination}: {source}")]
+    #[error("{destination}: {error}")]
     Signature {
         destination: String,
-        #[source]
-        source: SignatureError,
+        error: SignatureError,
     },
 }
 
@@ -158,8 +160,8 @@ impl Staged {
                     path: file.clone(),
                     reason: format!("cannot create a temp dir: {e}"),
                 })?;
-                extract_archive(file, tmp.path())?;
-                let layout = Layout::open(tmp.path())?;
+                // The activator's own reader: the same checks a host runs.
+                let layout = kubeslot_activator::archive::extract(file, tmp.path())?;
                 Self::from_layout(layout, tag.clone(), src.to_string(), Some(tmp))
             }
             ImageSource::Registry(image) => {
@@ -294,11 +296,12 @@ impl Staged {
         dst: &ImageSource,
         opts: &RegistryOptions,
         verify_keys: Option<&TrustedKeys>,
+        progress: &Progress,
     ) -> Result<TransferReport, TransferError> {
         match dst {
             ImageSource::Registry(image) => {
                 let remote = Remote::connect(image, opts, true).await?;
-                self.push(&remote, image, verify_keys).await
+                self.push(&remote, image, verify_keys, progress).await
             }
             ImageSource::Layout { dir, tag } => {
                 let tag = tag.clone().or_else(|| self.tag.clone());
@@ -310,7 +313,7 @@ impl Staged {
                         verify_layout(&layout, &self.graph()?.manifest_digests(), keys).map_err(
                             |source| TransferError::Signature {
                                 destination: dst.to_string(),
-                                source,
+                                error: source,
                             },
                         )?;
                 }
@@ -333,11 +336,11 @@ impl Staged {
                         verify_layout(&layout, &self.graph()?.manifest_digests(), keys).map_err(
                             |source| TransferError::Signature {
                                 destination: dst.to_string(),
-                                source,
+                                error: source,
                             },
                         )?;
                 }
-                write_archive(tmp.path(), file)?;
+                crate::output::write_archive(tmp.path(), file)?;
                 report.destination = dst.to_string();
                 Ok(report)
             }
@@ -352,6 +355,7 @@ impl Staged {
         remote: &Remote,
         image: &ImageRef,
         verify_keys: Option<&TrustedKeys>,
+        progress: &Progress,
     ) -> Result<TransferReport, TransferError> {
         let graph = self.graph()?;
         let attachments = self.attachments(&graph)?;
@@ -373,10 +377,16 @@ impl Staged {
                 continue;
             }
             let path = self.layout.blobs().path(&blob.digest);
-            tracing::info!(digest = %blob.digest, size = blob.size, "uploading blob");
+            let mut task = progress.task(
+                "upload",
+                &format!("{} {}", remote.name(), blob.digest),
+                Some(blob.size),
+            );
             remote
                 .push_blob_file(&blob.digest, blob.size, &path)
                 .await?;
+            task.inc(blob.size);
+            task.finish("sent");
             report.blobs_sent.push(blob.digest);
             report.bytes_sent += blob.size;
         }
@@ -415,7 +425,8 @@ impl Staged {
             });
         }
         if let Some(keys) = verify_keys {
-            for d in graph.manifest_digests() {
+            // The root first: its error names the image the user asked for.
+            for d in graph.manifest_digests().into_iter().rev() {
                 verify_remote(remote, d, keys).await?;
                 report.verified.push(d);
             }
@@ -715,7 +726,8 @@ pub fn verify_layout(
         path: layout.dir().join("index.json"),
         reason: e.to_string(),
     })?;
-    for &digest in digests {
+    // The root (last) first: its error names the image the user asked for.
+    for &digest in digests.iter().rev() {
         let tag = digest.attachment_tag("sig");
         let sig = index
             .manifests
@@ -751,7 +763,7 @@ pub async fn verify_remote(
     let tag = digest.attachment_tag("sig");
     let sig_err = |source| TransferError::Signature {
         destination: remote.name(),
-        source,
+        error: source,
     };
     let Some(raw) = remote.pull_manifest(&tag).await? else {
         return Err(sig_err(SignatureError::Missing { digest }));
@@ -780,98 +792,6 @@ pub async fn verify_remote(
     .map_err(sig_err)
 }
 
-/// Extracts an `oci-archive` (a tar of a layout) into `dest`: regular files
-/// and directories only, every name a plain relative path.
-pub fn extract_archive(file: &Path, dest: &Path) -> Result<(), TransferError> {
-    let err = |reason: String| TransferError::Archive {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let f = File::open(file).map_err(|e| err(e.to_string()))?;
-    let mut ar = tar::Archive::new(f);
-    for entry in ar.entries().map_err(|e| err(e.to_string()))? {
-        let mut entry = entry.map_err(|e| err(e.to_string()))?;
-        let path = entry.path().map_err(|e| err(e.to_string()))?.into_owned();
-        if path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(err(format!(
-                "entry {}: not a plain relative path",
-                path.display()
-            )));
-        }
-        let target = dest.join(&path);
-        match entry.header().entry_type() {
-            tar::EntryType::Directory => std::fs::create_dir_all(&target)
-                .map_err(|e| err(format!("{}: {e}", path.display())))?,
-            tar::EntryType::Regular => {
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| err(format!("{}: {e}", path.display())))?;
-                }
-                let mut out = File::options()
-                    .write(true)
-                    .create_new(true)
-                    .open(&target)
-                    .map_err(|e| err(format!("entry {}: {e}", path.display())))?;
-                std::io::copy(&mut entry, &mut out)
-                    .map_err(|e| err(format!("entry {}: {e}", path.display())))?;
-            }
-            other => {
-                return Err(err(format!(
-                    "entry {}: type {other:?} is not allowed in an oci-archive",
-                    path.display()
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Tars the layout at `dir` into `file`, deterministically (sorted names,
-/// fixed owner, mode and mtime), through a temp file renamed into place.
-pub fn write_archive(dir: &Path, file: &Path) -> Result<(), TransferError> {
-    let err = |reason: String| TransferError::Archive {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let parent = match file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let tmp = tempfile::Builder::new()
-        .prefix(".tmp-archive-")
-        .tempfile_in(parent)
-        .map_err(|e| err(format!("cannot create a temp file beside it: {e}")))?;
-    let mut builder = tar::Builder::new(std::io::BufWriter::new(tmp));
-    builder.mode(tar::HeaderMode::Deterministic);
-    let mut names: Vec<PathBuf> = walkdir::WalkDir::new(dir)
-        .min_depth(1)
-        .sort_by_file_name()
-        .into_iter()
-        .map(|e| e.map(|e| e.path().to_path_buf()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| err(e.to_string()))?;
-    // Layout metadata first, as skopeo writes it; then blobs.
-    names.sort_by_key(|p| (p.starts_with(dir.join("blobs")), p.clone()));
-    for path in names {
-        let rel = path.strip_prefix(dir).expect("walkdir stays under dir");
-        builder
-            .append_path_with_name(&path, rel)
-            .map_err(|e| err(format!("{}: {e}", path.display())))?;
-    }
-    let writer = builder.into_inner().map_err(|e| err(e.to_string()))?;
-    let mut tmp = writer
-        .into_inner()
-        .map_err(|e| err(e.error().to_string()))?;
-    tmp.flush().map_err(|e| err(e.to_string()))?;
-    tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
-    tmp.persist(file).map_err(|e| err(e.error.to_string()))?;
-    kubeslot_activator::layout::sync_dir(parent)?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -883,39 +803,5 @@ mod tests {
         assert!(is_attachment_tag(&d.attachment_tag("sbom")));
         assert!(!is_attachment_tag(&d.attachment_tag("att")));
         assert!(!is_attachment_tag("v1"));
-    }
-
-    #[test]
-    fn archive_round_trip_and_refuses_escapes() {
-        let tmp = tempfile::tempdir().unwrap();
-        let layout = Layout::create(tmp.path().join("l")).unwrap();
-        let d = layout.blobs().put_bytes(b"{}").unwrap();
-        merge_index(&layout, vec![Descriptor::new(MEDIA_TYPE_INDEX, d, 2)]).unwrap();
-        let file = tmp.path().join("a.tar");
-        write_archive(layout.dir(), &file).unwrap();
-        let first = std::fs::read(&file).unwrap();
-        write_archive(layout.dir(), &file).unwrap();
-        assert_eq!(
-            first,
-            std::fs::read(&file).unwrap(),
-            "archives are deterministic"
-        );
-        let out = tmp.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        extract_archive(&file, &out).unwrap();
-        assert!(Layout::open(&out).unwrap().blobs().contains(&d));
-
-        let evil = tmp.path().join("evil.tar");
-        let mut b = tar::Builder::new(File::create(&evil).unwrap());
-        let mut h = tar::Header::new_gnu();
-        h.set_size(1);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
-        h.set_cksum();
-        b.append(&h, &b"x"[..]).unwrap();
-        b.finish().unwrap();
-        drop(b);
-        let e = extract_archive(&evil, &out).unwrap_err().to_string();
-        assert!(e.contains("not a plain relative path"), "{e}");
     }
 }

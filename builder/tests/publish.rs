@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kubeslot_activator::layout::Layout;
 use kubeslot_activator::oci::{
     Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_REF_NAME,
-    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_TAR, MEDIA_TYPE_MANIFEST,
+    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_MANIFEST,
 };
 use kubeslot_activator::Digest;
 use kubeslot_test_support::{require_tool, Registry};
@@ -68,7 +68,7 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A tar layer holding one file of `len` noise bytes.
+/// A tar holding one file of `len` noise bytes.
 fn layer(seed: u64, len: usize) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     let mut h = tar::Header::new_gnu();
@@ -88,10 +88,19 @@ fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, V
     let mut entries = Vec::new();
     for (p, arch) in ["amd64", "arm64"].iter().enumerate() {
         let mut descs = Vec::new();
+        let mut diff_ids = Vec::new();
         for (i, size) in layers.iter().enumerate() {
-            let bytes = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
+            let tar = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
+            diff_ids.push(Digest::of(&tar));
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, &tar).unwrap();
+            let bytes = gz.finish().unwrap();
             let d = layout.blobs().put_bytes(&bytes).unwrap();
-            descs.push(Descriptor::new(MEDIA_TYPE_LAYER_TAR, d, bytes.len() as u64));
+            descs.push(Descriptor::new(
+                MEDIA_TYPE_LAYER_GZIP,
+                d,
+                bytes.len() as u64,
+            ));
         }
         let config = ImageConfig {
             created: Some("2024-01-01T00:00:00Z".into()),
@@ -101,7 +110,7 @@ fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, V
             config: None,
             rootfs: RootFs {
                 kind: "layers".into(),
-                diff_ids: descs.iter().map(|d| d.digest).collect(),
+                diff_ids,
             },
             history: vec![],
         };
@@ -215,6 +224,7 @@ fn push_pull_back_sign_and_sigstore_verifies() {
     skopeo(&[
         "copy",
         "--all",
+        "--preserve-digests",
         "--src-tls-verify=false",
         &format!("docker://{image}"),
         &format!("oci:{}:v1", p(&back)),
@@ -288,6 +298,32 @@ fn push_pull_back_sign_and_sigstore_verifies() {
         stderr.contains(&format!("signature payload names digest {}", platforms[0])),
         "{stderr}"
     );
+    // A registry serving other bytes for a blob: the copy fails with one
+    // line naming the blob, and writes nothing.
+    let m: Manifest = Layout::open(&src)
+        .unwrap()
+        .read_json(&platforms[0], None)
+        .unwrap();
+    let victim = m.layers[1].digest;
+    let hex = victim.hex();
+    let data = reg
+        .storage()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(&hex)
+        .join("data");
+    let len = std::fs::metadata(&data).unwrap().len() as usize;
+    std::fs::write(&data, noise(99, len)).unwrap();
+    let dest = tmp.path().join("tampered");
+    let out = builder()
+        .args(["copy", &image, &format!("oci:{}", p(&dest))])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("blob {victim}")), "{stderr}");
+    assert!(!dest.exists(), "nothing is written from a bad source");
 }
 
 #[test]
@@ -327,8 +363,18 @@ fn skopeo_carries_our_signature_and_copy_through_an_archive_keeps_it() {
         &format!("docker://{}/kube/node:v1", reg.host()),
         &format!("docker://{}/mirror/node:v1", reg.host()),
     ]);
-    sigstore_verify(&format!("{}/mirror/node@{index}", reg.host()), &public)
-        .unwrap_or_else(|e| panic!("after skopeo copy: {e}"));
+    for d in std::iter::once(index).chain(platforms.iter().copied()) {
+        sigstore_verify(&format!("{}/mirror/node@{d}", reg.host()), &public)
+            .unwrap_or_else(|e| panic!("after skopeo copy, {d}: {e}"));
+    }
+    // ... and our own verifier agrees, reading them back from the mirror.
+    run(&[
+        "copy",
+        &format!("{}/mirror/node:v1", reg.host()),
+        &format!("oci:{}", p(&tmp.path().join("from-mirror"))),
+        "--verify-key",
+        p(&public),
+    ]);
 
     // copy registry → oci-archive → another registry path: same digest, the
     // signatures of the index and both platforms still verify.
@@ -474,14 +520,15 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
     let (index, _) = write_image(&src, "v1", 5, &[12 << 20, 12 << 20, 12 << 20]);
     let image = format!("{}/kube/big:v1", reg.host());
     let mut child = builder()
-        .args(["--json", "push", &format!("oci:{}:v1", p(&src)), &image])
+        .args(["--json", "--progress", "quiet", "push"])
+        .args([&format!("oci:{}:v1", p(&src)), &image])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Kill the registry as soon as the first blob has landed.
+    // Kill the registry once three blobs have landed (five still to go).
     let deadline = Instant::now() + Duration::from_secs(120);
-    while finished_uploads(&reg.log()) == 0 {
+    while finished_uploads(&reg.log()) < 3 {
         assert!(Instant::now() < deadline, "no blob upload finished");
         assert!(
             child.try_wait().unwrap().is_none(),
@@ -502,17 +549,50 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
         "{err}"
     );
 
+    // What the killed registry had completely received for the repository.
+    let linked = |reg: &Registry| -> BTreeSet<String> {
+        let dir = reg
+            .storage()
+            .join("docker/registry/v2/repositories/kube/big/_layers/sha256");
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.map(|e| format!("sha256:{}", e.unwrap().file_name().to_string_lossy()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let had = linked(&reg);
     let reg = reg.restart();
     let image = format!("{}/kube/big:v1", reg.host());
     let report = run_json(&["push", &format!("oci:{}:v1", p(&src)), &image]);
-    let sent = report["blobs_sent"].as_array().unwrap().len();
-    let skipped = report["blobs_skipped"].as_array().unwrap().len();
-    assert_eq!(sent + skipped, 8);
+    let digests = |key: &str| -> BTreeSet<String> {
+        report[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (sent, skipped) = (digests("blobs_sent"), digests("blobs_skipped"));
+    eprintln!(
+        "resumed push: {} blob(s) sent, {} skipped ({} already in the killed registry)",
+        sent.len(),
+        skipped.len(),
+        had.len()
+    );
+    assert_eq!(sent.len() + skipped.len(), 8);
     assert!(
-        skipped >= 1,
+        !skipped.is_empty(),
         "nothing was kept from the first push: {report}"
     );
-    assert!(sent >= 1, "the first push was not interrupted: {report}");
+    assert!(
+        !sent.is_empty(),
+        "the first push was not interrupted: {report}"
+    );
+    // Exactly what the registry had is skipped; only the rest is sent.
+    assert_eq!(skipped, had, "{report}");
+    assert!(sent.is_disjoint(&had), "{report}");
+    let sent = sent.len();
     // The registry saw exactly the uploads the report claims.
     assert_eq!(finished_uploads(&reg.log()), sent, "{}", reg.log());
     assert_eq!(report["digest"], index.to_string());
@@ -520,9 +600,333 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
     skopeo(&[
         "copy",
         "--all",
+        "--preserve-digests",
         "--src-tls-verify=false",
         &format!("docker://{image}"),
         &format!("oci:{}:v1", p(&back)),
     ]);
     assert_eq!(blob_set(&back), blob_set(&src));
+}
+
+/// The demo recipe, built by the binary with `--sign-key --push`: the pushed
+/// index is the built one, skopeo pulls back the same digests, sigstore-rs
+/// accepts every signature, and the SBOM (embedded and attached) validates
+/// and lists every component with its pinned sha256.
+#[test]
+fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
+    let pyspdxtools = require_tool(
+        "pyspdxtools",
+        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+    );
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(tmp.path(), "release");
+    let recipe = kubeslot_test_support::workspace_root().join("testdata/recipes/demo.toml");
+    let out = tmp.path().join("out");
+    let image = format!("{}/kube/demo:v1", reg.host());
+    let summary = run_json(&[
+        "--progress",
+        "quiet",
+        "--cache",
+        p(&tmp.path().join("cache")),
+        "build",
+        p(&recipe),
+        "--output",
+        &format!("oci:{}", p(&out)),
+        "--sign-key",
+        p(&key),
+        "--push",
+        &image,
+    ]);
+    let index: Digest = summary["index"].as_str().unwrap().parse().unwrap();
+    assert_eq!(summary["pushed"]["digest"], index.to_string());
+    // index + 2 platforms signed; each platform's .sbom attached
+    assert_eq!(summary["pushed"]["verified"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        summary["pushed"]["attachments"].as_array().unwrap().len(),
+        5
+    );
+
+    let back = tmp.path().join("back");
+    skopeo(&[
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        &format!("docker://{image}"),
+        &format!("oci:{}:v1", p(&back)),
+    ]);
+    let back_layout = Layout::open(&back).unwrap();
+    assert_eq!(back_layout.index().unwrap().manifests[0].digest, index);
+    assert!(blob_set(&back).is_subset(&blob_set(&out)));
+
+    let platforms: Vec<Descriptor> = back_layout
+        .read_json::<Index>(&index, None)
+        .unwrap()
+        .manifests;
+    for d in std::iter::once(index).chain(platforms.iter().map(|d| d.digest)) {
+        sigstore_verify(&format!("{}/kube/demo@{d}", reg.host()), &public)
+            .unwrap_or_else(|e| panic!("sigstore rejects {d}: {e}"));
+    }
+
+    // Our copy brings the .sbom attachments along; the amd64 one validates,
+    // equals the file embedded in the image, and lists every component.
+    let copied = tmp.path().join("copied");
+    run(&["copy", &image, &format!("oci:{}", p(&copied))]);
+    let copied = Layout::open(&copied).unwrap();
+    let amd64 = platforms
+        .iter()
+        .find(|d| d.platform.as_ref().unwrap().architecture == "amd64")
+        .unwrap();
+    let sbom_tag = amd64.digest.attachment_tag("sbom");
+    let entry = copied
+        .index()
+        .unwrap()
+        .manifests
+        .into_iter()
+        .find(|e| e.annotations.get(ANNOTATION_REF_NAME) == Some(&sbom_tag))
+        .expect("the .sbom attachment was copied");
+    let artifact: Manifest = copied.read_json(&entry.digest, Some(entry.size)).unwrap();
+    assert_eq!(artifact.subject.as_ref().unwrap().digest, amd64.digest);
+    let doc_bytes = copied
+        .blobs()
+        .read_verified(&artifact.layers[0].digest, None, 1 << 20)
+        .unwrap();
+    let doc_file = tmp.path().join("amd64.spdx.json");
+    std::fs::write(&doc_file, &doc_bytes).unwrap();
+    check(
+        "pyspdxtools",
+        Command::new(pyspdxtools)
+            .args(["-i", p(&doc_file)])
+            .output()
+            .unwrap(),
+    );
+
+    let manifest: Manifest = copied.read_json(&amd64.digest, None).unwrap();
+    let last = manifest.layers.last().unwrap();
+    let gz = std::fs::File::open(copied.blobs().path(&last.digest)).unwrap();
+    let mut embedded = None;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(gz));
+    for e in tar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some("usr/share/kubeslot/sbom.spdx.json") {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut v).unwrap();
+            embedded = Some(v);
+        }
+    }
+    assert_eq!(
+        embedded.as_deref(),
+        Some(&doc_bytes[..]),
+        "embedded = attached"
+    );
+
+    let spdx: serde_json::Value = serde_json::from_slice(&doc_bytes).unwrap();
+    let recipe: toml::Value = toml::from_str(&std::fs::read_to_string(&recipe).unwrap()).unwrap();
+    let components = recipe["components"].as_table().unwrap();
+    assert!(components.len() >= 5);
+    for (name, c) in components {
+        let pin = c["sha256"]["amd64"].as_str().unwrap();
+        let pkg = spdx["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("component {name} missing from the SBOM"));
+        assert_eq!(
+            pkg["checksums"][0]["checksumValue"],
+            pin.strip_prefix("sha256:").unwrap(),
+            "{name}"
+        );
+        assert_eq!(pkg["versionInfo"], c["version"].as_str().unwrap(), "{name}");
+    }
+    // The base rootfs tarball is listed with its pinned sha256 too.
+    let base_pin = recipe["base"]["sha256"]["amd64"].as_str().unwrap();
+    let base = spdx["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "base-rootfs")
+        .expect("the base rootfs is missing from the SBOM");
+    assert_eq!(
+        base["checksums"][0]["checksumValue"],
+        base_pin.strip_prefix("sha256:").unwrap()
+    );
+}
+
+/// What users read: `--help` of the publishing subcommands (golden files
+/// under testdata/help; `UPDATE_GOLDEN=1` rewrites them).
+#[test]
+fn publishing_help_snapshots() {
+    for cmd in ["push", "sign", "keygen", "copy", "sbom"] {
+        let out = check(
+            cmd,
+            builder()
+                .args([cmd, "--help"])
+                .env("COLUMNS", "100")
+                .output()
+                .unwrap(),
+        );
+        let path = kubeslot_test_support::workspace_root()
+            .join("testdata/help")
+            .join(format!("builder-{cmd}.txt"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &out).unwrap();
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+        assert_eq!(out, want, "{} differs", path.display());
+    }
+}
+
+/// A `docker-registry` with htpasswd auth (user `kubeslot`, password
+/// `s3cret`, testdata/registry-auth), killed when dropped.
+struct AuthRegistry {
+    child: std::process::Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthRegistry {
+    fn start() -> AuthRegistry {
+        let bin = require_tool("docker-registry", "docker-registry");
+        let dir = tempfile::tempdir().unwrap();
+        let htpasswd =
+            kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
+        let port = kubeslot_test_support::free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("storage").display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "auth registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        AuthRegistry {
+            child,
+            host: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn credentials_refused_and_accepted_from_each_source() {
+    let reg = AuthRegistry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, _) = write_image(&src, "v1", 6, &[1000]);
+    let image = format!("{}/kube/private:v1", reg.host);
+    let push = |envs: &[(&str, &str)], extra: &[&str]| {
+        let mut c = builder();
+        c.env_remove("KUBESLOT_REGISTRY_USER")
+            .env_remove("KUBESLOT_REGISTRY_PASSWORD")
+            .env("DOCKER_CONFIG", tmp.path().join("no-docker-config"))
+            .args(["push", &format!("oci:{}", p(&src)), &image])
+            .args(extra);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // Anonymous and wrong passwords are refused, in one line naming the registry.
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "kubeslot:nope\n").unwrap();
+    for out in [push(&[], &[]), push(&[], &["--creds-file", p(&wrong)])] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("refused: {}", err.trim());
+        assert!(!out.status.success(), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(&reg.host), "{err}");
+        assert!(
+            err.contains(&format!("registry {}: authentication refused", reg.host)),
+            "{err}"
+        );
+    }
+    // A creds file, the environment, a docker config: each is accepted.
+    let good = tmp.path().join("good");
+    std::fs::write(&good, "kubeslot:s3cret\n").unwrap();
+    check("creds file", push(&[], &["--creds-file", p(&good)]));
+    check(
+        "env",
+        push(
+            &[
+                ("KUBESLOT_REGISTRY_USER", "kubeslot"),
+                ("KUBESLOT_REGISTRY_PASSWORD", "s3cret"),
+            ],
+            &[],
+        ),
+    );
+    let docker = tmp.path().join("docker");
+    std::fs::create_dir(&docker).unwrap();
+    std::fs::write(
+        docker.join("config.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}}}}"#,
+            reg.host
+        ),
+    )
+    .unwrap();
+    check("docker config", push(&[("DOCKER_CONFIG", p(&docker))], &[]));
+    // A --creds-file in docker config format, and one naming only another registry.
+    let config = docker.join("config.json");
+    check(
+        "creds file (docker config)",
+        push(&[], &["--creds-file", p(&config)]),
+    );
+    let other = tmp.path().join("other.json");
+    std::fs::write(
+        &other,
+        r#"{"auths":{"elsewhere.example":{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}"#,
+    )
+    .unwrap();
+    let out = push(&[], &["--creds-file", p(&other)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("no auths entry for registry {}", reg.host)),
+        "{err}"
+    );
+    // The registry holds our index, byte for byte, behind those credentials.
+    let out = Command::new("skopeo")
+        .args([
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            "--creds",
+            "kubeslot:s3cret",
+        ])
+        .arg(format!("docker://{image}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(Digest::of(&out.stdout), index);
 }

@@ -40,7 +40,12 @@ pub async fn run(args: CopyArgs, global: &Global) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("copy from {}", args.source))?;
     let report = staged
-        .deliver(&args.destination, &args.registry, keys.as_ref())
+        .deliver(
+            &args.destination,
+            &args.registry,
+            keys.as_ref(),
+            &global.progress,
+        )
         .await
         .with_context(|| format!("copy {} to {}", args.source, args.destination))?;
     super::print(global, &report);

@@ -51,6 +51,7 @@ pub async fn run(args: PushArgs, global: &Global) -> anyhow::Result<()> {
             &ImageSource::Registry(args.destination.clone()),
             &args.registry,
             keys.as_ref(),
+            &global.progress,
         )
         .await
         .with_context(|| format!("push {} to {}", args.source, args.destination))?;
