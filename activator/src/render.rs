@@ -606,7 +606,12 @@ fn kubelet_dropin(config: &Config, node_name: &str) -> String {
     if !k.cluster_dns.is_empty() {
         args.push(format!("--cluster-dns={}", k.cluster_dns.join(",")));
     }
-    args.push(format!("--resolv-conf={}", inside::RESOLV_CONF));
+    // pods get the file we rendered, whatever the image does with its own
+    // /etc/resolv.conf (often a symlink to systemd-resolved's stub)
+    args.push(format!(
+        "--resolv-conf={host_dir}/{}",
+        host_files::RESOLV_CONF
+    ));
     let mut s = String::from(
         "# Rendered by kubeslot-activator on the host and bound read-only; the\n\
          # image's kubelet.service passes $KUBELET_ARGS to the kubelet.\n",

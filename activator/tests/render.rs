@@ -979,6 +979,32 @@ fn golden_files_pass_systemds_own_parsers() {
             out.status,
             stderr(&out)
         );
+
+        // the kubelet drop-in on the image's kubelet.service (its binary
+        // swapped for one that exists here)
+        let kubelet = work.path().join("kubelet");
+        fs::create_dir_all(kubelet.join("kubelet.service.d")).unwrap();
+        let unit = fs::read_to_string(workspace_root().join("recipes/files/kubelet.service"))
+            .unwrap()
+            .replace("/usr/local/bin/kubelet", "/bin/true");
+        fs::write(kubelet.join("kubelet.service"), unit).unwrap();
+        fs::copy(
+            files.join(format!("etc/kubeslot/host/{machine}/20-kubeslot.conf")),
+            kubelet.join("kubelet.service.d/20-kubeslot.conf"),
+        )
+        .unwrap();
+        let out = Command::new(&analyze)
+            .arg("verify")
+            .arg(kubelet.join("kubelet.service"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{}: systemd-analyze verify kubelet.service: {}\n{}",
+            files.display(),
+            out.status,
+            stderr(&out)
+        );
         checked += 1;
     }
     assert_eq!(checked, 6, "one check per golden scenario");
