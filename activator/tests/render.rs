@@ -706,6 +706,44 @@ fn render_rewrites_and_reloads_only_when_devices_change() {
 }
 
 #[test]
+fn concurrent_renders_of_one_machine_take_turns() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    // all start on a fresh root, so all of them write: without the lock
+    // one's stale-file sweep removes another's temp file mid-write
+    for round in 0..5 {
+        host.write_config(&CLI_CONFIG.replace("LABEL", &format!("r{round}")));
+        let path = format!(
+            "{}:{}",
+            host.path("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                Command::new(BIN)
+                    .args(["render", "--root"])
+                    .arg(host.root.dir())
+                    .arg("kube1")
+                    .env("PATH", &path)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            ok(c.wait_with_output().unwrap());
+        }
+        let dir = tree(&host.path("etc/kubeslot/host/kube1"));
+        assert_eq!(dir.len(), 5, "{:?}", dir.keys().collect::<Vec<_>>());
+        assert!(host
+            .read("etc/kubeslot/host/kube1/20-kubeslot.conf")
+            .contains(&format!("pool=r{round}")));
+    }
+}
+
+#[test]
 fn unreadable_ca_fails_naming_the_file_and_writes_nothing() {
     let host = Host::new();
     host.fake_systemctl();
