@@ -14,7 +14,7 @@
 //! It never touches a slot tree (the kubelet files are bound in, not written
 //! into the verified tree), never fetches anything, never runs image content,
 //! and does not talk to systemd: callers `daemon-reload` when
-//! [`WriteOutcome::dropin_changed`] says so. It takes no lock: the render
+//! [`WriteOutcome::dropin_changed`] says so. It does not take the run lock: the render
 //! oneshot runs while `activate` (which holds the lock) starts a machine;
 //! two writes of one machine take turns on an flock of its host-files dir.
 
