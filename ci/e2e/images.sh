@@ -188,6 +188,18 @@ layer_digests() {
   skopeo inspect --tls-verify=false --format '{{range .Layers}}{{println .}}{{end}}' "docker://$1" | sed '/^$/d'
 }
 
+# kube_layer REF: the Kubernetes layer (the recipe's third layer group, after
+# base and config; kubeslot-builder appends its SBOM layer after it).
+kube_layer() { layer_digests "$1" | sed -n 3p; }
+
+# image_blobs REF: the config and layer digests of REF's linux/amd64
+# manifest (what an unpack downloads; signatures are other blobs).
+image_blobs() {
+  local repo=${1%:*}
+  skopeo inspect --tls-verify=false --raw "docker://$repo@$(platform_digest "$1")" |
+    jq -r '.config.digest, .layers[].digest'
+}
+
 # platform_digest REF: the digest of REF's manifest for linux/amd64 (REF's
 # own digest when it is a single manifest, not an index).
 platform_digest() {
