@@ -465,13 +465,19 @@ scenario_design_files() {
 #
 #   activate_v1             empty host -> kube1 = v1
 #   activate_v2_flip        kube1 -> kube2 = v2 (only v2's new layers downloaded)
+#   unsigned_refused        kube2 keeps running
 #   rollback                kube2 -> kube1 = v1, no download (v2 marked bad)
-#   unsigned_refused        kube1 keeps running
-#   tampered_refused        kube1 keeps running
 #   activate_v3_rolls_back  kube1 -> kube2 = v3, gate fails, kube1 again
 #   kill_mid_unpack         v4 into kube2, killed while staging; rerun commits
+#   tampered_refused        v5 with a corrupted layer; kube2 keeps running
 #   kill_mid_flip           v1 into kube1, killed with kube2 stopped; rerun converges
-#   airgap_archive          v5 from an oci-archive, registry stopped, empty store
+#   kill_mid_gate           v5 into the idle slot, killed in its health gate; rerun commits
+#   airgap_archive          v6 from an oci-archive, registry stopped, empty store
+#
+# Why this order: a failed v3 is staged into the idle slot, so `rollback`
+# (to the slot holding v1) must come before it; and a refused tampered image
+# leaves the idle slot marked dirty (its tree is emptied by the next run, see
+# README), so it comes after the rollback too.
 
 # running_machine: the one node machine whose unit is active (fails when
 # none or both are).
@@ -605,23 +611,23 @@ scenario_unsigned_refused() {
   expect_unchanged "$before"
 }
 
-# v4's Kubernetes layer is corrupted in the registry's storage: refused by
+# v5's Kubernetes layer is corrupted in the registry's storage: refused by
 # the digest check, never stored, the running machine keeps running.
 scenario_tampered_refused() {
   activator_present || return 1
   local layer hex data before
   before=$(node_snapshot) || return 1
-  layer=$(kube_layer "$REF_v4")
+  layer=$(kube_layer "$REF_v5")
   hex=${layer#sha256:}
   data=$WORK/registry/storage/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex/data
-  check "v4's layer is in registry storage" test -f "$data" || return 1
-  cp "$data" "$WORK/v4-layer.orig"
+  check "v5's layer is in registry storage" test -f "$data" || return 1
+  cp "$data" "$WORK/v5-layer.orig"
   # Same size, one byte flipped in the middle.
   tamper_file "$data"
-  write_config "$REF_v4"
+  write_config "$REF_v5"
   local rc=0
   act activate || rc=$?
-  cp "$WORK/v4-layer.orig" "$data"
+  cp "$WORK/v5-layer.orig" "$data"
   if [ $rc = 0 ]; then show_log; fail "a tampered layer was activated"; return 1; fi
   log "  tampered refused: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
   log_report
@@ -668,7 +674,7 @@ scenario_activate_v3_rolls_back() {
   flat=$(flatten "$(status_json)")
   bad=$(digest_alternatives "$DIGEST_v3")
   check "status marks v3 bad" grep -Eq "^state\.bad\.[0-9]+\.digest=$bad\$" <<<"$flat" || { echo "$flat" >&2; return 1; }
-  check "report names the failed health check" grep -Eqi 'health|healthz' "$(report_file)" || return 1
+  check "report names the failed check (kubelet-healthz)" grep -q 'kubelet-healthz' <<<"$(jq -r .error "$(report_file)")" || return 1
   check "report carries v3's digest" grep -Eq "$bad" "$(report_file)" || return 1
   check "kubelet of the failed $target was v3's" cmp -s "$OUTER/var/lib/machines/$target/usr/bin/kubelet" "$WORK/kubelet/v3/kubelet" || return 1
 
@@ -749,21 +755,51 @@ scenario_kill_mid_flip() {
   fi
 }
 
-# Air-gapped: the registry stopped, the content store emptied, v5 (a digest
+# SIGKILL in the health gate: v5 (its layer intact again) into the idle
+# slot, the activator killed as soon as the new machine's unit is active
+# (the gate needs two good probes 500 ms apart, so it is still running).
+# The next run finds the pending try, sees the new machine healthy and
+# commits it: the new slot runs v5, the old one is stopped.
+scenario_kill_mid_gate() {
+  activator_present || return 1
+  local before target
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  write_config "$REF_v5"
+  act_bg activate
+  local deadline=$((SECONDS + 180))
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && ! unit_active "$target"; do
+    sleep 0.02
+  done
+  if ! unit_active "$target" || ! kill -0 "$ACT_PID" 2>/dev/null; then
+    wait "$ACT_PID" || true; show_log
+    fail "the activator never started $target (or ended before the kill)"; return 1
+  fi
+  kill_activator || return 1
+  log "  killed with $target's unit active; running now: '$(active_machines)'"
+  check_eq "pending try recorded" "$(jq -r '.pending.to // "none"' "$OUTER/var/lib/kubeslot/state.json")" "$target" || return 1
+  act activate || { show_log; log_report; fail "activate after the kill exited non-zero"; return 1; }
+  log_report
+  check "the next run says it finished the dead run's flip" grep -qi "finished" <<<"$(jq -r '.recovered // ""' "$(report_file)")" || return 1
+  expect_running "$target" v1.35.4-e2e.5 || return 1
+  expect_status "$target" "$DIGEST_v5"
+}
+
+# Air-gapped: the registry stopped, the content store emptied, v6 (a digest
 # nothing on the host has seen) activated from an oci-archive file holding
 # its signature. Last scenario: the registry stays down.
 scenario_airgap_archive() {
   activator_present || return 1
-  local archive=$OUTER/var/tmp/node-v5.tar before after
-  archive_with_signature v5 "$archive" || { fail "no oci-archive of v5"; return 1; }
+  local archive=$OUTER/var/tmp/node-v6.tar before after
+  archive_with_signature v6 "$archive" || { fail "no oci-archive of v6"; return 1; }
   registry_stop
   check "registry is down" bash -c "! (exec 3<>/dev/tcp/${REGISTRY%:*}/${REGISTRY#*:}) 2>/dev/null" || return 1
   rm -rf "$OUTER/var/lib/kubeslot/blobs"
   before=$(running_machine) || return 1
-  write_config "oci-archive:/var/tmp/node-v5.tar:v5"
+  write_config "oci-archive:/var/tmp/node-v6.tar:v6"
   act activate || { show_log; log_report; fail "activate from oci-archive exited non-zero"; return 1; }
   log_report
   after=$(other_machine "$before")
-  expect_running "$after" v1.35.4-e2e.5 || return 1
-  expect_status "$after" "$DIGEST_v5"
+  expect_running "$after" v1.35.5-e2e.6 || return 1
+  expect_status "$after" "$DIGEST_v6"
 }

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# The e2e node images v1 to v5, sourced by ci/e2e/run.sh.
+# The e2e node images v1 to v6, sourced by ci/e2e/run.sh.
 #
-# Five images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
+# Six images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
 # the node package list), a config layer (the kubelet unit and the test-only
 # cgroup unit, enabled) and a Kubernetes layer holding only the fixture
 # kubelet. v1 and v2 differ only in the Kubernetes layer (another kubelet
@@ -15,17 +15,17 @@
 # which path made the images.
 #
 # Sets: IMAGES_BY (builder|umoci), IMAGE_LAYOUT (an oci: layout dir with the
-# tags v1..v5), and after images_push REF_v1..REF_v5 (tag references in the
-# local registry), DIGEST_v1..DIGEST_v5 (what each tag resolves to there) and
+# tags v1..v6), and after images_push REF_v1..REF_v6 (tag references in the
+# local registry), DIGEST_v1..DIGEST_v6 (what each tag resolves to there) and
 # REF_UNSIGNED (v2's content under a name that has no signature).
 
 IMAGE_REPO=kubeslot/e2e-node
 # Set by images_push / images_sign, read by the scenarios.
-E2E_VERSIONS=(v1 v2 v3 v4 v5)
-REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_UNSIGNED=""
-DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5=""
+E2E_VERSIONS=(v1 v2 v3 v4 v5 v6)
+REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_UNSIGNED=""
+DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5="" DIGEST_v6=""
 SIGNED=0 SIGNED_BY=none
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 SIGNED SIGNED_BY
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6 SIGNED SIGNED_BY
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
@@ -86,7 +86,7 @@ recipe_for() {
   echo "$recipe"
 }
 
-# The product path: one recipe template, five builds that differ in the
+# The product path: one recipe template, six builds that differ in the
 # kubelet only.
 images_build_with_builder() {
   local v recipe
@@ -132,7 +132,7 @@ push_one() {
   fi
 }
 
-# images_push: v1..v5 into the local registry (with signatures when the
+# images_push: v1..v6 into the local registry (with signatures when the
 # builder can sign), plus an unsigned copy of v2 for the refusal scenario.
 images_push() {
   local v
@@ -148,7 +148,7 @@ images_push() {
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
 
-# images_sign: a fresh key pair and signatures on v1..v5 (not on the
+# images_sign: a fresh key pair and signatures on v1..v6 (not on the
 # unsigned copy). kubeslot-builder keygen/sign when they exist (the product
 # path), else ci/e2e/openssl-sign.py with an openssl key (SIGNED_BY says
 # which). Sets SIGNED=1 and leaves the public key in WORK/keys/e2e.pub.
@@ -180,7 +180,7 @@ images_sign() {
     done
   fi
   SIGNED=1
-  log "images v1..v5 signed by $SIGNED_BY"
+  log "images v1..v6 signed by $SIGNED_BY"
 }
 
 # layer_digests REF: the layer digests of REF's manifest for this platform.

@@ -59,7 +59,7 @@ build_binaries() {
   cargo build --quiet --locked -p kubeslot-activator -p kubeslot-builder
   ACTIVATOR=$REPO/target/debug/kubeslot-activator
   BUILDER=$REPO/target/debug/kubeslot-builder
-  # The fixture kubelet in five builds: v1, v2, v4 and v5 (other versions, so only
+  # The fixture kubelet in six builds: v1, v2, v4, v5, v6 (other versions, so only
   # the Kubernetes layer differs) and v3 (never healthy). Each has its own target
   # dir so the build-time switches never make the main target dir rebuild.
   local variant version unhealthy
@@ -75,6 +75,7 @@ v2 v1.35.1-e2e.2 0
 v3 v1.35.2-e2e.3 1
 v4 v1.35.3-e2e.4 0
 v5 v1.35.4-e2e.5 0
+v6 v1.35.5-e2e.6 0
 EOF
 }
 
@@ -152,14 +153,14 @@ EOF
   outer systemctl daemon-reload
 }
 
-# The images themselves: v2..v5 each differ from v1 in the Kubernetes layer
+# The images themselves: v2..v6 each differ from v1 in the Kubernetes layer
 # (the kubelet) and, with kubeslot-builder, in the SBOM layer it appends
 # (the SBOM lists the kubelet's version and sha256); the base and config
 # layers are shared. v3's kubelet is the never-healthy build.
 scenario_images() {
   local v n ref shared
   n=$(layer_digests "$REF_v1" | wc -l)
-  for v in v2 v3 v4 v5; do
+  for v in v2 v3 v4 v5 v6; do
     ref=REF_$v
     check_eq "layer count of $v" "$(layer_digests "${!ref}" | wc -l)" "$n" || return 1
     check_eq "base and config layers of $v = v1's" "$(layer_digests "${!ref}" | head -n2)" "$(layer_digests "$REF_v1" | head -n2)" || return 1
@@ -201,12 +202,13 @@ SCENARIOS=(
   design_files
   activate_v1
   activate_v2_flip
-  rollback
   unsigned_refused
-  tampered_refused
+  rollback
   activate_v3_rolls_back
   kill_mid_unpack
+  tampered_refused
   kill_mid_flip
+  kill_mid_gate
   airgap_archive
 )
 
