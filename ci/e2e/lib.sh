@@ -20,7 +20,7 @@ now_ms() { date +%s%3N; }
 # WORK holds everything: the outer rootfs, the registry storage, images,
 # keys, logs (a few GB at the peak). It is a private tmpfs mounted on a
 # mktemp dir under KUBESLOT_E2E_TMP (default /var/tmp) when the machine has
-# the memory for it (MemAvailable >= 12 GiB, or KUBESLOT_E2E_TMPFS=1), else
+# the memory for it (MemAvailable >= 6 GiB, or KUBESLOT_E2E_TMPFS=1), else
 # that disk dir itself (KUBESLOT_E2E_TMPFS=0, and always with
 # KUBESLOT_E2E_KEEP=1). Measured here: removing one 370 MB node tree takes
 # ~15 s on this ext4 (mounted with `discard`), and the scenarios remove
@@ -34,10 +34,10 @@ work_init() {
   if [ "${KUBESLOT_E2E_KEEP:-0}" = 1 ]; then want=0; fi
   if [ "$want" = auto ]; then
     avail_kb=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
-    want=0; [ "${avail_kb:-0}" -ge $((12 * 1024 * 1024)) ] && want=1
+    want=0; [ "${avail_kb:-0}" -ge $((6 * 1024 * 1024)) ] && want=1
   fi
   if [ "$want" = 1 ]; then
-    mount -t tmpfs -o size=10g,mode=0700 kubeslot-e2e "$WORK" ||
+    mount -t tmpfs -o size=6g,mode=0700 kubeslot-e2e "$WORK" ||
       die "cannot mount a tmpfs on $WORK (KUBESLOT_E2E_TMPFS=0 uses the disk)"
     WORK_TMPFS=1
   fi
@@ -212,9 +212,23 @@ EOF
   die "docker-registry did not start after 5 attempts (log: $REGISTRY_LOG)"
 }
 
+# registry_stop: SIGTERM to the registry by PID, and wait until it is gone
+# (SIGKILL after 10 s). Also from a scenario's subshell, where `wait` cannot
+# wait for it: it polls the PID.
 registry_stop() {
   [ -n "$REGISTRY_PID" ] || return 0
   kill "$REGISTRY_PID" 2>/dev/null || true
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$REGISTRY_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+    # Reaps it when it is our child (a zombie still answers kill -0).
+    if wait "$REGISTRY_PID" 2>/dev/null; then break; fi
+    [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" = Z ] && break
+    sleep 0.1
+  done
+  if kill -0 "$REGISTRY_PID" 2>/dev/null && [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" != Z ]; then
+    log "registry (pid $REGISTRY_PID) did not stop in 10 s: SIGKILL"
+    kill -KILL "$REGISTRY_PID" 2>/dev/null || true
+  fi
   wait "$REGISTRY_PID" 2>/dev/null || true
   REGISTRY_PID=""
 }
