@@ -963,3 +963,43 @@ fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("kubeslot-activator.service:"), "{text}");
 }
+
+#[test]
+fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
+    let img = images();
+    let h = Host::new(&img);
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["gpu"] = "auto".into();
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let ldconfig = h.root().join("sbin/ldconfig");
+    fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+    let marker = match std::env::consts::ARCH {
+        "aarch64" => "AArch64",
+        _ => "x86-64",
+    };
+    fs::write(
+        &ldconfig,
+        format!("#!/bin/sh\nprintf '1 libs found\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+    )
+    .unwrap();
+    fs::set_permissions(&ldconfig, fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    let before = h.state().slot(Slot::Kube1).inputs.clone();
+
+    // "reboot": a GPU appeared, and the render oneshot of the machine's
+    // start bound it
+    kubeslot_activator::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
+    let (code, out, err) = h.cmd(&["render", "kube1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kube1.nspawn"), "{out}");
+    let nspawn = fs::read_to_string(h.root().join("etc/systemd/nspawn/kube1.nspawn")).unwrap();
+    assert!(nspawn.contains("Bind=/dev/nvidia0"), "{nspawn}");
+
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["outcome"], "up-to-date");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    assert_ne!(h.state().slot(Slot::Kube1).inputs, before);
+}
