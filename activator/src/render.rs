@@ -14,8 +14,9 @@
 //! It never touches a slot tree (the kubelet files are bound in, not written
 //! into the verified tree), never fetches anything, never runs image content,
 //! and does not talk to systemd: callers `daemon-reload` when
-//! [`WriteOutcome::dropin_changed`] says so. It takes no lock: the render
-//! oneshot runs while `activate` (which holds the lock) starts a machine.
+//! [`WriteOutcome::dropin_changed`] says so. It does not take the run lock: the render
+//! oneshot runs while `activate` (which holds the lock) starts a machine;
+//! two writes of one machine take turns on an flock of its host-files dir.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -135,7 +136,10 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         None => read_hostname(root)?,
     };
     if config.kubelet.node_name.is_none() {
-        check_node_name("host name", &hostname.to_lowercase())?;
+        check_node_name(
+            "host name (set kubelet.node_name instead)",
+            &hostname.to_lowercase(),
+        )?;
     }
     let nameservers = nameservers(root, config)?;
     let ca_pem = read_ca(root, config)?;
@@ -606,7 +610,12 @@ fn kubelet_dropin(config: &Config, node_name: &str) -> String {
     if !k.cluster_dns.is_empty() {
         args.push(format!("--cluster-dns={}", k.cluster_dns.join(",")));
     }
-    args.push(format!("--resolv-conf={}", inside::RESOLV_CONF));
+    // pods get the file we rendered, whatever the image does with its own
+    // /etc/resolv.conf (often a symlink to systemd-resolved's stub)
+    args.push(format!(
+        "--resolv-conf={host_dir}/{}",
+        host_files::RESOLV_CONF
+    ));
     let mut s = String::from(
         "# Rendered by kubeslot-activator on the host and bound read-only; the\n\
          # image's kubelet.service passes $KUBELET_ARGS to the kubelet.\n",
@@ -793,10 +802,17 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
     // Bind= sources must exist or the machine does not start.
     create_dir(&root.node_state().join("kubelet"), 0o700)?;
     create_dir(&root.node_state().join("containerd"), 0o711)?;
+    // Held until the end: two renders of one machine (a manual run beside the
+    // oneshot) take turns, so neither removes the other's temp file as stale.
+    let mut _locks = Vec::new();
     for dir in host_file_dirs(files) {
         // holds the credential: root only, also when an older dir drifted
         let dir = root.dir().join(dir);
         create_dir(&dir, 0o700)?;
+        let handle = std::fs::File::open(&dir).map_err(write_err(&dir))?;
+        rustix::fs::flock(&handle, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| write_err(&dir)(e.into()))?;
+        _locks.push(handle);
         if std::fs::metadata(&dir)
             .map_err(write_err(&dir))?
             .permissions()

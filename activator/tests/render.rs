@@ -706,6 +706,44 @@ fn render_rewrites_and_reloads_only_when_devices_change() {
 }
 
 #[test]
+fn concurrent_renders_of_one_machine_take_turns() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    // all start on a fresh root, so all of them write: without the lock
+    // one's stale-file sweep removes another's temp file mid-write
+    for round in 0..5 {
+        host.write_config(&CLI_CONFIG.replace("LABEL", &format!("r{round}")));
+        let path = format!(
+            "{}:{}",
+            host.path("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                Command::new(BIN)
+                    .args(["render", "--root"])
+                    .arg(host.root.dir())
+                    .arg("kube1")
+                    .env("PATH", &path)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            ok(c.wait_with_output().unwrap());
+        }
+        let dir = tree(&host.path("etc/kubeslot/host/kube1"));
+        assert_eq!(dir.len(), 5, "{:?}", dir.keys().collect::<Vec<_>>());
+        assert!(host
+            .read("etc/kubeslot/host/kube1/20-kubeslot.conf")
+            .contains(&format!("pool=r{round}")));
+    }
+}
+
+#[test]
 fn unreadable_ca_fails_naming_the_file_and_writes_nothing() {
     let host = Host::new();
     host.fake_systemctl();
@@ -975,6 +1013,32 @@ fn golden_files_pass_systemds_own_parsers() {
         assert!(
             out.status.success() && out.stderr.is_empty(),
             "{}: systemd-analyze verify: {}\n{}",
+            files.display(),
+            out.status,
+            stderr(&out)
+        );
+
+        // the kubelet drop-in on the image's kubelet.service (its binary
+        // swapped for one that exists here)
+        let kubelet = work.path().join("kubelet");
+        fs::create_dir_all(kubelet.join("kubelet.service.d")).unwrap();
+        let unit = fs::read_to_string(workspace_root().join("recipes/files/kubelet.service"))
+            .unwrap()
+            .replace("/usr/local/bin/kubelet", "/bin/true");
+        fs::write(kubelet.join("kubelet.service"), unit).unwrap();
+        fs::copy(
+            files.join(format!("etc/kubeslot/host/{machine}/20-kubeslot.conf")),
+            kubelet.join("kubelet.service.d/20-kubeslot.conf"),
+        )
+        .unwrap();
+        let out = Command::new(&analyze)
+            .arg("verify")
+            .arg(kubelet.join("kubelet.service"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{}: systemd-analyze verify kubelet.service: {}\n{}",
             files.display(),
             out.status,
             stderr(&out)

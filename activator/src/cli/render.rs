@@ -5,7 +5,7 @@
 //! Run by `kubeslot-render@<machine>.service` before every start of the
 //! machine (device lists change across reboots). Given the arguments, it
 //! calls [`kubeslot_activator::render`] and the systemd boundary. It fetches
-//! nothing, takes no lock (an activation holding the lock waits for this unit)
+//! nothing, takes no run lock (an activation holding the lock waits for this unit)
 //! and never touches the slot tree or the state.
 
 use std::path::PathBuf;
