@@ -636,15 +636,23 @@ fn crash_at_every_failpoint_keeps_the_old_slot_and_the_next_run_converges() {
     let img = images();
     // Each failpoint and the image whose activation passes it: the rollback
     // boundaries are only reached by an image that fails its gate.
-    let cases: Vec<(&str, &str)> = failpoint::ALL
+    let mut cases: Vec<(&str, &str)> = failpoint::ALL
         .iter()
         .map(|f| match *f {
             "after-rollback-stop" | "after-rollback-start" => (*f, "v3"),
             _ => (*f, "v4"),
         })
         .collect();
-    // Two at a time: each host is independent (own root, port, fake).
-    for chunk in cases.chunks(2) {
+    // A dead run's try of an unhealthy image must be rolled back by the
+    // next run, not committed because its machine happens to be up.
+    cases.extend([
+        ("after-trying", "v3"),
+        ("after-stop-old", "v3"),
+        ("after-start-new", "v3"),
+    ]);
+    // Four at a time (the runs mostly wait on health gates): each host is
+    // independent (own root, port, fake).
+    for chunk in cases.chunks(4) {
         std::thread::scope(|scope| {
             for (fp, tag) in chunk {
                 let img = &img;
