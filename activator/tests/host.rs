@@ -1011,3 +1011,45 @@ fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
     assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
     assert_ne!(h.state().slot(Slot::Kube1).inputs, before);
 }
+
+#[test]
+fn a_rollback_killed_mid_flip_is_recovered_by_the_next_run() {
+    let img = images();
+    for fp in ["after-pending", "after-stop-old", "after-start-new"] {
+        let h = Host::new(&img);
+        assert_eq!(h.activate().0, 0);
+        h.set_config("v2", serde_json::json!({}));
+        assert_eq!(h.activate().0, 0);
+        let kube1 = h.slot_snapshot(Slot::Kube1);
+        let kube2 = h.slot_snapshot(Slot::Kube2);
+
+        let out = h.run(&["rollback"], Some(fp));
+        assert_eq!(out.status.signal(), Some(6), "{fp}");
+        assert_eq!(h.slot_snapshot(Slot::Kube2), kube2, "{fp}");
+        assert_eq!(h.state().active, Some(Slot::Kube2), "{fp}");
+
+        // the operator asks again: the dead rollback is finished or undone
+        // first, then the rollback happens once
+        let (code, out, err) = h.cmd(&["rollback", "--json"]);
+        assert_eq!(code, 0, "{fp}: {out}\n{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let s = h.state();
+        assert!(s.pending.is_none(), "{fp}");
+        assert_eq!(h.running().len(), 1, "{fp}: {:?}", h.running());
+        assert_eq!(s.active, Some(h.running()[0]), "{fp}");
+        if fp == "after-start-new" {
+            // kube1 was up and healthy: the dead rollback was committed,
+            // and this one went back to kube2
+            assert!(
+                r["recovered"].as_str().unwrap().contains("committed"),
+                "{r:#}"
+            );
+            assert_eq!(s.active, Some(Slot::Kube2), "{fp}");
+        } else {
+            assert_eq!(s.active, Some(Slot::Kube1), "{fp}: {r:#}");
+        }
+        assert_eq!(h.slot_snapshot(Slot::Kube1).len(), kube1.len(), "{fp}");
+        assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+        assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+    }
+}
