@@ -24,7 +24,7 @@
 //! | `after-commit`         | the new slot is committed                         |
 //! | `after-rollback-stop`  | a failed new machine is stopped (rollback path)   |
 //! | `after-rollback-start` | the old machine is started again (rollback path)  |
-//! | `state-between-writes` | inside a state save, between its atomic writes    |
+//! | `state-between-writes` | inside a state save: state written, sidecar not   |
 
 /// The environment variable naming the failpoint to trigger.
 pub const ENV: &str = "KUBESLOT_FAILPOINT";

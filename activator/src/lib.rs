@@ -5,15 +5,18 @@
 //! over its own output; nothing here knows about recipes, signing keys or the
 //! builder (see ARCHITECTURE.md, "Invariants").
 
+pub mod activate;
 pub mod archive;
 pub mod config;
 pub mod digest;
 pub mod failpoint;
 pub mod gpu;
+pub mod health;
 pub mod layout;
 pub mod lock;
 pub mod oci;
 pub mod paths;
+pub mod plan;
 pub mod reference;
 pub mod registry;
 pub mod render;

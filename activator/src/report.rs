@@ -19,13 +19,14 @@ use crate::state::Slot;
 /// Exit codes (also in the report). Non-zero codes below 64 stay clear of
 /// the shell's and systemd's reserved ranges.
 pub mod exit {
+    /// Committed, or nothing to change.
     pub const OK: i32 = 0;
-    /// Anything else: I/O, state, staging, systemd.
+    /// Anything else: I/O, state, staging, systemd, an unfinished recovery.
     pub const FAILED: i32 = 1;
-    /// The config cannot be read or is invalid.
-    pub const CONFIG: i32 = 2;
     /// The new machine failed its health gate; the old one runs again.
-    pub const ROLLED_BACK: i32 = 3;
+    pub const ROLLED_BACK: i32 = 2;
+    /// The config cannot be read or is invalid.
+    pub const CONFIG: i32 = 3;
     /// The desired image failed before and is not retried automatically.
     pub const BAD_IMAGE: i32 = 4;
     /// Another run holds the lock.

@@ -136,6 +136,9 @@ pub struct Pending {
     /// The slot that was active (restarted on rollback), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Slot>,
+    /// The host-file inputs hash of the target (what a bad mark records).
+    #[serde(default)]
+    pub inputs: String,
 }
 
 /// A digest that failed its health gate (or was rolled away from), with the
@@ -310,12 +313,13 @@ impl State {
             path: next.clone(),
             source,
         })?;
-        crate::failpoint::hit("state-between-writes");
         // 2. the state itself
         write_atomic(&path, &bytes).map_err(|source| StateError::Write {
             path: path.clone(),
             source,
         })?;
+        // A crash here leaves a state only `.next` vouches for.
+        crate::failpoint::hit("state-between-writes");
         // 3. the sidecar proper
         write_atomic(&sidecar, format!("{hex}\n").as_bytes()).map_err(|source| {
             StateError::Write {
