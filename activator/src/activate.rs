@@ -197,7 +197,7 @@ fn finish(root: &Root, mut report: Report, result: Result<(), ActivateError>, lo
     Ran { report, saved }
 }
 
-/// The facts and files a run works with, for one config.
+/// What a run acts on: the root and the service manager.
 struct Host<'a> {
     root: &'a Root,
     systemd: &'a dyn Systemd,
@@ -231,6 +231,12 @@ fn run_activate(
         .is_some_and(|a| files_current(root, &config, a, &facts));
     let flip = match plan::activate(&state, digest, &inputs, current, opts.force) {
         Plan::UpToDate { slot, .. } => {
+            if state.slot(slot).inputs.as_deref() != Some(inputs.as_str()) {
+                // host facts changed and the render oneshot already applied
+                // them: record what the slot now runs with
+                state.slot_mut(slot).inputs = Some(inputs);
+                state.save(root)?;
+            }
             report.slot = Some(slot);
             report.outcome = Some(Outcome::UpToDate);
             return Ok(());
@@ -265,7 +271,7 @@ fn run_rollback(
     report.recovered = host.recover(&mut state)?;
     failpoint::hit("after-recover");
 
-    report.phase("render");
+    report.phase("plan");
     let flip = plan::rollback(&state)?;
     report.slot = Some(flip.to);
     report.digest = Some(flip.digest);
@@ -279,6 +285,7 @@ fn run_rollback(
     }
     // The slot runs with the config it was activated with; only the device
     // binds may differ, so its files are re-rendered from that config.
+    report.phase("render");
     let config = load_slot_config(root, flip.to)?;
     report.image = Some(config.image.to_string());
     let facts = render::gather(root, &config)?;

@@ -37,13 +37,13 @@ pub use reference::{ImageRef, ImageSource};
 ///
 /// Some errors already print their cause in their own message (so that
 /// `to_string()` alone is complete); a cause whose text the line already
-/// ends with is not repeated.
+/// contains is not repeated.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
         let text = c.to_string();
-        if !line.ends_with(&text) {
+        if !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
         }

@@ -135,6 +135,12 @@ impl Root {
         self.join("sbin/ldconfig")
     }
 
+    /// `/lib/modules`: kernel modules, bound read-only into the machine when
+    /// the host has them (a bind of a missing source stops nspawn).
+    pub fn lib_modules(&self) -> PathBuf {
+        self.join(host::LIB_MODULES)
+    }
+
     /// `/etc/hostname`: the default node name.
     pub fn etc_hostname(&self) -> PathBuf {
         self.join("etc/hostname")

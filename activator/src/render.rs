@@ -49,6 +49,10 @@ pub struct HostFacts {
     pub gpu: GpuBinds,
     /// Extra host devices from `config.devices` (all exist).
     pub devices: Vec<String>,
+    /// The host has `/lib/modules` (every real host does; a container used
+    /// as a test host may not). nspawn refuses to start with a bind whose
+    /// source is missing, so the bind is rendered only when it exists.
+    pub lib_modules: bool,
 }
 
 /// One rendered file.
@@ -159,6 +163,7 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         ca_pem,
         gpu,
         devices,
+        lib_modules: root.lib_modules().is_dir(),
     })
 }
 
@@ -521,7 +526,9 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
         NetworkMode::Veth => "VirtualEthernet=yes\n",
     });
     s.push_str("\n[Files]\n");
-    let _ = writeln!(s, "BindReadOnly={}", host::LIB_MODULES);
+    if facts.lib_modules {
+        let _ = writeln!(s, "BindReadOnly={}", host::LIB_MODULES);
+    }
     for d in devices(facts) {
         let _ = writeln!(s, "Bind={d}");
     }

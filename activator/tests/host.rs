@@ -636,15 +636,23 @@ fn crash_at_every_failpoint_keeps_the_old_slot_and_the_next_run_converges() {
     let img = images();
     // Each failpoint and the image whose activation passes it: the rollback
     // boundaries are only reached by an image that fails its gate.
-    let cases: Vec<(&str, &str)> = failpoint::ALL
+    let mut cases: Vec<(&str, &str)> = failpoint::ALL
         .iter()
         .map(|f| match *f {
             "after-rollback-stop" | "after-rollback-start" => (*f, "v3"),
             _ => (*f, "v4"),
         })
         .collect();
-    // Two at a time: each host is independent (own root, port, fake).
-    for chunk in cases.chunks(2) {
+    // A dead run's try of an unhealthy image must be rolled back by the
+    // next run, not committed because its machine happens to be up.
+    cases.extend([
+        ("after-trying", "v3"),
+        ("after-stop-old", "v3"),
+        ("after-start-new", "v3"),
+    ]);
+    // Four at a time (the runs mostly wait on health gates): each host is
+    // independent (own root, port, fake).
+    for chunk in cases.chunks(4) {
         std::thread::scope(|scope| {
             for (fp, tag) in chunk {
                 let img = &img;
@@ -962,4 +970,86 @@ fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("kubeslot-activator.service:"), "{text}");
+}
+
+#[test]
+fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
+    let img = images();
+    let h = Host::new(&img);
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["gpu"] = "auto".into();
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let ldconfig = h.root().join("sbin/ldconfig");
+    fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+    let marker = match std::env::consts::ARCH {
+        "aarch64" => "AArch64",
+        _ => "x86-64",
+    };
+    fs::write(
+        &ldconfig,
+        format!("#!/bin/sh\nprintf '1 libs found\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+    )
+    .unwrap();
+    fs::set_permissions(&ldconfig, fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    let before = h.state().slot(Slot::Kube1).inputs.clone();
+
+    // "reboot": a GPU appeared, and the render oneshot of the machine's
+    // start bound it
+    kubeslot_activator::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
+    let (code, out, err) = h.cmd(&["render", "kube1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kube1.nspawn"), "{out}");
+    let nspawn = fs::read_to_string(h.root().join("etc/systemd/nspawn/kube1.nspawn")).unwrap();
+    assert!(nspawn.contains("Bind=/dev/nvidia0"), "{nspawn}");
+
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["outcome"], "up-to-date");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    assert_ne!(h.state().slot(Slot::Kube1).inputs, before);
+}
+
+#[test]
+fn a_rollback_killed_mid_flip_is_recovered_by_the_next_run() {
+    let img = images();
+    for fp in ["after-pending", "after-stop-old", "after-start-new"] {
+        let h = Host::new(&img);
+        assert_eq!(h.activate().0, 0);
+        h.set_config("v2", serde_json::json!({}));
+        assert_eq!(h.activate().0, 0);
+        let kube1 = h.slot_snapshot(Slot::Kube1);
+        let kube2 = h.slot_snapshot(Slot::Kube2);
+
+        let out = h.run(&["rollback"], Some(fp));
+        assert_eq!(out.status.signal(), Some(6), "{fp}");
+        assert_eq!(h.slot_snapshot(Slot::Kube2), kube2, "{fp}");
+        assert_eq!(h.state().active, Some(Slot::Kube2), "{fp}");
+
+        // the operator asks again: the dead rollback is finished or undone
+        // first, then the rollback happens once
+        let (code, out, err) = h.cmd(&["rollback", "--json"]);
+        assert_eq!(code, 0, "{fp}: {out}\n{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let s = h.state();
+        assert!(s.pending.is_none(), "{fp}");
+        assert_eq!(h.running().len(), 1, "{fp}: {:?}", h.running());
+        assert_eq!(s.active, Some(h.running()[0]), "{fp}");
+        if fp == "after-start-new" {
+            // kube1 was up and healthy: the dead rollback was committed,
+            // and this one went back to kube2
+            assert!(
+                r["recovered"].as_str().unwrap().contains("committed"),
+                "{r:#}"
+            );
+            assert_eq!(s.active, Some(Slot::Kube2), "{fp}");
+        } else {
+            assert_eq!(s.active, Some(Slot::Kube1), "{fp}: {r:#}");
+        }
+        assert_eq!(h.slot_snapshot(Slot::Kube1).len(), kube1.len(), "{fp}");
+        assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+        assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+    }
 }

@@ -62,6 +62,7 @@ impl Host {
             "nameserver 127.0.0.53\noptions edns0 trust-ad\n",
         );
         w("etc/kubeslot/cluster-ca.pem", CA);
+        fs::create_dir_all(root.lib_modules().join("6.1.0-28-amd64")).unwrap();
         gpu::mknod_char(&root.join("dev/null"), 1, 3).unwrap();
         fs::create_dir_all(root.join("bin")).unwrap();
         Host { _dir: dir, root }
@@ -324,7 +325,6 @@ fn check_invariants(files: &HostFiles, machine: &str) {
         "Capability=all",
         "PrivateUsers=no",
         "SystemCallFilter=@keyring bpf perf_event_open",
-        "BindReadOnly=/lib/modules",
         "Bind=/var/lib/kubeslot/node/kubelet:/var/lib/kubelet",
         "Bind=/var/lib/kubeslot/node/containerd:/var/lib/containerd",
         &format!("BindReadOnly=/etc/kubeslot/host/{machine}:/etc/kubeslot/host"),
@@ -525,6 +525,21 @@ fn gpu_on_without_gpus_is_an_error_and_gpu_off_binds_nothing() {
     assert!(off.gpu.devices.is_empty() && off.gpu.library_dirs.is_empty());
     let files = render::render(&config_with("off"), Slot::Kube1, &off);
     assert!(!file(&files, ".nspawn").contains("nvidia"));
+}
+
+#[test]
+fn lib_modules_is_bound_only_when_the_host_has_it() {
+    let host = Host::new();
+    let config = config_with("off");
+    let with = render::gather(&host.root, &config).unwrap();
+    assert!(with.lib_modules);
+    let nspawn = render::render(&config, Slot::Kube1, &with);
+    assert!(file(&nspawn, ".nspawn").contains("\nBindReadOnly=/lib/modules\n"));
+    fs::remove_dir_all(host.path("lib/modules")).unwrap();
+    let without = render::gather(&host.root, &config).unwrap();
+    assert!(!without.lib_modules);
+    let files = render::render(&config, Slot::Kube1, &without);
+    assert!(!file(&files, ".nspawn").contains("/lib/modules"));
 }
 
 #[test]

@@ -19,8 +19,18 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let root = args.host.root();
-    let state = State::load(&root)?;
     let report = Report::load(&root);
+    // A state that cannot be trusted is an error, but the last report still
+    // tells the operator what happened.
+    let state = match State::load(&root) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(r) = &report {
+                eprint!("{}", r.to_text());
+            }
+            return Err(e.into());
+        }
+    };
     if args.json {
         let v = serde_json::json!({ "state": state, "report": report });
         println!("{}", serde_json::to_string_pretty(&v)?);
