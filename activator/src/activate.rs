@@ -39,17 +39,17 @@ use std::path::{Path, PathBuf};
 use crate::config::{Config, ConfigError, Health};
 use crate::digest::Digest;
 use crate::failpoint;
+use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
 use crate::layout::LayoutError;
 use crate::lock::{Lock, LockError};
 use crate::oci::Platform;
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
-use crate::reference::ImageSource;
 use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
 use crate::source::{Source, SourceError};
-use crate::stage::{self, StageError};
+use crate::stage::{self, StageError, Verified};
 use crate::state::{
     FlipKind, Pending, PendingPhase, Slot, SlotState, SlotStatus, State, StateError,
 };
@@ -85,6 +85,8 @@ pub enum ActivateError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
     #[error("slot config {path}: {reason}")]
     SlotConfig { path: PathBuf, reason: String },
     #[error("image {digest}: failed on this host at {at} ({reason}); not retried automatically (publish a new image, change the host settings, or pass --force)")]
@@ -160,6 +162,22 @@ pub fn activate(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &O
     finish(root, report, result, lock)
 }
 
+/// `fetch`: the first half of `activate` (recover, resolve once, verify,
+/// stage into the inactive slot, record it staged with its digest and
+/// host-file inputs) without rendering, stopping or starting anything. A
+/// following `activate` of the same image with the same inputs reuses the
+/// slot (no download, no unpack) and flips.
+pub fn fetch(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &Options) -> Ran {
+    let mut report = Report::new("fetch");
+    let lock = match Lock::try_exclusive(root) {
+        Ok(l) => l,
+        Err(e) => return busy(report, e),
+    };
+    failpoint::hit("after-lock");
+    let result = run_fetch(root, config_path, systemd, opts, &mut report);
+    finish(root, report, result, lock)
+}
+
 /// `rollback`: back to the previous slot, without downloading, through the
 /// same gate; the image rolled away from is marked bad.
 pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
@@ -203,14 +221,26 @@ struct Host<'a> {
     systemd: &'a dyn Systemd,
 }
 
-fn run_activate(
-    root: &Root,
+/// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
+/// decided before it writes anything of its own.
+struct Begun {
+    state: State,
+    config: Config,
+    facts: HostFacts,
+    resolved: Resolved,
+    inputs: String,
+    flip: Flip,
+}
+
+/// Recover, read the config, gather the facts, resolve once, plan. `None`
+/// when the plan says there is nothing to do (the report says why).
+fn begin(
+    host: &Host<'_>,
     config_path: &Path,
-    systemd: &dyn Systemd,
     opts: &Options,
     report: &mut Report,
-) -> Result<(), ActivateError> {
-    let host = Host { root, systemd };
+) -> Result<Option<Begun>, ActivateError> {
+    let root = host.root;
     report.phase("recover");
     let mut state = State::load_repairing(root)?;
     report.previous_slot = state.active;
@@ -223,7 +253,10 @@ fn run_activate(
     let facts = gather(root, config_path, &config)?;
 
     report.phase("resolve");
-    let digest = resolve(root, &config)?;
+    // The lock is held: an extraction left by a killed run is nobody's.
+    stage::remove_stale_extractions(root)?;
+    let resolved = open_verified(root, &config)?;
+    let digest = resolved.digest();
     report.digest = Some(digest);
     let inputs = inputs_hash(&config, &facts);
     let current = state
@@ -239,7 +272,7 @@ fn run_activate(
             }
             report.slot = Some(slot);
             report.outcome = Some(Outcome::UpToDate);
-            return Ok(());
+            return Ok(None);
         }
         Plan::Refused(bad) => {
             report.slot = state.active;
@@ -252,10 +285,62 @@ fn run_activate(
         Plan::Flip(f) => f,
     };
     report.slot = Some(flip.to);
-    host.prepare(&mut state, &flip, &config, &facts, &inputs, report)?;
-    let gate = Gate::from(&config.health);
-    host.try_flip(&mut state, &gate, &facts.gpu.devices, report)?;
+    Ok(Some(Begun {
+        state,
+        config,
+        facts,
+        resolved,
+        inputs,
+        flip,
+    }))
+}
+
+fn run_activate(
+    root: &Root,
+    config_path: &Path,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+        return Ok(());
+    };
+    host.prepare(&mut b, report)?;
+    // The extraction of an archive source is no longer needed.
+    drop(b.resolved);
+    let gate = Gate::from(&b.config.health);
+    host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
+    Ok(())
+}
+
+fn run_fetch(
+    root: &Root,
+    config_path: &Path,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+        return Ok(());
+    };
+    report.phase("stage");
+    if !b.flip.reuse_staged {
+        host.stage_slot(&mut b.state, &b.flip, &b.resolved, &b.config, report)?;
+        // Staged: the tree is complete and verified. Its host files are
+        // rendered by the `activate` that flips to it (from the facts of
+        // that moment); nothing a running machine uses is written here.
+        *b.state.slot_mut(b.flip.to) = SlotState {
+            status: SlotStatus::Staged,
+            digest: Some(b.flip.digest),
+            inputs: Some(b.inputs.clone()),
+        };
+        host.save(&b.state)?;
+        failpoint::hit("after-staged");
+    }
+    report.outcome = Some(Outcome::Staged);
     Ok(())
 }
 
@@ -275,14 +360,17 @@ fn run_rollback(
     let flip = plan::rollback(&state)?;
     report.slot = Some(flip.to);
     report.digest = Some(flip.digest);
-    let tree = root.machine_tree(flip.to.machine());
-    let intact = std::fs::read_dir(&tree).map(|mut d| d.next().is_some());
-    if !matches!(intact, Ok(true)) {
-        return Err(ActivateError::NotIntact {
+    // The tree must still be what it was when its machine was stopped and
+    // committed away from: nothing is downloaded to repair it.
+    fingerprint::check(root, flip.to.machine(), flip.digest).map_err(|e| {
+        ActivateError::NotIntact {
             slot: flip.to,
-            reason: format!("{} is missing or empty", tree.display()),
-        });
-    }
+            reason: format!(
+                "refusing to start it: {}; the running machine is untouched",
+                crate::error_chain(&e)
+            ),
+        }
+    })?;
     // The slot runs with the config it was activated with; only the device
     // binds may differ, so its files are re-rendered from that config.
     report.phase("render");
@@ -318,13 +406,34 @@ fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts,
     })
 }
 
-/// Resolves the configured reference once and checks the trust policy.
-pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
+/// The image a run works on, resolved once at its start: the open source
+/// (an `oci-archive` extracted once, into the machines dir) and the verified
+/// selection. Staging uses both, so every source kind is resolved exactly
+/// once per run and a tag that moves meanwhile changes nothing.
+pub struct Resolved {
+    pub source: Source,
+    pub verified: Verified,
+}
+
+impl Resolved {
+    pub fn digest(&self) -> Digest {
+        self.verified.image.image_digest()
+    }
+}
+
+/// Opens the configured source, resolves the reference once and checks the
+/// trust policy (fail closed). Fetches no layer.
+pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
     let policy = Policy::load(&config.trust, root)?;
     let scratch = root.machines_dir();
     let source = Source::open(&config.image, &config.registries, root, &scratch)?;
     let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
-    Ok(verified.image.image_digest())
+    Ok(Resolved { source, verified })
+}
+
+/// Resolves the configured reference once and checks the trust policy.
+pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
+    Ok(open_verified(root, config)?.digest())
 }
 
 /// The hash that names a set of host-file inputs (the files rendered for
@@ -380,51 +489,65 @@ impl Host<'_> {
         Ok(())
     }
 
-    /// Step 5: the target slot staged and rendered, "pending, prepared".
-    fn prepare(
+    /// Marks `flip.to` dirty and stages the image resolved at the start of
+    /// the run into it (the digest pinned, nothing resolved again).
+    fn stage_slot(
         &self,
         state: &mut State,
         flip: &Flip,
+        resolved: &Resolved,
         config: &Config,
-        facts: &HostFacts,
-        inputs: &str,
         report: &mut Report,
     ) -> Result<(), ActivateError> {
         let to = flip.to;
+        // Dirty first: a crash from here on leaves a slot recovery empties,
+        // never one that could be started half-written.
+        *state.slot_mut(to) = SlotState {
+            status: SlotStatus::Dirty,
+            digest: None,
+            inputs: None,
+        };
+        self.save(state)?;
+        failpoint::hit("after-mark-dirty");
+        let staged = stage::stage_resolved(
+            self.root,
+            &resolved.source,
+            &resolved.verified,
+            &config.unpack,
+            to.machine(),
+        )?;
+        failpoint::hit("after-stage");
+        report.downloads = Some(Downloads {
+            blobs_fetched: staged.report.downloaded_blobs,
+            bytes_fetched: staged.report.downloaded_bytes,
+            blobs_reused: staged.report.reused_blobs,
+        });
+        if staged.image_digest != flip.digest {
+            return Err(ActivateError::Moved {
+                slot: to,
+                want: flip.digest,
+                got: staged.image_digest,
+            });
+        }
+        Ok(())
+    }
+
+    /// Step 5: the target slot staged and rendered, "pending, prepared".
+    fn prepare(&self, b: &mut Begun, report: &mut Report) -> Result<(), ActivateError> {
+        let (flip, config, state) = (&b.flip, &b.config, &mut b.state);
+        let to = flip.to;
         report.phase("stage");
         if !flip.reuse_staged {
-            // Dirty first: a crash from here on leaves a slot recovery
-            // empties, never one that could be started half-written.
-            *state.slot_mut(to) = SlotState {
-                status: SlotStatus::Dirty,
-                digest: None,
-                inputs: None,
-            };
-            self.save(state)?;
-            failpoint::hit("after-mark-dirty");
-            let staged = stage::stage(self.root, &pinned(config, flip.digest), to.machine())?;
-            failpoint::hit("after-stage");
-            report.downloads = Some(Downloads {
-                blobs_fetched: staged.report.downloaded_blobs,
-                bytes_fetched: staged.report.downloaded_bytes,
-                blobs_reused: staged.report.reused_blobs,
-            });
-            if staged.image_digest != flip.digest {
-                return Err(ActivateError::Moved {
-                    slot: to,
-                    want: flip.digest,
-                    got: staged.image_digest,
-                });
-            }
+            self.stage_slot(state, flip, &b.resolved, config, report)?;
         }
         report.phase("render");
         render::save_inputs(self.root, to, config)?;
-        self.write_files(&render::render(config, to, facts))?;
+        self.write_files(&render::render(config, to, &b.facts))?;
         failpoint::hit("after-render");
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Staged,
             digest: Some(flip.digest),
-            inputs: Some(inputs.to_string()),
+            inputs: Some(b.inputs.clone()),
         };
         self.save(state)?;
         failpoint::hit("after-staged");
@@ -434,7 +557,7 @@ impl Host<'_> {
             to,
             digest: flip.digest,
             from: flip.from,
-            inputs: inputs.to_string(),
+            inputs: b.inputs.clone(),
         });
         self.save(state)?;
         failpoint::hit("after-pending");
@@ -495,6 +618,11 @@ impl Host<'_> {
 
     fn commit(&self, state: &mut State, p: &Pending) -> Result<(), ActivateError> {
         if let Some(from) = p.from {
+            // Its machine is stopped: the tree is frozen until a rollback
+            // starts it again, which checks this mark first.
+            if let Some(d) = state.slot(from).digest {
+                fingerprint::record(self.root, from.machine(), d)?;
+            }
             let old = state.slot_mut(from);
             old.status = SlotStatus::Previous;
             if p.kind == FlipKind::Rollback {
@@ -641,16 +769,6 @@ impl Host<'_> {
             }
         }
     }
-}
-
-/// The config with its registry reference pinned to `digest`, so staging
-/// does not ask for the tag a second time.
-fn pinned(config: &Config, digest: Digest) -> Config {
-    let mut c = config.clone();
-    if let ImageSource::Registry(r) = &config.image {
-        c.image = ImageSource::Registry(r.with_digest(digest));
-    }
-    c
 }
 
 /// What `plan` and `activate --dry-run` show, computed without the lock and
