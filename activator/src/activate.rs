@@ -945,10 +945,24 @@ mod tests {
         (gz.finish().unwrap(), Digest::of(&tar))
     }
 
-    /// A one-layer image in a new layout; its machine is `health`.
+    /// A one-layer image tagged `t` in the layout at `dir` (created, or
+    /// retagged when it exists); its machine is `health`.
     fn image(dir: &Path, health: &str) -> Digest {
-        let layout = Layout::create(dir).unwrap();
-        let (blob, diff_id) = tar_gz(&[("etc/fixture-health", health.as_bytes())]);
+        image_with(dir, health, "")
+    }
+
+    /// [`image`] with `etc/version` holding `version` (a distinct image
+    /// with the same health).
+    fn image_with(dir: &Path, health: &str, version: &str) -> Digest {
+        let layout = if dir.join("index.json").exists() {
+            Layout::open(dir).unwrap()
+        } else {
+            Layout::create(dir).unwrap()
+        };
+        let (blob, diff_id) = tar_gz(&[
+            ("etc/fixture-health", health.as_bytes()),
+            ("etc/version", version.as_bytes()),
+        ]);
         let layer = layout.blobs().put_bytes(&blob).unwrap();
         let config = serde_json::to_vec(&serde_json::json!({
             "architecture": Platform::host().architecture, "os": "linux", "config": {},
@@ -1157,5 +1171,131 @@ mod tests {
             "{e}"
         );
         assert!(fake.active.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_tag_moved_between_resolve_and_stage_cannot_change_what_is_staged() {
+        let (s, _fake, first) = setup("healthy", None, "off");
+        let config = Config::load(&s.config).unwrap();
+        let resolved = open_verified(&s.root, &config).unwrap();
+        assert_eq!(resolved.digest(), first);
+        // the tag now names another image
+        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+            panic!("layout source expected");
+        };
+        let moved = image(dir, "moved");
+        assert_ne!(moved, first);
+        assert_eq!(resolve(&s.root, &config).unwrap(), moved);
+
+        let staged = stage::stage_resolved(
+            &s.root,
+            &resolved.source,
+            &resolved.verified,
+            &config.unpack,
+            "kube1",
+        )
+        .unwrap();
+        assert_eq!(staged.image_digest, first);
+        let tree = s.root.machine_tree("kube1");
+        assert_eq!(
+            std::fs::read_to_string(tree.join("etc/fixture-health")).unwrap(),
+            "healthy"
+        );
+    }
+
+    /// Watches `path` for opens (inotify); [`opens`] counts them.
+    fn watch_opens(path: &Path) -> rustix::fd::OwnedFd {
+        use rustix::fs::inotify;
+        let fd =
+            inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+        // Close events too: the kernel merges identical consecutive unread
+        // events, so two opens in a row would count as one.
+        inotify::add_watch(
+            &fd,
+            path,
+            inotify::WatchFlags::OPEN | inotify::WatchFlags::CLOSE_NOWRITE,
+        )
+        .unwrap();
+        fd
+    }
+
+    fn opens(fd: &rustix::fd::OwnedFd) -> usize {
+        use rustix::fs::inotify;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = inotify::Reader::new(fd, &mut buf);
+        let mut n = 0;
+        while let Ok(e) = reader.next() {
+            if e.events().contains(inotify::ReadFlags::OPEN) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn archive_of(layout: &Path) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        b.append_dir_all(".", layout).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn an_archive_source_is_extracted_once_per_run() {
+        let (s, fake, digest) = setup("healthy", None, "off");
+        let dir = s.config.parent().unwrap().to_path_buf();
+        let archive = dir.join("image.oci.tar");
+        std::fs::write(&archive, archive_of(&dir.join("img"))).unwrap();
+        let watch = watch_opens(&archive);
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["image"] = format!("oci-archive:{}:t", archive.display()).into();
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert_eq!(r.digest, Some(digest));
+        assert_eq!(opens(&watch), 1, "the archive was not read exactly once");
+        // an up-to-date run resolves (and so extracts) once too
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::UpToDate));
+        assert_eq!(opens(&watch), 1);
+        // nothing of the extraction is left
+        let left: Vec<_> = std::fs::read_dir(s.root.machines_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".archive-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn fetch_stages_without_touching_machines_and_activate_reuses_the_slot() {
+        let (s, fake, first) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let config = Config::load(&s.config).unwrap();
+        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+            panic!("layout source expected");
+        };
+        let second = image_with(dir, "healthy", "2");
+        let calls = fake.calls().len();
+
+        let r = fetch(&s.root, &s.config, &fake, &Options::default()).report;
+        assert_eq!(
+            (r.exit_code, r.outcome, r.slot, r.digest),
+            (0, Some(Outcome::Staged), Some(Slot::Kube2), Some(second)),
+            "{r:?}"
+        );
+        assert!(r.downloads.unwrap().blobs_fetched > 0, "{r:?}");
+        assert_eq!(fake.calls().len(), calls, "fetch called systemd");
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube1).digest, Some(first));
+        assert_eq!(st.slot(Slot::Kube2).status, SlotStatus::Staged);
+        assert_eq!(st.slot(Slot::Kube2).digest, Some(second));
+        assert!(!s.root.nspawn_file("kube2").exists());
+
+        let r = activate(&s.root, &s.config, &fake, &Options::default()).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(r.downloads.is_none(), "restaged: {r:?}");
+        assert_eq!(State::load(&s.root).unwrap().active, Some(Slot::Kube2));
     }
 }
