@@ -1,6 +1,6 @@
-//! The flip engine: `activate` and `rollback` as library calls, each ending
-//! in a [`Report`] that is written to `report.json` while the run lock is
-//! still held.
+//! The flip engine: `activate`, `fetch` and `rollback` as library calls, each
+//! ending in a [`Report`] that is written to `report.json` while the run lock
+//! is still held.
 //!
 //! Given the root handle, the config path and a [`Systemd`]. The order
 //! (DESIGN.md §4), and why each step is where it is:
@@ -13,18 +13,24 @@
 //!    marked bad (the one try was used); a slot left dirty is emptied. This
 //!    uses the config each slot was activated with (saved beside the state),
 //!    so a broken new config cannot block recovery;
-//! 3. read the config, gather the host facts, resolve the reference once and
-//!    verify it (fail closed);
+//! 3. read the config, gather the host facts, open the source and resolve
+//!    the reference once and verify it (fail closed): [`open_verified`]
+//!    keeps the source open (an archive extracted once) for staging;
 //! 4. [`plan::activate`]: up to date (no machine is touched), refused (the
 //!    image failed with these host-file inputs before), or a flip;
-//! 5. mark the inactive slot dirty, stage into it (the reference pinned to
-//!    the digest resolved in 3), render and write its host files (a
+//! 5. mark the inactive slot dirty, stage into it (the image resolved and
+//!    verified in 3, nothing resolved again), render and write its host files (a
 //!    daemon-reload when its drop-in changed), record it staged, record
 //!    "pending, prepared", then "pending, trying": from here the try counts;
 //! 6. stop the old machine, start the new one, health gate ([`health`]);
 //! 7. commit (the old slot is kept as `previous` for `rollback`) or roll back
 //!    (stop the new machine, start the old one, check it, mark the image bad
 //!    with the name of the failed check).
+//!
+//! [`fetch`] runs steps 1 to 4 and stages the slot (recorded staged, no host
+//! files rendered, no machine touched); the next `activate` reuses it.
+//! A commit records the fingerprint of the slot it leaves ([`fingerprint`]);
+//! [`rollback`] refuses a previous slot whose tree no longer matches it.
 //!
 //! Every state change is one atomic [`State::save`]; the active slot's tree
 //! and host files are never written by a flip (only the inactive slot's), so
