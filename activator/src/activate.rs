@@ -788,7 +788,9 @@ pub struct Preview {
 }
 
 pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, ActivateError> {
-    let state = State::load(root)?;
+    // read-only: a save that died between its writes is taken as the
+    // next locked run will repair it
+    let (state, _repair) = State::load_torn(root)?;
     let config = Config::load(config_path)?;
     let facts = gather(root, config_path, &config)?;
     let digest = resolve(root, &config)?;

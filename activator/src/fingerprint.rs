@@ -71,9 +71,9 @@ pub enum FingerprintError {
     },
 }
 
-/// Counts the entries and regular-file bytes below `tree` (not following
-/// symlinks, not crossing into other filesystems' contents any differently:
-/// a tree is one directory hierarchy).
+/// Counts the entries and regular-file bytes below `tree`, without
+/// following symlinks (a link counts as one entry; its target is not
+/// visited). Hardlinked files count once per name.
 pub fn count(tree: &Path) -> Result<(u64, u64), FingerprintError> {
     let mut entries = 0u64;
     let mut bytes = 0u64;

@@ -1282,6 +1282,10 @@ fn status_shows_a_torn_state_and_its_repair_without_writing() {
     let (code, text, err) = h.cmd(&["status"]);
     assert_eq!(code, 0, "{err}");
     assert!(text.contains("repair pending: "), "{text}");
+    // plan reads it the same way
+    let (code, text, err) = h.cmd(&["plan"]);
+    assert_eq!(code, 0, "{text}\n{err}");
+    assert!(text.contains("kube2"), "{text}");
     // read-only: the sidecar still awaits its repair
     assert_eq!(fs::read(&sidecar).unwrap(), before);
     assert!(State::load(&root).is_err());
