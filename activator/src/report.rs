@@ -216,8 +216,18 @@ pub fn now_rfc3339() -> String {
     rfc3339(d.as_secs() as i64, d.subsec_millis())
 }
 
-/// Formats seconds since the epoch (civil-from-days, proleptic Gregorian).
+/// Formats seconds since the epoch with milliseconds,
+/// `2026-11-23T10:50:00.123Z`.
 pub fn rfc3339(secs: i64, millis: u32) -> String {
+    let mut s = rfc3339_seconds(secs);
+    s.pop(); // the 'Z'
+    format!("{s}.{millis:03}Z")
+}
+
+/// Formats seconds since the epoch, `2026-11-23T10:50:00Z` (UTC, proleptic
+/// Gregorian; Howard Hinnant's civil-from-days). The builder uses it for
+/// image and SBOM timestamps, the report for phases.
+pub fn rfc3339_seconds(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let z = days + 719_468;
@@ -230,7 +240,7 @@ pub fn rfc3339(secs: i64, millis: u32) -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60
