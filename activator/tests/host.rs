@@ -1107,6 +1107,13 @@ fn fetch_stages_the_inactive_slot_without_touching_the_running_machine() {
     assert!(r.get("downloads").is_none(), "{r:#}");
     assert_eq!(inode(&tree), staged_inode);
 
+    // the fetch replaced what a rollback would have used (here: nothing
+    // committed before kube1 yet), so rollback is refused, nothing touched
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("kube2") && err.contains("Staged"), "{err}");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+
     // activate flips to the staged slot without staging it again
     let (code, r, err) = h.activate();
     assert_eq!(code, 0, "{err}\n{r:#}");

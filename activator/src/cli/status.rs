@@ -7,8 +7,9 @@ use kubeslot_activator::state::{Slot, State};
 use super::HostArgs;
 
 /// Show the active slot, each slot's image digest and status, a pending
-/// flip, the images marked bad, and the last run's report. Writes nothing:
-/// a state whose save died between its writes (state written, sidecar not)
+/// flip, the images marked bad, and the last run's report.
+///
+/// Writes nothing: a state whose save died between its writes (state written, sidecar not)
 /// is shown with the repair the next activate/fetch/rollback makes.
 #[derive(clap::Args, Debug)]
 pub struct Args {
