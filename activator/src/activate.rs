@@ -233,7 +233,10 @@ struct Begun {
     state: State,
     config: Config,
     facts: HostFacts,
-    resolved: Resolved,
+    /// Taken by staging (absent when the plan reuses a staged slot, it is
+    /// dropped at the end of the run).
+    source: Option<Source>,
+    verified: Verified,
     inputs: String,
     flip: Flip,
 }
@@ -295,7 +298,8 @@ fn begin(
         state,
         config,
         facts,
-        resolved,
+        source: Some(resolved.source),
+        verified: resolved.verified,
         inputs,
         flip,
     }))
@@ -313,8 +317,8 @@ fn run_activate(
         return Ok(());
     };
     host.prepare(&mut b, report)?;
-    // The extraction of an archive source is no longer needed.
-    drop(b.resolved);
+    // An archive's extraction (when staging did not take it) is not needed.
+    drop(b.source.take());
     let gate = Gate::from(&b.config.health);
     host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
@@ -334,7 +338,15 @@ fn run_fetch(
     };
     report.phase("stage");
     if !b.flip.reuse_staged {
-        host.stage_slot(&mut b.state, &b.flip, &b.resolved, &b.config, report)?;
+        let source = b.source.take().expect("opened in begin");
+        host.stage_slot(
+            &mut b.state,
+            &b.flip,
+            source,
+            &b.verified,
+            &b.config,
+            report,
+        )?;
         // Staged: the tree is complete and verified. Its host files are
         // rendered by the `activate` that flips to it (from the facts of
         // that moment); nothing a running machine uses is written here.
@@ -414,8 +426,9 @@ fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts,
 
 /// The image a run works on, resolved once at its start: the open source
 /// (an `oci-archive` extracted once, into the machines dir) and the verified
-/// selection. Staging uses both, so every source kind is resolved exactly
-/// once per run and a tag that moves meanwhile changes nothing.
+/// selection. Staging consumes the source and uses the selection, so every
+/// source kind is resolved exactly once per run and a tag that moves
+/// meanwhile changes nothing.
 pub struct Resolved {
     pub source: Source,
     pub verified: Verified,
@@ -501,7 +514,8 @@ impl Host<'_> {
         &self,
         state: &mut State,
         flip: &Flip,
-        resolved: &Resolved,
+        source: Source,
+        verified: &Verified,
         config: &Config,
         report: &mut Report,
     ) -> Result<(), ActivateError> {
@@ -515,13 +529,8 @@ impl Host<'_> {
         };
         self.save(state)?;
         failpoint::hit("after-mark-dirty");
-        let staged = stage::stage_resolved(
-            self.root,
-            &resolved.source,
-            &resolved.verified,
-            &config.unpack,
-            to.machine(),
-        )?;
+        let staged =
+            stage::stage_resolved(self.root, source, verified, &config.unpack, to.machine())?;
         failpoint::hit("after-stage");
         report.downloads = Some(Downloads {
             blobs_fetched: staged.report.downloaded_blobs,
@@ -544,7 +553,8 @@ impl Host<'_> {
         let to = flip.to;
         report.phase("stage");
         if !flip.reuse_staged {
-            self.stage_slot(state, flip, &b.resolved, config, report)?;
+            let source = b.source.take().expect("opened in begin");
+            self.stage_slot(state, flip, source, &b.verified, config, report)?;
         }
         report.phase("render");
         render::save_inputs(self.root, to, config)?;
@@ -1197,7 +1207,7 @@ mod tests {
 
         let staged = stage::stage_resolved(
             &s.root,
-            &resolved.source,
+            resolved.source,
             &resolved.verified,
             &config.unpack,
             "kube1",

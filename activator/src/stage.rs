@@ -195,7 +195,7 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
     let source = Source::open(job.image, job.registries, job.root, parent)?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
     fetch_and_install(
-        &source,
+        source,
         &verified,
         job.store_dir,
         job.dest,
@@ -205,10 +205,12 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
 }
 
 /// The second half of staging, for an image already resolved and verified
-/// from `source`: fetch its blobs into the store, unpack into a private
-/// staging dir beside `dest`, swap it into place. Never resolves anything.
+/// from `source`: fetch its blobs into the store, drop the source (an
+/// archive's extraction goes before the tree takes its space), unpack into
+/// a private staging dir beside `dest`, swap it into place. Never resolves
+/// anything.
 fn fetch_and_install(
-    source: &Source,
+    source: Source,
     verified: &Verified,
     store_dir: &Path,
     dest: &Path,
@@ -218,7 +220,8 @@ fn fetch_and_install(
     let parent = parent_of(dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     let store = Store::open(store_dir)?;
-    let report = store.fetch_image(source, &verified.image)?;
+    let report = store.fetch_image(&source, &verified.image)?;
+    drop(source);
 
     remove_stale(parent, staging_prefix)?;
     let staging = tempfile::Builder::new()
@@ -346,10 +349,12 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
 /// of the run and checked against the trust policy) into
 /// `<machines>/<slot_dir>`: the digest is pinned, so a tag that moved since
 /// cannot change what is staged, and an archive source is not extracted a
-/// second time. Fetches into the root's content store and unpacks.
+/// second time. Fetches into the root's content store, then drops the
+/// source (an archive's extraction is removed before unpacking) and
+/// unpacks.
 pub fn stage_resolved(
     root: &Root,
-    source: &Source,
+    source: Source,
     verified: &Verified,
     unpack: &UnpackSettings,
     slot_dir: &str,

@@ -674,7 +674,7 @@ fn tag_is_resolved_once() {
     let verified = kubeslot_activator::stage::Verified { image, verdict };
     let staged = kubeslot_activator::stage::stage_resolved(
         &root,
-        &source,
+        source,
         &verified,
         &Default::default(),
         "kube1",
