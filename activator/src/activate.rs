@@ -670,6 +670,12 @@ impl Host<'_> {
         // Never start the old machine while the new one may still run: they
         // share the host network and the node state.
         self.systemd.stop(&p.to.unit())?;
+        if p.kind == FlipKind::Rollback {
+            // The previous slot ran during the attempt and wrote its own
+            // tree; it stays the previous slot, so its mark follows what
+            // the tree holds now that its machine is stopped again.
+            fingerprint::record(self.root, p.to.machine(), p.digest)?;
+        }
         failpoint::hit("after-rollback-stop");
         let mut old_failure = None;
         if let Some(from) = p.from {

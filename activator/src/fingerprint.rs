@@ -7,7 +7,8 @@
 //! recounts and compares. The flip engine records the mark of the slot it
 //! commits away from (that machine was just stopped, so its tree is frozen
 //! until a rollback starts it again: what a running node wrote to its own
-//! tree is counted in) and `rollback` refuses a slot whose mark is missing,
+//! tree is counted in), again when a failed rollback stops it (it ran, and
+//! stays the previous slot), and `rollback` refuses a slot whose mark is missing,
 //! names another image, or does not match a recount.
 //!
 //! It is deliberately not a content hash: it catches deleted, added or

@@ -46,6 +46,10 @@ case "$cmd" in
     [ -d "$tree" ] || { echo "fake systemctl: no tree $tree" >&2; exit 1; }
     [ "$(cat "$F/units/$unit" 2>/dev/null)" = active ] && exit 0
     mode=$(cat "$tree/etc/fixture-health" 2>/dev/null || echo healthy)
+    # a booting machine writes its own tree (journal, machine-id) when asked
+    if [ -e "$F/write-on-start" ]; then
+      mkdir -p "$tree/var/log" && date +%s%N > "$tree/var/log/boot-$(date +%s%N)"
+    fi
     python3 "$F/healthz.py" "$KUBESLOT_FAKE_PORT" "$mode" </dev/null >>"$F/server.log" 2>&1 &
     echo $! > "$F/pids/$unit"
     echo active > "$F/units/$unit" ;;
@@ -1302,4 +1306,30 @@ fn status_shows_a_torn_state_and_its_repair_without_writing() {
     assert_eq!(code, 0, "{err}\n{r:#}");
     let (_, out, err) = h.cmd(&["status", "--json"]);
     assert!(json(&out, &err).get("repair").is_none());
+}
+
+#[test]
+fn a_failed_rollback_keeps_the_previous_slot_usable_though_its_machine_wrote_its_tree() {
+    let img = images();
+    let h = Host::new(&img);
+    // every start writes a file into the started tree, as a real boot does
+    fs::write(h.fake().join("write-on-start"), "").unwrap();
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    // kube1 turns unhealthy (same size: its mark still matches)
+    let health = Root::new(h.root())
+        .machine_tree("kube1")
+        .join("etc/fixture-health");
+    fs::write(&health, "never!!").unwrap();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube2]);
+    // kube1 ran during the attempt and wrote its tree; once healthy again,
+    // a rollback is accepted
+    fs::write(&health, "healthy").unwrap();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.state().active, Some(Slot::Kube1));
 }
