@@ -261,6 +261,9 @@ impl State {
         let sidecar = sidecar_path(root);
         let expected = match std::fs::read_to_string(&sidecar) {
             Ok(s) => s.trim().to_string(),
+            // The first save ever, killed between its writes: only `.next`
+            // can vouch for the state (see `load_torn`).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => MISSING.to_string(),
             Err(source) => {
                 return Err(StateError::Read {
                     path: sidecar,
@@ -351,8 +354,13 @@ impl State {
                         source,
                     })?,
                 )?;
+                let stale = if expected == MISSING {
+                    "is missing (the first save)".to_string()
+                } else {
+                    format!("still names the previous content ({expected})")
+                };
                 let repair = format!(
-                    "{} was saved but {} still names the previous content ({expected}); {} vouches for it ({actual}): the next activate, fetch or rollback rewrites the sidecar",
+                    "{} was saved but {} {stale}; {} vouches for it ({actual}): the next activate, fetch or rollback rewrites the sidecar",
                     path.display(),
                     sidecar.display(),
                     next.display()
@@ -403,6 +411,9 @@ fn parse(path: &std::path::Path, bytes: &[u8]) -> Result<State, StateError> {
     }
     Ok(state)
 }
+
+/// What a missing sidecar "says" in a [`StateError::Sidecar`].
+const MISSING: &str = "nothing (missing)";
 
 fn next_sidecar_path(root: &Root) -> PathBuf {
     let mut p = root.state_file().into_os_string();

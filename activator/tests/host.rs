@@ -1333,3 +1333,25 @@ fn a_failed_rollback_keeps_the_previous_slot_usable_though_its_machine_wrote_its
     assert_eq!(h.running(), [Slot::Kube1]);
     assert_eq!(h.state().active, Some(Slot::Kube1));
 }
+
+#[test]
+fn the_first_save_ever_killed_between_its_writes_is_repaired() {
+    // no sidecar at all yet: only `.next` vouches for the state
+    let img = images();
+    let h = Host::new(&img);
+    let out = h.run(&["activate"], Some("state-between-writes"));
+    assert_eq!(out.status.signal(), Some(6));
+    let sidecar = h.root().join("var/lib/kubeslot/state.json.sha256");
+    assert!(!sidecar.exists());
+    let (code, out, err) = h.cmd(&["status", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(json(&out, &err)["repair"]
+        .as_str()
+        .unwrap()
+        .contains("missing"));
+    assert!(!sidecar.exists(), "status wrote the sidecar");
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.state().active, Some(Slot::Kube1));
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
