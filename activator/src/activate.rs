@@ -1,6 +1,6 @@
-//! The flip engine: `activate` and `rollback` as library calls, each ending
-//! in a [`Report`] that is written to `report.json` while the run lock is
-//! still held.
+//! The flip engine: `activate`, `fetch` and `rollback` as library calls, each
+//! ending in a [`Report`] that is written to `report.json` while the run lock
+//! is still held.
 //!
 //! Given the root handle, the config path and a [`Systemd`]. The order
 //! (DESIGN.md §4), and why each step is where it is:
@@ -13,18 +13,24 @@
 //!    marked bad (the one try was used); a slot left dirty is emptied. This
 //!    uses the config each slot was activated with (saved beside the state),
 //!    so a broken new config cannot block recovery;
-//! 3. read the config, gather the host facts, resolve the reference once and
-//!    verify it (fail closed);
+//! 3. read the config, gather the host facts, open the source and resolve
+//!    the reference once and verify it (fail closed): [`open_verified`]
+//!    keeps the source open (an archive extracted once) for staging;
 //! 4. [`plan::activate`]: up to date (no machine is touched), refused (the
 //!    image failed with these host-file inputs before), or a flip;
-//! 5. mark the inactive slot dirty, stage into it (the reference pinned to
-//!    the digest resolved in 3), render and write its host files (a
+//! 5. mark the inactive slot dirty, stage into it (the image resolved and
+//!    verified in 3, nothing resolved again), render and write its host files (a
 //!    daemon-reload when its drop-in changed), record it staged, record
 //!    "pending, prepared", then "pending, trying": from here the try counts;
 //! 6. stop the old machine, start the new one, health gate ([`health`]);
 //! 7. commit (the old slot is kept as `previous` for `rollback`) or roll back
 //!    (stop the new machine, start the old one, check it, mark the image bad
 //!    with the name of the failed check).
+//!
+//! [`fetch`] runs steps 1 to 4 and stages the slot (recorded staged, no host
+//! files rendered, no machine touched); the next `activate` reuses it.
+//! A commit records the fingerprint of the slot it leaves ([`fingerprint`]);
+//! [`rollback`] refuses a previous slot whose tree no longer matches it.
 //!
 //! Every state change is one atomic [`State::save`]; the active slot's tree
 //! and host files are never written by a flip (only the inactive slot's), so
@@ -39,17 +45,17 @@ use std::path::{Path, PathBuf};
 use crate::config::{Config, ConfigError, Health};
 use crate::digest::Digest;
 use crate::failpoint;
+use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
 use crate::layout::LayoutError;
 use crate::lock::{Lock, LockError};
 use crate::oci::Platform;
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
-use crate::reference::ImageSource;
 use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
 use crate::source::{Source, SourceError};
-use crate::stage::{self, StageError};
+use crate::stage::{self, StageError, Verified};
 use crate::state::{
     FlipKind, Pending, PendingPhase, Slot, SlotState, SlotStatus, State, StateError,
 };
@@ -85,6 +91,8 @@ pub enum ActivateError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
     #[error("slot config {path}: {reason}")]
     SlotConfig { path: PathBuf, reason: String },
     #[error("image {digest}: failed on this host at {at} ({reason}); not retried automatically (publish a new image, change the host settings, or pass --force)")]
@@ -160,6 +168,22 @@ pub fn activate(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &O
     finish(root, report, result, lock)
 }
 
+/// `fetch`: the first half of `activate` (recover, resolve once, verify,
+/// stage into the inactive slot, record it staged with its digest and
+/// host-file inputs) without rendering, stopping or starting anything. A
+/// following `activate` of the same image with the same inputs reuses the
+/// slot (no download, no unpack) and flips.
+pub fn fetch(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &Options) -> Ran {
+    let mut report = Report::new("fetch");
+    let lock = match Lock::try_exclusive(root) {
+        Ok(l) => l,
+        Err(e) => return busy(report, e),
+    };
+    failpoint::hit("after-lock");
+    let result = run_fetch(root, config_path, systemd, opts, &mut report);
+    finish(root, report, result, lock)
+}
+
 /// `rollback`: back to the previous slot, without downloading, through the
 /// same gate; the image rolled away from is marked bad.
 pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
@@ -203,14 +227,29 @@ struct Host<'a> {
     systemd: &'a dyn Systemd,
 }
 
-fn run_activate(
-    root: &Root,
+/// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
+/// decided before it writes anything of its own.
+struct Begun {
+    state: State,
+    config: Config,
+    facts: HostFacts,
+    /// Taken by staging (absent when the plan reuses a staged slot, it is
+    /// dropped at the end of the run).
+    source: Option<Source>,
+    verified: Verified,
+    inputs: String,
+    flip: Flip,
+}
+
+/// Recover, read the config, gather the facts, resolve once, plan. `None`
+/// when the plan says there is nothing to do (the report says why).
+fn begin(
+    host: &Host<'_>,
     config_path: &Path,
-    systemd: &dyn Systemd,
     opts: &Options,
     report: &mut Report,
-) -> Result<(), ActivateError> {
-    let host = Host { root, systemd };
+) -> Result<Option<Begun>, ActivateError> {
+    let root = host.root;
     report.phase("recover");
     let mut state = State::load_repairing(root)?;
     report.previous_slot = state.active;
@@ -223,7 +262,10 @@ fn run_activate(
     let facts = gather(root, config_path, &config)?;
 
     report.phase("resolve");
-    let digest = resolve(root, &config)?;
+    // The lock is held: an extraction left by a killed run is nobody's.
+    stage::remove_stale_extractions(root)?;
+    let resolved = open_verified(root, &config)?;
+    let digest = resolved.digest();
     report.digest = Some(digest);
     let inputs = inputs_hash(&config, &facts);
     let current = state
@@ -239,7 +281,7 @@ fn run_activate(
             }
             report.slot = Some(slot);
             report.outcome = Some(Outcome::UpToDate);
-            return Ok(());
+            return Ok(None);
         }
         Plan::Refused(bad) => {
             report.slot = state.active;
@@ -252,10 +294,71 @@ fn run_activate(
         Plan::Flip(f) => f,
     };
     report.slot = Some(flip.to);
-    host.prepare(&mut state, &flip, &config, &facts, &inputs, report)?;
-    let gate = Gate::from(&config.health);
-    host.try_flip(&mut state, &gate, &facts.gpu.devices, report)?;
+    Ok(Some(Begun {
+        state,
+        config,
+        facts,
+        source: Some(resolved.source),
+        verified: resolved.verified,
+        inputs,
+        flip,
+    }))
+}
+
+fn run_activate(
+    root: &Root,
+    config_path: &Path,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+        return Ok(());
+    };
+    host.prepare(&mut b, report)?;
+    // An archive's extraction (when staging did not take it) is not needed.
+    drop(b.source.take());
+    let gate = Gate::from(&b.config.health);
+    host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
+    Ok(())
+}
+
+fn run_fetch(
+    root: &Root,
+    config_path: &Path,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+        return Ok(());
+    };
+    report.phase("stage");
+    if !b.flip.reuse_staged {
+        let source = b.source.take().expect("opened in begin");
+        host.stage_slot(
+            &mut b.state,
+            &b.flip,
+            source,
+            &b.verified,
+            &b.config,
+            report,
+        )?;
+        // Staged: the tree is complete and verified. Its host files are
+        // rendered by the `activate` that flips to it (from the facts of
+        // that moment); nothing a running machine uses is written here.
+        *b.state.slot_mut(b.flip.to) = SlotState {
+            status: SlotStatus::Staged,
+            digest: Some(b.flip.digest),
+            inputs: Some(b.inputs.clone()),
+        };
+        host.save(&b.state)?;
+        failpoint::hit("after-staged");
+    }
+    report.outcome = Some(Outcome::Staged);
     Ok(())
 }
 
@@ -275,14 +378,17 @@ fn run_rollback(
     let flip = plan::rollback(&state)?;
     report.slot = Some(flip.to);
     report.digest = Some(flip.digest);
-    let tree = root.machine_tree(flip.to.machine());
-    let intact = std::fs::read_dir(&tree).map(|mut d| d.next().is_some());
-    if !matches!(intact, Ok(true)) {
-        return Err(ActivateError::NotIntact {
+    // The tree must still be what it was when its machine was stopped and
+    // committed away from: nothing is downloaded to repair it.
+    fingerprint::check(root, flip.to.machine(), flip.digest).map_err(|e| {
+        ActivateError::NotIntact {
             slot: flip.to,
-            reason: format!("{} is missing or empty", tree.display()),
-        });
-    }
+            reason: format!(
+                "refusing to start it: {}; the running machine is untouched",
+                crate::error_chain(&e)
+            ),
+        }
+    })?;
     // The slot runs with the config it was activated with; only the device
     // binds may differ, so its files are re-rendered from that config.
     report.phase("render");
@@ -318,13 +424,35 @@ fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts,
     })
 }
 
-/// Resolves the configured reference once and checks the trust policy.
-pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
+/// The image a run works on, resolved once at its start: the open source
+/// (an `oci-archive` extracted once, into the machines dir) and the verified
+/// selection. Staging consumes the source and uses the selection, so every
+/// source kind is resolved exactly once per run and a tag that moves
+/// meanwhile changes nothing.
+pub struct Resolved {
+    pub source: Source,
+    pub verified: Verified,
+}
+
+impl Resolved {
+    pub fn digest(&self) -> Digest {
+        self.verified.image.image_digest()
+    }
+}
+
+/// Opens the configured source, resolves the reference once and checks the
+/// trust policy (fail closed). Fetches no layer.
+pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
     let policy = Policy::load(&config.trust, root)?;
     let scratch = root.machines_dir();
     let source = Source::open(&config.image, &config.registries, root, &scratch)?;
     let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
-    Ok(verified.image.image_digest())
+    Ok(Resolved { source, verified })
+}
+
+/// Resolves the configured reference once and checks the trust policy.
+pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
+    Ok(open_verified(root, config)?.digest())
 }
 
 /// The hash that names a set of host-file inputs (the files rendered for
@@ -380,51 +508,62 @@ impl Host<'_> {
         Ok(())
     }
 
-    /// Step 5: the target slot staged and rendered, "pending, prepared".
-    fn prepare(
+    /// Marks `flip.to` dirty and stages the image resolved at the start of
+    /// the run into it (the digest pinned, nothing resolved again).
+    fn stage_slot(
         &self,
         state: &mut State,
         flip: &Flip,
+        source: Source,
+        verified: &Verified,
         config: &Config,
-        facts: &HostFacts,
-        inputs: &str,
         report: &mut Report,
     ) -> Result<(), ActivateError> {
         let to = flip.to;
+        // Dirty first: a crash from here on leaves a slot recovery empties,
+        // never one that could be started half-written.
+        *state.slot_mut(to) = SlotState {
+            status: SlotStatus::Dirty,
+            digest: None,
+            inputs: None,
+        };
+        self.save(state)?;
+        failpoint::hit("after-mark-dirty");
+        let staged =
+            stage::stage_resolved(self.root, source, verified, &config.unpack, to.machine())?;
+        failpoint::hit("after-stage");
+        report.downloads = Some(Downloads {
+            blobs_fetched: staged.report.downloaded_blobs,
+            bytes_fetched: staged.report.downloaded_bytes,
+            blobs_reused: staged.report.reused_blobs,
+        });
+        if staged.image_digest != flip.digest {
+            return Err(ActivateError::Moved {
+                slot: to,
+                want: flip.digest,
+                got: staged.image_digest,
+            });
+        }
+        Ok(())
+    }
+
+    /// Step 5: the target slot staged and rendered, "pending, prepared".
+    fn prepare(&self, b: &mut Begun, report: &mut Report) -> Result<(), ActivateError> {
+        let (flip, config, state) = (&b.flip, &b.config, &mut b.state);
+        let to = flip.to;
         report.phase("stage");
         if !flip.reuse_staged {
-            // Dirty first: a crash from here on leaves a slot recovery
-            // empties, never one that could be started half-written.
-            *state.slot_mut(to) = SlotState {
-                status: SlotStatus::Dirty,
-                digest: None,
-                inputs: None,
-            };
-            self.save(state)?;
-            failpoint::hit("after-mark-dirty");
-            let staged = stage::stage(self.root, &pinned(config, flip.digest), to.machine())?;
-            failpoint::hit("after-stage");
-            report.downloads = Some(Downloads {
-                blobs_fetched: staged.report.downloaded_blobs,
-                bytes_fetched: staged.report.downloaded_bytes,
-                blobs_reused: staged.report.reused_blobs,
-            });
-            if staged.image_digest != flip.digest {
-                return Err(ActivateError::Moved {
-                    slot: to,
-                    want: flip.digest,
-                    got: staged.image_digest,
-                });
-            }
+            let source = b.source.take().expect("opened in begin");
+            self.stage_slot(state, flip, source, &b.verified, config, report)?;
         }
         report.phase("render");
         render::save_inputs(self.root, to, config)?;
-        self.write_files(&render::render(config, to, facts))?;
+        self.write_files(&render::render(config, to, &b.facts))?;
         failpoint::hit("after-render");
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Staged,
             digest: Some(flip.digest),
-            inputs: Some(inputs.to_string()),
+            inputs: Some(b.inputs.clone()),
         };
         self.save(state)?;
         failpoint::hit("after-staged");
@@ -434,7 +573,7 @@ impl Host<'_> {
             to,
             digest: flip.digest,
             from: flip.from,
-            inputs: inputs.to_string(),
+            inputs: b.inputs.clone(),
         });
         self.save(state)?;
         failpoint::hit("after-pending");
@@ -495,6 +634,11 @@ impl Host<'_> {
 
     fn commit(&self, state: &mut State, p: &Pending) -> Result<(), ActivateError> {
         if let Some(from) = p.from {
+            // Its machine is stopped: the tree is frozen until a rollback
+            // starts it again, which checks this mark first.
+            if let Some(d) = state.slot(from).digest {
+                fingerprint::record(self.root, from.machine(), d)?;
+            }
             let old = state.slot_mut(from);
             old.status = SlotStatus::Previous;
             if p.kind == FlipKind::Rollback {
@@ -526,6 +670,12 @@ impl Host<'_> {
         // Never start the old machine while the new one may still run: they
         // share the host network and the node state.
         self.systemd.stop(&p.to.unit())?;
+        if p.kind == FlipKind::Rollback {
+            // The previous slot ran during the attempt and wrote its own
+            // tree; it stays the previous slot, so its mark follows what
+            // the tree holds now that its machine is stopped again.
+            fingerprint::record(self.root, p.to.machine(), p.digest)?;
+        }
         failpoint::hit("after-rollback-stop");
         let mut old_failure = None;
         if let Some(from) = p.from {
@@ -643,16 +793,6 @@ impl Host<'_> {
     }
 }
 
-/// The config with its registry reference pinned to `digest`, so staging
-/// does not ask for the tag a second time.
-fn pinned(config: &Config, digest: Digest) -> Config {
-    let mut c = config.clone();
-    if let ImageSource::Registry(r) = &config.image {
-        c.image = ImageSource::Registry(r.with_digest(digest));
-    }
-    c
-}
-
 /// What `plan` and `activate --dry-run` show, computed without the lock and
 /// without writing anything.
 pub struct Preview {
@@ -664,7 +804,9 @@ pub struct Preview {
 }
 
 pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, ActivateError> {
-    let state = State::load(root)?;
+    // read-only: a save that died between its writes is taken as the
+    // next locked run will repair it
+    let (state, _repair) = State::load_torn(root)?;
     let config = Config::load(config_path)?;
     let facts = gather(root, config_path, &config)?;
     let digest = resolve(root, &config)?;
@@ -827,10 +969,24 @@ mod tests {
         (gz.finish().unwrap(), Digest::of(&tar))
     }
 
-    /// A one-layer image in a new layout; its machine is `health`.
+    /// A one-layer image tagged `t` in the layout at `dir` (created, or
+    /// retagged when it exists); its machine is `health`.
     fn image(dir: &Path, health: &str) -> Digest {
-        let layout = Layout::create(dir).unwrap();
-        let (blob, diff_id) = tar_gz(&[("etc/fixture-health", health.as_bytes())]);
+        image_with(dir, health, "")
+    }
+
+    /// [`image`] with `etc/version` holding `version` (a distinct image
+    /// with the same health).
+    fn image_with(dir: &Path, health: &str, version: &str) -> Digest {
+        let layout = if dir.join("index.json").exists() {
+            Layout::open(dir).unwrap()
+        } else {
+            Layout::create(dir).unwrap()
+        };
+        let (blob, diff_id) = tar_gz(&[
+            ("etc/fixture-health", health.as_bytes()),
+            ("etc/version", version.as_bytes()),
+        ]);
         let layer = layout.blobs().put_bytes(&blob).unwrap();
         let config = serde_json::to_vec(&serde_json::json!({
             "architecture": Platform::host().architecture, "os": "linux", "config": {},
@@ -1039,5 +1195,131 @@ mod tests {
             "{e}"
         );
         assert!(fake.active.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_tag_moved_between_resolve_and_stage_cannot_change_what_is_staged() {
+        let (s, _fake, first) = setup("healthy", None, "off");
+        let config = Config::load(&s.config).unwrap();
+        let resolved = open_verified(&s.root, &config).unwrap();
+        assert_eq!(resolved.digest(), first);
+        // the tag now names another image
+        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+            panic!("layout source expected");
+        };
+        let moved = image(dir, "moved");
+        assert_ne!(moved, first);
+        assert_eq!(resolve(&s.root, &config).unwrap(), moved);
+
+        let staged = stage::stage_resolved(
+            &s.root,
+            resolved.source,
+            &resolved.verified,
+            &config.unpack,
+            "kube1",
+        )
+        .unwrap();
+        assert_eq!(staged.image_digest, first);
+        let tree = s.root.machine_tree("kube1");
+        assert_eq!(
+            std::fs::read_to_string(tree.join("etc/fixture-health")).unwrap(),
+            "healthy"
+        );
+    }
+
+    /// Watches `path` for opens (inotify); [`opens`] counts them.
+    fn watch_opens(path: &Path) -> rustix::fd::OwnedFd {
+        use rustix::fs::inotify;
+        let fd =
+            inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+        // Close events too: the kernel merges identical consecutive unread
+        // events, so two opens in a row would count as one.
+        inotify::add_watch(
+            &fd,
+            path,
+            inotify::WatchFlags::OPEN | inotify::WatchFlags::CLOSE_NOWRITE,
+        )
+        .unwrap();
+        fd
+    }
+
+    fn opens(fd: &rustix::fd::OwnedFd) -> usize {
+        use rustix::fs::inotify;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut reader = inotify::Reader::new(fd, &mut buf);
+        let mut n = 0;
+        while let Ok(e) = reader.next() {
+            if e.events().contains(inotify::ReadFlags::OPEN) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn archive_of(layout: &Path) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        b.append_dir_all(".", layout).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn an_archive_source_is_extracted_once_per_run() {
+        let (s, fake, digest) = setup("healthy", None, "off");
+        let dir = s.config.parent().unwrap().to_path_buf();
+        let archive = dir.join("image.oci.tar");
+        std::fs::write(&archive, archive_of(&dir.join("img"))).unwrap();
+        let watch = watch_opens(&archive);
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["image"] = format!("oci-archive:{}:t", archive.display()).into();
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert_eq!(r.digest, Some(digest));
+        assert_eq!(opens(&watch), 1, "the archive was not read exactly once");
+        // an up-to-date run resolves (and so extracts) once too
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::UpToDate));
+        assert_eq!(opens(&watch), 1);
+        // nothing of the extraction is left
+        let left: Vec<_> = std::fs::read_dir(s.root.machines_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".archive-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn fetch_stages_without_touching_machines_and_activate_reuses_the_slot() {
+        let (s, fake, first) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let config = Config::load(&s.config).unwrap();
+        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+            panic!("layout source expected");
+        };
+        let second = image_with(dir, "healthy", "2");
+        let calls = fake.calls().len();
+
+        let r = fetch(&s.root, &s.config, &fake, &Options::default()).report;
+        assert_eq!(
+            (r.exit_code, r.outcome, r.slot, r.digest),
+            (0, Some(Outcome::Staged), Some(Slot::Kube2), Some(second)),
+            "{r:?}"
+        );
+        assert!(r.downloads.unwrap().blobs_fetched > 0, "{r:?}");
+        assert_eq!(fake.calls().len(), calls, "fetch called systemd");
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube1).digest, Some(first));
+        assert_eq!(st.slot(Slot::Kube2).status, SlotStatus::Staged);
+        assert_eq!(st.slot(Slot::Kube2).digest, Some(second));
+        assert!(!s.root.nspawn_file("kube2").exists());
+
+        let r = activate(&s.root, &s.config, &fake, &Options::default()).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(r.downloads.is_none(), "restaged: {r:?}");
+        assert_eq!(State::load(&s.root).unwrap().active, Some(Slot::Kube2));
     }
 }

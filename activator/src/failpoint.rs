@@ -25,6 +25,9 @@
 //! | `after-rollback-stop`  | a failed new machine is stopped (rollback path)   |
 //! | `after-rollback-start` | the old machine is started again (rollback path)  |
 //! | `state-between-writes` | inside a state save: state written, sidecar not   |
+//!
+//! `fetch` passes the same boundaries up to `after-staged` (without
+//! `after-render`), and `state-between-writes` in each of its saves.
 
 /// The environment variable naming the failpoint to trigger.
 pub const ENV: &str = "KUBESLOT_FAILPOINT";

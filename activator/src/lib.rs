@@ -10,6 +10,7 @@ pub mod archive;
 pub mod config;
 pub mod digest;
 pub mod failpoint;
+pub mod fingerprint;
 pub mod gpu;
 pub mod health;
 pub mod layout;

@@ -14,8 +14,9 @@ enum Cli {
     Version,
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
-    // host side: flip, plan, status, rollback, wait (about text: each Args)
+    // host side: flip, fetch, plan, status, rollback, wait (about text: each Args)
     Activate(cli::activate::Args),
+    Fetch(cli::fetch::Args),
     Plan(cli::plan::Args),
     Status(cli::status::Args),
     Rollback(cli::rollback::Args),
@@ -32,6 +33,7 @@ fn main() {
         }
         Cli::Unpack(args) => cli::unpack::run(args),
         Cli::Activate(args) => cli::activate::run(args),
+        Cli::Fetch(args) => cli::fetch::run(args),
         Cli::Plan(args) => cli::plan::run(args),
         Cli::Status(args) => cli::status::run(args),
         Cli::Rollback(args) => cli::rollback::run(args),

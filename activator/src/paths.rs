@@ -105,6 +105,14 @@ impl Root {
             .join(format!("{machine}.json"))
     }
 
+    /// `/var/lib/kubeslot/slots/<machine>.tree`: the fingerprint of a slot
+    /// tree recorded when it was committed away from, checked by `rollback`.
+    pub fn slot_tree_mark(&self, machine: &str) -> PathBuf {
+        self.state_dir()
+            .join("slots")
+            .join(format!("{machine}.tree"))
+    }
+
     /// `/var/lib/machines/.kubeslot-staging-<machine>`: where a slot tree is
     /// unpacked before it is renamed into place (same filesystem).
     pub fn machine_staging(&self, machine: &str) -> PathBuf {

@@ -11,7 +11,10 @@
 //! `renameat2(RENAME_EXCHANGE)`; the old tree is deleted only after that. On
 //! any error the staging directory is removed and the old tree is untouched.
 //! [`resolve_and_verify`] is the first half on its own, for the builder to
-//! check what it published, and [`unpack_to`] serves the `unpack` command.
+//! check what it published and for the host side to resolve once per run;
+//! [`stage_resolved`] is the second half for such a pinned, verified image
+//! (no second resolve, no second archive extraction), and [`unpack_to`]
+//! serves the `unpack` command.
 //!
 //! It does not choose the slot, record state, render host files or flip
 //! machines (the host-side modules do), and it never runs anything from the
@@ -191,13 +194,38 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
     // store, not a possibly small /tmp.
     let source = Source::open(job.image, job.registries, job.root, parent)?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
-    let store = Store::open(job.store_dir)?;
+    fetch_and_install(
+        source,
+        &verified,
+        job.store_dir,
+        job.dest,
+        &job.staging_prefix,
+        job.unpack,
+    )
+}
+
+/// The second half of staging, for an image already resolved and verified
+/// from `source`: fetch its blobs into the store, drop the source (an
+/// archive's extraction goes before the tree takes its space), unpack into
+/// a private staging dir beside `dest`, swap it into place. Never resolves
+/// anything.
+fn fetch_and_install(
+    source: Source,
+    verified: &Verified,
+    store_dir: &Path,
+    dest: &Path,
+    staging_prefix: &str,
+    unpack: &UnpackSettings,
+) -> Result<Staged, StageError> {
+    let parent = parent_of(dest);
+    fs::create_dir_all(parent).map_err(io_err(parent))?;
+    let store = Store::open(store_dir)?;
     let report = store.fetch_image(&source, &verified.image)?;
     drop(source);
 
-    remove_stale(parent, &job.staging_prefix)?;
+    remove_stale(parent, staging_prefix)?;
     let staging = tempfile::Builder::new()
-        .prefix(&job.staging_prefix)
+        .prefix(staging_prefix)
         .tempdir_in(parent)
         .map_err(io_err(parent))?;
     // tempdir makes 0700; a machine root is 0755 unless a layer says otherwise.
@@ -210,17 +238,17 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
         &store,
         &verified.image,
         staging.path(),
-        unpack_policy(job.unpack),
+        unpack_policy(unpack),
     )?;
-    install(staging, job.dest)?;
+    install(staging, dest)?;
     Ok(Staged {
         image_digest: verified.image.image_digest(),
         manifest_digest: verified.image.manifest_digest(),
         config: verified.image.config.clone(),
-        verdict: verified.verdict,
+        verdict: verified.verdict.clone(),
         report,
         unpack: stats,
-        tree: job.dest.to_path_buf(),
+        tree: dest.to_path_buf(),
     })
 }
 
@@ -273,9 +301,7 @@ fn install(staging: tempfile::TempDir, dest: &Path) -> Result<(), StageError> {
     Ok(())
 }
 
-/// Stages `config.image` into `<machines>/<slot_dir>` under `root`, using
-/// the root's content store.
-pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, StageError> {
+fn check_slot_dir(slot_dir: &str) -> Result<(), StageError> {
     if slot_dir.is_empty()
         || slot_dir.starts_with('.')
         || slot_dir.contains('/')
@@ -285,13 +311,28 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
             name: slot_dir.to_string(),
         });
     }
-    let dest = root.machine_tree(slot_dir);
-    // The host lock (held by the caller) makes this the only run: archive
-    // extractions of a killed run can go too.
+    Ok(())
+}
+
+/// Removes the archive extractions a killed run left in the machines dir.
+/// Only for a caller holding the host lock (no other run can be using one)
+/// and before it opens its own source.
+pub fn remove_stale_extractions(root: &Root) -> Result<(), StageError> {
     let machines = root.machines_dir();
     if machines.is_dir() {
         remove_stale(&machines, ".archive-")?;
     }
+    Ok(())
+}
+
+/// Stages `config.image` into `<machines>/<slot_dir>` under `root`, using
+/// the root's content store: resolves, verifies, fetches and unpacks.
+pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, StageError> {
+    check_slot_dir(slot_dir)?;
+    let dest = root.machine_tree(slot_dir);
+    // The host lock (held by the caller) makes this the only run: archive
+    // extractions of a killed run can go too.
+    remove_stale_extractions(root)?;
     run(Job {
         root,
         image: &config.image,
@@ -302,6 +343,31 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
         dest: &dest,
         staging_prefix: format!(".staging-{slot_dir}-"),
     })
+}
+
+/// Stages the image `verified` (resolved once from `source` at the start
+/// of the run and checked against the trust policy) into
+/// `<machines>/<slot_dir>`: the digest is pinned, so a tag that moved since
+/// cannot change what is staged, and an archive source is not extracted a
+/// second time. Fetches into the root's content store, then drops the
+/// source (an archive's extraction is removed before unpacking) and
+/// unpacks.
+pub fn stage_resolved(
+    root: &Root,
+    source: Source,
+    verified: &Verified,
+    unpack: &UnpackSettings,
+    slot_dir: &str,
+) -> Result<Staged, StageError> {
+    check_slot_dir(slot_dir)?;
+    fetch_and_install(
+        source,
+        verified,
+        &root.store(),
+        &root.machine_tree(slot_dir),
+        &format!(".staging-{slot_dir}-"),
+        unpack,
+    )
 }
 
 /// Verifies and unpacks `image` into `target` (missing or an empty

@@ -261,6 +261,9 @@ impl State {
         let sidecar = sidecar_path(root);
         let expected = match std::fs::read_to_string(&sidecar) {
             Ok(s) => s.trim().to_string(),
+            // The first save ever, killed between its writes: only `.next`
+            // can vouch for the state (see `load_torn`).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => MISSING.to_string(),
             Err(source) => {
                 return Err(StateError::Read {
                     path: sidecar,
@@ -277,17 +280,7 @@ impl State {
                 actual,
             });
         }
-        let state: State = serde_json::from_slice(&bytes).map_err(|source| StateError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        if state.version != 1 {
-            return Err(StateError::Version {
-                path,
-                version: state.version,
-            });
-        }
-        Ok(state)
+        parse(&path, &bytes)
     }
 
     /// Writes the state, then its sidecar, each atomically.
@@ -331,9 +324,10 @@ impl State {
     }
 
     /// Like [`State::load`], but also accepts a state matching the `.next`
-    /// sidecar (a save that died between its writes), then repairs the
-    /// sidecar.
-    pub fn load_repairing(root: &Root) -> Result<State, StateError> {
+    /// sidecar (a save that died between its writes) without writing
+    /// anything: returns the state and, when the sidecar needs that repair,
+    /// what the next locked run will repair. For `status`.
+    pub fn load_torn(root: &Root) -> Result<(State, Option<String>), StateError> {
         match State::load(root) {
             Err(StateError::Sidecar {
                 path,
@@ -353,18 +347,73 @@ impl State {
                         actual,
                     });
                 }
-                write_atomic(&sidecar, format!("{actual}\n").as_bytes()).map_err(|source| {
-                    StateError::Write {
-                        path: sidecar.clone(),
+                let state = parse(
+                    &path,
+                    &std::fs::read(&path).map_err(|source| StateError::Read {
+                        path: path.clone(),
                         source,
-                    }
-                })?;
-                State::load(root)
+                    })?,
+                )?;
+                let stale = if expected == MISSING {
+                    "is missing (the first save)".to_string()
+                } else {
+                    format!("still names the previous content ({expected})")
+                };
+                let repair = format!(
+                    "{} was saved but {} {stale}; {} vouches for it ({actual}): the next activate, fetch or rollback rewrites the sidecar",
+                    path.display(),
+                    sidecar.display(),
+                    next.display()
+                );
+                Ok((state, Some(repair)))
             }
-            other => other,
+            other => other.map(|s| (s, None)),
         }
     }
+
+    /// Like [`State::load`], but also accepts a state matching the `.next`
+    /// sidecar (a save that died between its writes), then repairs the
+    /// sidecar. Only for a caller holding the run lock.
+    pub fn load_repairing(root: &Root) -> Result<State, StateError> {
+        let (state, repair) = State::load_torn(root)?;
+        if repair.is_some() {
+            // the bytes on disk are what `.next` vouched for; re-read them
+            // rather than trusting that re-serialising is byte-identical
+            let on_disk = std::fs::read(root.state_file()).map_err(|source| StateError::Read {
+                path: root.state_file(),
+                source,
+            })?;
+            let actual = Digest::of(&on_disk).hex();
+            let sidecar = sidecar_path(root);
+            write_atomic(&sidecar, format!("{actual}\n").as_bytes()).map_err(|source| {
+                StateError::Write {
+                    path: sidecar.clone(),
+                    source,
+                }
+            })?;
+            return State::load(root);
+        }
+        Ok(state)
+    }
 }
+
+/// Parses and version-checks state bytes read from `path`.
+fn parse(path: &std::path::Path, bytes: &[u8]) -> Result<State, StateError> {
+    let state: State = serde_json::from_slice(bytes).map_err(|source| StateError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if state.version != 1 {
+        return Err(StateError::Version {
+            path: path.to_path_buf(),
+            version: state.version,
+        });
+    }
+    Ok(state)
+}
+
+/// What a missing sidecar "says" in a [`StateError::Sidecar`].
+const MISSING: &str = "nothing (missing)";
 
 fn next_sidecar_path(root: &Root) -> PathBuf {
     let mut p = root.state_file().into_os_string();
@@ -419,6 +468,13 @@ mod tests {
         let hex = Digest::of(&bytes).hex();
         std::fs::write(next_sidecar_path(&root), format!("{hex}\n")).unwrap();
         std::fs::write(root.state_file(), &bytes).unwrap();
+        assert!(State::load(&root).is_err());
+        // read-only: the state and what would be repaired, nothing written
+        let sidecar = std::fs::read(sidecar_path(&root)).unwrap();
+        let (got, repair) = State::load_torn(&root).unwrap();
+        assert_eq!(got, t);
+        assert!(repair.unwrap().contains("state.json.sha256"));
+        assert_eq!(std::fs::read(sidecar_path(&root)).unwrap(), sidecar);
         assert!(State::load(&root).is_err());
         assert_eq!(State::load_repairing(&root).unwrap(), t);
         assert_eq!(State::load(&root).unwrap(), t);

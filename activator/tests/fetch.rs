@@ -658,7 +658,7 @@ fn tag_is_resolved_once() {
     let policy = kubeslot_activator::verify::Policy::new(trusted, false);
     let image = source.select(&top, &Platform::host()).unwrap();
     assert_eq!(image.manifest_digest(), first.manifest);
-    kubeslot_activator::verify::check(&source, &image, &policy).unwrap();
+    let verdict = kubeslot_activator::verify::check(&source, &image, &policy).unwrap();
     let store = Store::open(&root.store()).unwrap();
     store.fetch_image(&source, &image).unwrap();
     let target = work.path().join("tree");
@@ -666,6 +666,23 @@ fn tag_is_resolved_once() {
     kubeslot_activator::stage::unpack_layers(&store, &image, &target, Default::default()).unwrap();
     assert_eq!(
         fs::read(target.join("opt/app/version")).unwrap(),
+        b"first\n"
+    );
+
+    // The host side's slot staging takes the image resolved before the
+    // move and never asks for the tag again.
+    let verified = kubeslot_activator::stage::Verified { image, verdict };
+    let staged = kubeslot_activator::stage::stage_resolved(
+        &root,
+        source,
+        &verified,
+        &Default::default(),
+        "kube1",
+    )
+    .unwrap();
+    assert_eq!(staged.image_digest, first.index);
+    assert_eq!(
+        fs::read(root.machine_tree("kube1").join("opt/app/version")).unwrap(),
         b"first\n"
     );
 }

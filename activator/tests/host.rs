@@ -1,5 +1,5 @@
-//! Black-box tests of the host commands (`activate`, `plan`, `status`,
-//! `rollback`, `wait`): the real binary against a temporary `--root`, with
+//! Black-box tests of the host commands (`activate`, `fetch`, `plan`,
+//! `status`, `rollback`, `wait`): the real binary against a temporary `--root`, with
 //! fake `systemctl`, `machinectl` and `systemd-run` scripts first on `PATH`
 //! (the process boundary the real `SystemCtl` crosses).
 //!
@@ -46,6 +46,10 @@ case "$cmd" in
     [ -d "$tree" ] || { echo "fake systemctl: no tree $tree" >&2; exit 1; }
     [ "$(cat "$F/units/$unit" 2>/dev/null)" = active ] && exit 0
     mode=$(cat "$tree/etc/fixture-health" 2>/dev/null || echo healthy)
+    # a booting machine writes its own tree (journal, machine-id) when asked
+    if [ -e "$F/write-on-start" ]; then
+      mkdir -p "$tree/var/log" && date +%s%N > "$tree/var/log/boot-$(date +%s%N)"
+    fi
     python3 "$F/healthz.py" "$KUBESLOT_FAKE_PORT" "$mode" </dev/null >>"$F/server.log" 2>&1 &
     echo $! > "$F/pids/$unit"
     echo active > "$F/units/$unit" ;;
@@ -845,6 +849,7 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
 fn host_commands_have_useful_help() {
     for (cmd, needle) in [
         ("activate", "Exit codes"),
+        ("fetch", "without flipping"),
         ("plan", "writes nothing"),
         ("status", "images marked bad"),
         ("rollback", "without downloading"),
@@ -1052,4 +1057,301 @@ fn a_rollback_killed_mid_flip_is_recovered_by_the_next_run() {
         assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
         assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
     }
+}
+
+fn json(out: &str, err: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("json on stdout: {e}\n{out}\n{err}"))
+}
+
+fn inode(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::symlink_metadata(p).unwrap().ino()
+}
+
+#[test]
+fn fetch_stages_the_inactive_slot_without_touching_the_running_machine() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    let kube1 = h.slot_snapshot(Slot::Kube1);
+    h.clear_calls();
+
+    let (code, out, err) = h.cmd(&["fetch", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r = json(&out, &err);
+    assert_eq!(r["command"], "fetch");
+    assert_eq!(r["outcome"], "staged", "{r:#}");
+    assert_eq!(r["slot"], "kube2");
+    assert_eq!(r["digest"], img.v2.to_string());
+    assert!(
+        r["downloads"]["blobs_fetched"].as_u64().unwrap() >= 1,
+        "{r:#}"
+    );
+    assert_eq!(h.report(), r);
+    // nothing a running machine uses was touched, nothing was called
+    assert!(h.calls().is_empty(), "{:?}", h.calls());
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.slot_snapshot(Slot::Kube1), kube1);
+    assert!(!root.nspawn_file("kube2").exists());
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube1));
+    assert_eq!(s.slot(Slot::Kube2).status, SlotStatus::Staged);
+    assert_eq!(s.slot(Slot::Kube2).digest, Some(img.v2));
+    assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+    let tree = root.machine_tree("kube2");
+    let staged_inode = inode(&tree);
+
+    // again: already staged, nothing downloaded or unpacked
+    let (code, out, err) = h.cmd(&["fetch", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&out, &err);
+    assert_eq!(r["outcome"], "staged");
+    assert!(r.get("downloads").is_none(), "{r:#}");
+    assert_eq!(inode(&tree), staged_inode);
+
+    // the fetch replaced what a rollback would have used (here: nothing
+    // committed before kube1 yet), so rollback is refused, nothing touched
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("kube2") && err.contains("Staged"), "{err}");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+
+    // activate flips to the staged slot without staging it again
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["outcome"], "committed");
+    assert!(r.get("downloads").is_none(), "restaged: {r:#}");
+    assert_eq!(inode(&tree), staged_inode, "the slot tree was replaced");
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert_eq!(h.state().slot(Slot::Kube2).digest, Some(img.v2));
+
+    // the active slot runs the image: nothing to fetch
+    let (code, out, err) = h.cmd(&["fetch", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out, &err)["outcome"], "up-to-date");
+}
+
+#[test]
+fn a_fetch_killed_at_any_step_leaves_the_running_machine_alone_and_the_next_run_converges() {
+    let img = images();
+    let cases = [
+        "after-lock",
+        "after-recover",
+        "after-mark-dirty",
+        "after-stage",
+        "after-staged",
+        "state-between-writes",
+    ];
+    for chunk in cases.chunks(3) {
+        std::thread::scope(|scope| {
+            for fp in chunk {
+                let img = &img;
+                scope.spawn(move || fetch_crash_case(img, fp));
+            }
+        });
+    }
+}
+
+fn fetch_crash_case(img: &Images, fp: &str) {
+    // kube2 runs v2, kube1 keeps v1 for rollback; the fetch stages v4
+    // over kube1
+    let h = Host::new(img);
+    assert_eq!(h.activate().0, 0, "{fp}");
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0, "{fp}");
+    h.set_config("v4", serde_json::json!({}));
+    let active = h.slot_snapshot(Slot::Kube2);
+    h.clear_calls();
+
+    let out = h.run(&["fetch"], Some(fp));
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "{fp}: no abort: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(h.slot_snapshot(Slot::Kube2), active, "{fp}");
+    assert_eq!(h.running(), [Slot::Kube2], "{fp}");
+    assert!(h.calls().is_empty(), "{fp}: {:?}", h.calls());
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube2), "{fp}");
+    assert_eq!(s.slot(Slot::Kube2).status, SlotStatus::Active, "{fp}");
+    // the state never claims more than kube1's tree holds
+    match (s.slot(Slot::Kube1).status, s.slot(Slot::Kube1).digest) {
+        (SlotStatus::Previous, Some(d)) => {
+            assert_eq!(d, img.v1, "{fp}");
+            assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n", "{fp}");
+        }
+        (SlotStatus::Staged, Some(d)) => {
+            assert_eq!(d, img.v4, "{fp}");
+            assert_eq!(h.tree_version(Slot::Kube1), "kubelet v4\n", "{fp}");
+        }
+        (SlotStatus::Dirty, None) => {}
+        other => panic!("{fp}: kube1 is {other:?}"),
+    }
+
+    // the next fetch converges without touching the running machine
+    let (code, out, err) = h.cmd(&["fetch", "--json"]);
+    assert_eq!(code, 0, "{fp}: {out}\n{err}");
+    assert_eq!(json(&out, &err)["outcome"], "staged", "{fp}");
+    let s = h.state();
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Staged, "{fp}");
+    assert_eq!(s.slot(Slot::Kube1).digest, Some(img.v4), "{fp}");
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet v4\n", "{fp}");
+    assert!(h.calls().is_empty(), "{fp}: {:?}", h.calls());
+    assert_eq!(h.slot_snapshot(Slot::Kube2), active, "{fp}");
+
+    // and activate only flips
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{fp}: {err}\n{r:#}");
+    assert!(r.get("downloads").is_none(), "{fp}: {r:#}");
+    assert_eq!(h.running(), [Slot::Kube1], "{fp}");
+}
+
+#[test]
+fn rollback_refuses_a_previous_slot_whose_tree_changed() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    let mark = root.slot_tree_mark("kube1");
+    assert!(mark.is_file(), "no tree mark recorded at commit");
+    let kube2 = h.slot_snapshot(Slot::Kube2);
+    let state = h.state();
+    let victim = root.machine_tree("kube1").join("usr/bin/kubelet-version");
+    let kept = fs::read(&victim).unwrap();
+    fs::remove_file(&victim).unwrap();
+    h.clear_calls();
+
+    let refused = |what: &str, needles: &[&str]| {
+        let (code, out, err) = h.cmd(&["rollback", "--json"]);
+        assert_eq!(code, 1, "{what}: {out}\n{err}");
+        let e = json(&out, &err)["error"].as_str().unwrap().to_string();
+        for n in needles {
+            assert!(e.contains(n), "{what}: {e} lacks {n}");
+        }
+        // the running machine is untouched, nothing was started or stopped
+        assert!(
+            starts_and_stops(&h.calls()).is_empty(),
+            "{what}: {:?}",
+            h.calls()
+        );
+        assert_eq!(h.running(), [Slot::Kube2], "{what}");
+        assert_eq!(h.slot_snapshot(Slot::Kube2), kube2, "{what}");
+        assert_eq!(h.state(), state, "{what}");
+    };
+    refused(
+        "deleted file",
+        &[
+            "rollback: slot kube1",
+            "var/lib/machines/kube1 has",
+            "kube1.tree recorded",
+            "running machine is untouched",
+        ],
+    );
+    let saved = fs::read(&mark).unwrap();
+    fs::remove_file(&mark).unwrap();
+    refused("missing mark", &["kube1.tree is missing"]);
+
+    // put back what was there: the rollback goes through
+    fs::write(&mark, saved).unwrap();
+    fs::write(&victim, kept).unwrap();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+    // kube2 was committed away from: its mark now vouches for it
+    assert!(root.slot_tree_mark("kube2").is_file());
+}
+
+#[test]
+fn status_shows_a_torn_state_and_its_repair_without_writing() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    let out = h.run(&["activate"], Some("state-between-writes"));
+    assert_eq!(out.status.signal(), Some(6));
+    let sidecar = h.root().join("var/lib/kubeslot/state.json.sha256");
+    let before = fs::read(&sidecar).unwrap();
+    assert!(State::load(&root).is_err(), "the state is not torn");
+
+    let (code, out, err) = h.cmd(&["status", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v = json(&out, &err);
+    let repair = v["repair"].as_str().unwrap();
+    assert!(
+        repair.contains("state.json.sha256") && repair.contains("next activate"),
+        "{repair}"
+    );
+    assert_eq!(v["state"]["active"], "kube1");
+    assert_eq!(v["state"]["slots"]["kube2"]["status"], "dirty");
+    let (code, text, err) = h.cmd(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("repair pending: "), "{text}");
+    // plan reads it the same way
+    let (code, text, err) = h.cmd(&["plan"]);
+    assert_eq!(code, 0, "{text}\n{err}");
+    assert!(text.contains("kube2"), "{text}");
+    // read-only: the sidecar still awaits its repair
+    assert_eq!(fs::read(&sidecar).unwrap(), before);
+    assert!(State::load(&root).is_err());
+
+    // a healthy state has no repair
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    let (_, out, err) = h.cmd(&["status", "--json"]);
+    assert!(json(&out, &err).get("repair").is_none());
+}
+
+#[test]
+fn a_failed_rollback_keeps_the_previous_slot_usable_though_its_machine_wrote_its_tree() {
+    let img = images();
+    let h = Host::new(&img);
+    // every start writes a file into the started tree, as a real boot does
+    fs::write(h.fake().join("write-on-start"), "").unwrap();
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    // kube1 turns unhealthy (same size: its mark still matches)
+    let health = Root::new(h.root())
+        .machine_tree("kube1")
+        .join("etc/fixture-health");
+    fs::write(&health, "never!!").unwrap();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube2]);
+    // kube1 ran during the attempt and wrote its tree; once healthy again,
+    // a rollback is accepted
+    fs::write(&health, "healthy").unwrap();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.state().active, Some(Slot::Kube1));
+}
+
+#[test]
+fn the_first_save_ever_killed_between_its_writes_is_repaired() {
+    // no sidecar at all yet: only `.next` vouches for the state
+    let img = images();
+    let h = Host::new(&img);
+    let out = h.run(&["activate"], Some("state-between-writes"));
+    assert_eq!(out.status.signal(), Some(6));
+    let sidecar = h.root().join("var/lib/kubeslot/state.json.sha256");
+    assert!(!sidecar.exists());
+    let (code, out, err) = h.cmd(&["status", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(json(&out, &err)["repair"]
+        .as_str()
+        .unwrap()
+        .contains("missing"));
+    assert!(!sidecar.exists(), "status wrote the sidecar");
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.state().active, Some(Slot::Kube1));
+    assert_eq!(h.running(), [Slot::Kube1]);
 }

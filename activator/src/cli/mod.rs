@@ -3,6 +3,7 @@
 //! library call and print its result.
 
 pub mod activate;
+pub mod fetch;
 pub mod plan;
 pub mod render;
 pub mod rollback;

@@ -9,7 +9,10 @@ use super::HostArgs;
 /// Flip back to the slot that ran before, without downloading anything.
 ///
 /// The previous slot must hold a committed former node (its tree is kept
-/// after every flip). Its host files are re-rendered from the config it was
+/// after every flip), and its tree must still match the fingerprint (entry
+/// count and size, /var/lib/kubeslot/slots/<machine>.tree) recorded when
+/// its machine was stopped: otherwise the rollback is refused (exit 1) and
+/// nothing is stopped or started. Its host files are re-rendered from the config it was
 /// activated with, the running machine is stopped, the previous one started
 /// and health-checked: on success it is committed and the image rolled away
 /// from is marked bad (so `activate` does not bring it back); on failure the

@@ -8,11 +8,15 @@ use super::HostArgs;
 
 /// Show the active slot, each slot's image digest and status, a pending
 /// flip, the images marked bad, and the last run's report.
+///
+/// Writes nothing: a state whose save died between its writes (state written, sidecar not)
+/// is shown with the repair the next activate/fetch/rollback makes.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     pub host: HostArgs,
-    /// Print {"state": ..., "report": ...} as JSON.
+    /// Print {"state": ..., "report": ..., "repair": ...} as JSON ("repair"
+    /// only when the sidecar awaits one).
     #[arg(long)]
     pub json: bool,
 }
@@ -21,8 +25,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let root = args.host.root();
     let report = Report::load(&root);
     // A state that cannot be trusted is an error, but the last report still
-    // tells the operator what happened.
-    let state = match State::load(&root) {
+    // tells the operator what happened. A save that died between its two
+    // writes is shown with the repair the next locked run makes (status
+    // writes nothing).
+    let (state, repair) = match State::load_torn(&root) {
         Ok(s) => s,
         Err(e) => {
             if let Some(r) = &report {
@@ -32,9 +38,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     if args.json {
-        let v = serde_json::json!({ "state": state, "report": report });
+        let mut v = serde_json::json!({ "state": state, "report": report });
+        if let Some(r) = &repair {
+            v["repair"] = r.clone().into();
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
+    }
+    if let Some(r) = &repair {
+        println!("repair pending: {r}");
     }
     match state.active {
         Some(a) => println!("active: {a}"),

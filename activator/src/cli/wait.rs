@@ -6,7 +6,7 @@ use kubeslot_activator::report::Report;
 
 use super::HostArgs;
 
-/// Wait until a running activate/rollback ends, then print its report.
+/// Wait until a running activate/fetch/rollback ends, then print its report.
 ///
 /// Returns at once when none runs. Exits with the report's exit code, so a
 /// provisioning script can `kubeslot-activator wait` after starting the

@@ -1,0 +1,219 @@
+//! A slot tree's cheap fingerprint: the image digest plus the number of
+//! entries and the total size of its regular files, kept in
+//! `/var/lib/kubeslot/slots/<machine>.tree`.
+//!
+//! Given the root handle and a machine; [`count`] walks a tree without
+//! following symlinks, [`record`] writes the mark atomically and [`check`]
+//! recounts and compares. The flip engine records the mark of the slot it
+//! commits away from (that machine was just stopped, so its tree is frozen
+//! until a rollback starts it again: what a running node wrote to its own
+//! tree is counted in), again when a failed rollback stops it (it ran, and
+//! stays the previous slot), and `rollback` refuses a slot whose mark is missing,
+//! names another image, or does not match a recount.
+//!
+//! It is deliberately not a content hash: it catches deleted, added or
+//! truncated files and a tree swapped for another image, cheaply (one
+//! `lstat` per entry), not a same-size edit; the tree was verified when it
+//! was unpacked and nothing else writes it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::layout::{write_atomic, LayoutError};
+use crate::paths::Root;
+
+/// What a mark records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeMark {
+    /// The image the tree was unpacked from.
+    pub digest: Digest,
+    /// Every entry below the tree's root (directories, files, links, ...).
+    pub entries: u64,
+    /// The sum of the sizes of its regular files.
+    pub bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FingerprintError {
+    #[error("tree {path}: {source}")]
+    Walk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tree mark {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: LayoutError,
+    },
+    #[error("tree mark {path} is missing (the slot was never committed away from by this activator, or the mark was removed)")]
+    Missing { path: PathBuf },
+    #[error("tree mark {path}: unreadable or invalid: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("tree mark {path} names image {marked}, but the state says the slot holds {expected}")]
+    OtherImage {
+        path: PathBuf,
+        marked: Digest,
+        expected: Digest,
+    },
+    #[error("{tree} has {entries} entries and {bytes} bytes, but {path} recorded {marked_entries} entries and {marked_bytes} bytes when it was last stopped (changed since; activate the image again instead)")]
+    Changed {
+        tree: PathBuf,
+        path: PathBuf,
+        entries: u64,
+        bytes: u64,
+        marked_entries: u64,
+        marked_bytes: u64,
+    },
+}
+
+/// Counts the entries and regular-file bytes below `tree`, without
+/// following symlinks (a link counts as one entry; its target is not
+/// visited). Hardlinked files count once per name.
+pub fn count(tree: &Path) -> Result<(u64, u64), FingerprintError> {
+    let mut entries = 0u64;
+    let mut bytes = 0u64;
+    let mut stack = vec![tree.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let walk = |source| FingerprintError::Walk {
+            path: dir.clone(),
+            source,
+        };
+        for entry in fs::read_dir(&dir).map_err(walk)? {
+            let entry = entry.map_err(walk)?;
+            // DirEntry::metadata is an lstat: symlinks are not followed.
+            let meta = entry.metadata().map_err(|source| FingerprintError::Walk {
+                path: entry.path(),
+                source,
+            })?;
+            entries += 1;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                bytes += meta.len();
+            }
+        }
+    }
+    Ok((entries, bytes))
+}
+
+/// Counts `machine`'s tree and records it as holding `digest`.
+pub fn record(root: &Root, machine: &str, digest: Digest) -> Result<TreeMark, FingerprintError> {
+    let (entries, bytes) = count(&root.machine_tree(machine))?;
+    let mark = TreeMark {
+        digest,
+        entries,
+        bytes,
+    };
+    let path = root.slot_tree_mark(machine);
+    let mut text = serde_json::to_vec_pretty(&mark).expect("mark serialises");
+    text.push(b'\n');
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(|source| FingerprintError::Walk {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    write_atomic(&path, &text).map_err(|source| FingerprintError::Write { path, source })?;
+    Ok(mark)
+}
+
+/// Reads `machine`'s mark, if any.
+pub fn load(root: &Root, machine: &str) -> Result<Option<TreeMark>, FingerprintError> {
+    let path = root.slot_tree_mark(machine);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(FingerprintError::Invalid {
+                path,
+                reason: e.to_string(),
+            })
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| FingerprintError::Invalid {
+            path,
+            reason: e.to_string(),
+        })
+}
+
+/// Checks that `machine`'s tree still is what its mark recorded for
+/// `digest`: the mark exists, names `digest`, and a recount agrees.
+pub fn check(root: &Root, machine: &str, digest: Digest) -> Result<TreeMark, FingerprintError> {
+    let path = root.slot_tree_mark(machine);
+    let mark = load(root, machine)?.ok_or(FingerprintError::Missing { path: path.clone() })?;
+    if mark.digest != digest {
+        return Err(FingerprintError::OtherImage {
+            path,
+            marked: mark.digest,
+            expected: digest,
+        });
+    }
+    let tree = root.machine_tree(machine);
+    let (entries, bytes) = count(&tree)?;
+    if (entries, bytes) != (mark.entries, mark.bytes) {
+        return Err(FingerprintError::Changed {
+            tree,
+            path,
+            entries,
+            bytes,
+            marked_entries: mark.entries,
+            marked_bytes: mark.bytes,
+        });
+    }
+    Ok(mark)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(root: &Root) -> PathBuf {
+        let t = root.machine_tree("kube1");
+        fs::create_dir_all(t.join("etc/sub")).unwrap();
+        fs::write(t.join("etc/a"), b"12345").unwrap();
+        fs::write(t.join("etc/sub/b"), b"xy").unwrap();
+        std::os::unix::fs::symlink("/nonexistent/target", t.join("link")).unwrap();
+        t
+    }
+
+    #[test]
+    fn a_recount_matches_until_the_tree_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let t = tree(&root);
+        let d = Digest::of(b"image");
+        // etc, etc/sub, etc/a, etc/sub/b, link; the link is not followed
+        assert_eq!(count(&t).unwrap(), (5, 7));
+        let e = check(&root, "kube1", d).unwrap_err().to_string();
+        assert!(e.contains("kube1.tree") && e.contains("missing"), "{e}");
+
+        assert_eq!(record(&root, "kube1", d).unwrap().entries, 5);
+        check(&root, "kube1", d).unwrap();
+        let e = check(&root, "kube1", Digest::of(b"other"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&d.to_string()), "{e}");
+
+        // a truncated file
+        fs::write(t.join("etc/a"), b"1234").unwrap();
+        let e = check(&root, "kube1", d).unwrap_err().to_string();
+        assert!(
+            e.contains("5 entries and 6 bytes") && e.contains("7 bytes"),
+            "{e}"
+        );
+        fs::write(t.join("etc/a"), b"12345").unwrap();
+        check(&root, "kube1", d).unwrap();
+        // a deleted file
+        fs::remove_file(t.join("etc/sub/b")).unwrap();
+        let e = check(&root, "kube1", d).unwrap_err().to_string();
+        assert!(e.contains("4 entries and 5 bytes"), "{e}");
+    }
+}
