@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The activator scenarios, sourced by ci/e2e/run.sh: the real
 # kubeslot-activator binary (bound read-only into the outer host at
-# /usr/local/bin/kubeslot-activator) driven through nsenter against the
+# /usr/local/bin/kubeslot-activator and /usr/bin/kubeslot-activator) driven through nsenter against the
 # outer's real systemd and machined, with images from the local registry.
 #
 # Scenarios run in order and build on each other (v1 on kube1, v2 flips to
