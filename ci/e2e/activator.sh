@@ -472,6 +472,7 @@ scenario_design_files() {
 #   tampered_refused        v5 with a corrupted layer; kube2 keeps running
 #   kill_mid_flip           v1 into kube1, killed with kube2 stopped; rerun converges
 #   kill_mid_gate           v5 into the idle slot, killed in its health gate; rerun commits
+#   config_change_activates the shipped .path unit runs the .service on a config write (v4)
 #   airgap_archive          v6 from an oci-archive, registry stopped, empty store
 #
 # Why this order: a failed v3 is staged into the idle slot, so `rollback`
@@ -783,6 +784,52 @@ scenario_kill_mid_gate() {
   check "the next run says it finished the dead run's flip" grep -qi "finished" <<<"$(jq -r '.recovered // ""' "$(report_file)")" || return 1
   expect_running "$target" v1.35.4-e2e.5 || return 1
   expect_status "$target" "$DIGEST_v5"
+}
+
+# The shipped units do the activation on a config change: with
+# kubeslot-activator.path started, writing a new image reference into the
+# config (temp file + rename, as a config tool does) runs
+# kubeslot-activator.service by itself; `kubeslot-activator wait` then
+# prints that run's report; v4 (kept in the idle slot) runs there.
+scenario_config_change_activates() {
+  activator_present || return 1
+  install -m 0644 "$REPO/activator/units/kubeslot-activator.service" \
+    "$REPO/activator/units/kubeslot-activator.path" "$OUTER/etc/systemd/system/"
+  outer systemctl daemon-reload
+  outer systemctl start kubeslot-activator.path
+  local rc=0
+  config_change_body || rc=$?
+  # Later scenarios run the activator by hand: no automatic runs beside them.
+  outer systemctl stop kubeslot-activator.path
+  return $rc
+}
+
+config_change_body() {
+  local before target inv0 inv state result deadline
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  inv0=$(outer systemctl show kubeslot-activator.service -p InvocationID --value)
+  write_config "$REF_v4"
+  log "  wrote the config (v4); waiting for kubeslot-activator.service to run"
+  deadline=$((SECONDS + 120))
+  while :; do
+    inv=$(outer systemctl show kubeslot-activator.service -p InvocationID --value)
+    state=$(outer systemctl show kubeslot-activator.service -p ActiveState --value)
+    if [ "$inv" != "$inv0" ] && [ -n "$inv" ] && { [ "$state" = inactive ] || [ "$state" = failed ]; }; then break; fi
+    [ $SECONDS -lt $deadline ] || { fail "kubeslot-activator.service did not run after the config change (state $state)"; return 1; }
+    sleep 0.2
+  done
+  result=$(outer systemctl show kubeslot-activator.service -p Result --value)
+  outer journalctl -u kubeslot-activator.service --no-pager -o cat _SYSTEMD_INVOCATION_ID="$inv" >"$WORK/logs/activator-path-run.log" 2>&1 || true
+  check_eq "result of the run the config change started" "$result" success ||
+    { sed 's/^/    | /' "$WORK/logs/activator-path-run.log" >&2; log_report; return 1; }
+  local waited
+  waited=$(outer kubeslot-activator wait 2>&1) || { echo "$waited" >&2; fail "kubeslot-activator wait exited non-zero"; return 1; }
+  log "  wait: $(head -n3 <<<"$waited" | paste -sd' ' | cut -c1-200)"
+  check "wait prints the committed run" grep -qi 'committed' <<<"$waited" || { echo "$waited" >&2; return 1; }
+  log_report
+  expect_running "$target" v1.35.3-e2e.4 || return 1
+  expect_status "$target" "$DIGEST_v4"
 }
 
 # Air-gapped: the registry stopped, the content store emptied, v6 (a digest

@@ -209,6 +209,7 @@ SCENARIOS=(
   tampered_refused
   kill_mid_flip
   kill_mid_gate
+  config_change_activates
   airgap_archive
 )
 
