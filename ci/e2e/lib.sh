@@ -59,7 +59,10 @@ cgroup_init() {
   while IFS= read -r line; do
     hier=${line%%:*}; line=${line#*:}
     ctrl=${line%%:*}; path=${line#*:}
-    if [ "$hier" = 0 ]; then
+    if [ "$hier" = 0 ] && [ -f /sys/fs/cgroup/cgroup.procs ]; then
+      # pure cgroup v2 (unified hierarchy mounted at /sys/fs/cgroup)
+      dir=/sys/fs/cgroup$path
+    elif [ "$hier" = 0 ]; then
       dir=/sys/fs/cgroup/unified$path
     else
       ctrl=${ctrl#name=}
