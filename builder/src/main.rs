@@ -20,10 +20,26 @@ use clap::Parser;
 enum Cli {
     /// Print the version and exit.
     Version,
+    Lock(cmd::lock::LockArgs),
 }
 
 fn main() {
-    match Cli::parse() {
-        Cli::Version => println!("{}", env!("CARGO_PKG_VERSION")),
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let result = match Cli::parse() {
+        Cli::Version => {
+            println!("{}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Cli::Lock(args) => cmd::lock::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
 }

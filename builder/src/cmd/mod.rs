@@ -1,1 +1,3 @@
 //! One module per subcommand of `kubeslot-builder`: an args struct and `run`.
+
+pub mod lock;

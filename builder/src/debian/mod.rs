@@ -2,11 +2,35 @@
 //! names a suite, mirror, keyring and package set, the lock that pins every
 //! resolved `.deb` by sha256, and building a base rootfs from exactly those
 //! files. (owner: debian-base; the recipe module only embeds [`DebianBase`].)
+//!
+//! Given a recipe's `[base]` section (and mirror overrides), it resolves the
+//! package set with apt itself in a private apt root ([`resolve`]), writes and
+//! checks the lock ([`lock`]), fetches exactly the locked `.deb`s
+//! ([`fetch`]), installs them with mmdebstrap from a local repository
+//! ([`install`]) and normalises the tar ([`normalize`]). It deliberately does
+//! not compress, sign or assemble layers: it hands the builder one
+//! deterministic rootfs tar per platform. It never reads or changes the build
+//! machine's own apt state.
+
+mod apt;
+mod error;
+pub mod fetch;
+pub mod index;
+pub mod install;
+pub mod lock;
+pub mod normalize;
+pub mod resolve;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use error::io_err;
+pub use error::DebianError;
+
+/// The name of the recipe's main archive in the lock and in `--mirror`.
+pub const BASE_REPO: &str = "base";
 
 /// `[base]` with `kind = "debian"` in a recipe.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,4 +71,228 @@ pub struct ExtraRepository {
     pub keyring: PathBuf,
     /// Package names taken from this repository.
     pub packages: Vec<String>,
+}
+
+impl DebianBase {
+    /// sha256 (hex) of the section as the lock saw it: canonical JSON of the
+    /// parsed struct (fields in declaration order, maps sorted), so comments
+    /// and formatting do not matter but every value does.
+    pub fn sha256(&self) -> String {
+        let json = serde_json::to_vec(self).expect("DebianBase serialises");
+        kubeslot_activator::Digest::of(&json).hex()
+    }
+
+    /// The repositories apt resolves against: the main archive first.
+    pub fn repositories(&self) -> Vec<Repository> {
+        let mut out = vec![Repository {
+            name: BASE_REPO.to_string(),
+            url: self.mirror.clone(),
+            suite: self.suite.clone(),
+            components: self.components.clone(),
+            keyring: self.keyring.clone(),
+        }];
+        out.extend(self.extra_repositories.iter().map(|r| Repository {
+            name: r.name.clone(),
+            url: r.url.clone(),
+            suite: r.suite.clone(),
+            components: r.components.clone(),
+            keyring: r.keyring.clone(),
+        }));
+        out
+    }
+
+    /// Every package name the recipe asks for on `arch`, sorted and unique.
+    pub fn requested(&self, arch: &str) -> Vec<String> {
+        let mut names: Vec<String> = self.packages.clone();
+        names.extend(self.arch_packages.get(arch).into_iter().flatten().cloned());
+        for r in &self.extra_repositories {
+            names.extend(r.packages.iter().cloned());
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), DebianError> {
+        let bad = |reason: String| DebianError::Recipe {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if self.suite.is_empty() {
+            return Err(bad("[base] suite is empty".into()));
+        }
+        if self.packages.is_empty() {
+            return Err(bad("[base] packages is empty".into()));
+        }
+        let mut seen = vec![BASE_REPO];
+        for r in &self.extra_repositories {
+            if seen.contains(&r.name.as_str()) || r.name.is_empty() {
+                return Err(bad(format!(
+                    "extra repository name `{}` is empty, repeated or `{BASE_REPO}`",
+                    r.name
+                )));
+            }
+            seen.push(&r.name);
+        }
+        for arch in self.arch_packages.keys() {
+            if !SUPPORTED_ARCHES.contains(&arch.as_str()) {
+                return Err(bad(format!(
+                    "[base.arch_packages] names `{arch}`; supported: {}",
+                    SUPPORTED_ARCHES.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `--mirror URL` (the main archive) and `--mirror NAME=URL`
+    /// (an extra repository) overrides; the lock does not change, since it
+    /// names pool paths only.
+    pub fn apply_mirrors(&mut self, overrides: &[String]) -> Result<(), DebianError> {
+        for value in overrides {
+            let bad = |reason: &str| DebianError::MirrorOverride {
+                value: value.clone(),
+                reason: reason.to_string(),
+            };
+            let (name, url) = match value.split_once('=') {
+                Some((name, url)) if !name.contains(':') && !name.contains('/') => (name, url),
+                _ => (BASE_REPO, value.as_str()),
+            };
+            if !(url.starts_with("http://")
+                || url.starts_with("https://")
+                || url.starts_with("file:/"))
+            {
+                return Err(bad("a mirror is an http(s):// or file:/ URL"));
+            }
+            if name == BASE_REPO {
+                self.mirror = url.to_string();
+            } else if let Some(r) = self.extra_repositories.iter_mut().find(|r| r.name == name) {
+                r.url = url.to_string();
+            } else {
+                return Err(bad("no extra repository has this name"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One apt repository as resolution and fetching see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repository {
+    pub name: String,
+    pub url: String,
+    pub suite: String,
+    pub components: Vec<String>,
+    pub keyring: PathBuf,
+}
+
+impl Repository {
+    /// The URL with exactly one trailing slash, as apt prints it.
+    pub fn root(&self) -> String {
+        format!("{}/", self.url.trim_end_matches('/'))
+    }
+}
+
+/// Debian architecture names the builder supports (OCI `linux/amd64`,
+/// `linux/arm64`).
+pub const SUPPORTED_ARCHES: &[&str] = &["amd64", "arm64"];
+
+/// What a recipe file holds for a Debian-family base: the `[base]` section
+/// (keyring paths made absolute against the recipe's directory), its
+/// platforms and `source_date_epoch`. The full recipe schema belongs to the
+/// recipe module; this reads only what the package base needs.
+#[derive(Clone, Debug)]
+pub struct RecipeBase {
+    pub recipe: PathBuf,
+    pub base: DebianBase,
+    /// Debian architectures, from `platforms = ["linux/amd64", ...]`
+    /// (both supported ones when absent).
+    pub arches: Vec<String>,
+    pub source_date_epoch: Option<i64>,
+    /// [`DebianBase::sha256`] of the section as written (before keyring
+    /// paths are made absolute or mirrors overridden), so the digest does not
+    /// depend on where the recipe is checked out.
+    pub base_sha256: String,
+}
+
+impl RecipeBase {
+    /// Reads `path` and its `[base]` section, which must have `kind = "debian"`.
+    pub fn load(path: &Path) -> Result<RecipeBase, DebianError> {
+        let bad = |reason: String| DebianError::Recipe {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let Some(toml::Value::Table(mut base)) = table.remove("base") else {
+            return Err(bad("has no [base] section".into()));
+        };
+        match base.remove("kind") {
+            Some(toml::Value::String(k)) if k == "debian" => {}
+            other => {
+                return Err(bad(format!(
+                    "[base] kind is {other:?}; a package base has kind = \"debian\""
+                )))
+            }
+        }
+        let mut base: DebianBase = toml::Value::Table(base)
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("[base]: {e}")))?;
+        base.validate(path)?;
+        let base_sha256 = base.sha256();
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let absolute = |k: &Path| {
+            if k.is_absolute() {
+                k.to_path_buf()
+            } else {
+                dir.join(k)
+            }
+        };
+        base.keyring = absolute(&base.keyring);
+        for r in &mut base.extra_repositories {
+            r.keyring = absolute(&r.keyring);
+        }
+        let arches = match table.get("platforms") {
+            None => SUPPORTED_ARCHES.iter().map(|a| a.to_string()).collect(),
+            Some(toml::Value::Array(list)) => {
+                let mut arches = Vec::new();
+                for p in list {
+                    let arch = p
+                        .as_str()
+                        .and_then(|p| p.strip_prefix("linux/"))
+                        .filter(|a| SUPPORTED_ARCHES.contains(a))
+                        .ok_or_else(|| {
+                            bad(format!("platform {p} is not linux/amd64 or linux/arm64"))
+                        })?;
+                    arches.push(arch.to_string());
+                }
+                arches
+            }
+            Some(other) => return Err(bad(format!("platforms is {other}, not a list"))),
+        };
+        let source_date_epoch = table
+            .get("source_date_epoch")
+            .map(|v| {
+                v.as_integer()
+                    .ok_or_else(|| bad("source_date_epoch is not an integer".into()))
+            })
+            .transpose()?;
+        Ok(RecipeBase {
+            recipe: path.to_path_buf(),
+            base,
+            arches,
+            source_date_epoch,
+            base_sha256,
+        })
+    }
+
+    /// `<dir>/<stem>.lock` next to the recipe.
+    pub fn lock_path(&self) -> PathBuf {
+        lock_path_for(&self.recipe)
+    }
+}
+
+/// The lock file of `recipe`: `<recipe-stem>.lock` beside it.
+pub fn lock_path_for(recipe: &Path) -> PathBuf {
+    recipe.with_extension("lock")
 }
