@@ -21,6 +21,7 @@ enum Cli {
     /// Print the version and exit.
     Version,
     Lock(cmd::lock::LockArgs),
+    Base(cmd::base::BaseArgs),
 }
 
 fn main() {
@@ -37,6 +38,7 @@ fn main() {
             Ok(())
         }
         Cli::Lock(args) => cmd::lock::run(args),
+        Cli::Base(args) => cmd::base::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
