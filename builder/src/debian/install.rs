@@ -44,7 +44,13 @@ pub fn build_rootfs(
             std::fs::copy(cached, &name).map_err(io_err(&name))?;
         }
     }
-    let packages = run_capture(Command::new("apt-ftparchive").args(["packages", "."]).current_dir(&repo), "apt-ftparchive", "apt-utils")?;
+    let packages = run_capture(
+        Command::new("apt-ftparchive")
+            .args(["packages", "."])
+            .current_dir(&repo),
+        "apt-ftparchive",
+        "apt-utils",
+    )?;
     std::fs::write(repo.join("Packages"), packages).map_err(io_err(repo.join("Packages")))?;
     // mmdebstrap picks the Essential set of the release named like the
     // suite, so the local Release carries the recipe's suite and codename.
@@ -103,10 +109,13 @@ fn run_capture(
     tool: &'static str,
     package: &'static str,
 ) -> Result<Vec<u8>, DebianError> {
-    let out = cmd.stdin(Stdio::null()).output().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => DebianError::ToolMissing { tool, package },
-        _ => io_err(tool)(e),
-    })?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => DebianError::ToolMissing { tool, package },
+            _ => io_err(tool)(e),
+        })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(30).collect();

@@ -31,7 +31,8 @@ fn rule(path: &str, kind: tar::EntryType) -> Rule {
     if path.starts_with("dev/") {
         return Rule::Drop;
     }
-    if matches!(path, "etc/machine-id") {
+    // sources.list names the build's temporary local repository.
+    if matches!(path, "etc/machine-id" | "etc/apt/sources.list") {
         return Rule::Empty;
     }
     if matches!(
@@ -50,9 +51,17 @@ fn rule(path: &str, kind: tar::EntryType) -> Rule {
         return Rule::Drop;
     }
     if !dir
-        && ["var/log/", "var/cache/apt/", "var/lib/apt/lists/", "var/cache/man/", "tmp/", "run/", "var/tmp/"]
-            .iter()
-            .any(|p| path.starts_with(p))
+        && [
+            "var/log/",
+            "var/cache/apt/",
+            "var/lib/apt/lists/",
+            "var/cache/man/",
+            "tmp/",
+            "run/",
+            "var/tmp/",
+        ]
+        .iter()
+        .any(|p| path.starts_with(p))
     {
         return Rule::Drop;
     }
@@ -131,8 +140,11 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
 
     // Hardlink groups: the target and every link to it; the first path in
     // sorted order carries the data, the others link to it.
-    let by_path: BTreeMap<String, usize> =
-        items.iter().enumerate().map(|(i, it)| (it.path.clone(), i)).collect();
+    let by_path: BTreeMap<String, usize> = items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| (it.path.clone(), i))
+        .collect();
     let mut group_of: BTreeMap<String, String> = BTreeMap::new(); // member -> target
     for it in &items {
         if it.header.entry_type().is_hard_link() {
@@ -146,7 +158,9 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
     }
     let mut primary: BTreeMap<String, String> = BTreeMap::new(); // target -> first member
     for (member, target) in &group_of {
-        let p = primary.entry(target.clone()).or_insert_with(|| member.clone());
+        let p = primary
+            .entry(target.clone())
+            .or_insert_with(|| member.clone());
         if member < p {
             *p = member.clone();
         }
@@ -170,7 +184,9 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
             h.set_mtime(mtime.min(epoch.max(0) as u64));
             if !it.xattrs.is_empty() {
                 builder
-                    .append_pax_extensions(it.xattrs.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+                    .append_pax_extensions(
+                        it.xattrs.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+                    )
                     .map_err(io_err(out))?;
             }
             let kind = it.header.entry_type();
@@ -204,7 +220,8 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
                 }
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_size(data_from.size);
-                src.seek(SeekFrom::Start(data_from.offset)).map_err(io_err(raw))?;
+                src.seek(SeekFrom::Start(data_from.offset))
+                    .map_err(io_err(raw))?;
                 builder.append_data(&mut h, &it.path, (&mut src).take(data_from.size))
             };
             w.map_err(io_err(out))?;
@@ -219,7 +236,9 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
     let mut f = File::open(tmp.path()).map_err(io_err(tmp.path()))?;
     std::io::copy(&mut f, &mut hasher).map_err(io_err(tmp.path()))?;
     tmp.persist(out).map_err(|e| io_err(out)(e.error))?;
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
     Ok(hex::encode(hasher.finalize()))
 }
 
