@@ -49,6 +49,33 @@ pub struct Config {
     /// Health gate tuning.
     #[serde(default)]
     pub health: Health,
+    /// What the safe unpacker allows beyond its defaults.
+    #[serde(default)]
+    pub unpack: UnpackSettings,
+}
+
+/// Unpack policy settings (owner: activator-core). Every field only widens
+/// or narrows the unpacker's safe defaults explicitly; an empty section
+/// means the defaults.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UnpackSettings {
+    /// Absolute in-image paths allowed to keep setuid/setgid bits, added to
+    /// the built-in list of the usual Debian/Ubuntu ones.
+    #[serde(default)]
+    pub setuid_allowlist: Vec<String>,
+    /// Create FIFOs and sockets found in layers (refused by default).
+    #[serde(default)]
+    pub allow_fifos_and_sockets: bool,
+    /// Uncompressed bytes of all layers together (default: the unpacker's).
+    #[serde(default)]
+    pub max_total_bytes: Option<u64>,
+    /// Uncompressed bytes of one layer (default: the unpacker's).
+    #[serde(default)]
+    pub max_layer_bytes: Option<u64>,
+    /// Tar entries of the whole image (default: the unpacker's).
+    #[serde(default)]
+    pub max_entries: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -286,6 +313,14 @@ impl Config {
                 return Err(invalid(
                     "devices",
                     &format!("{} is not under /dev/", d.display()),
+                ));
+            }
+        }
+        for p in &self.unpack.setuid_allowlist {
+            if !p.starts_with('/') || p.split('/').any(|c| c == "..") {
+                return Err(invalid(
+                    "unpack.setuid_allowlist",
+                    &format!("{p:?} is not an absolute in-image path"),
                 ));
             }
         }

@@ -18,6 +18,7 @@ pub mod render;
 pub mod report;
 pub mod signature;
 pub mod source;
+pub mod stage;
 pub mod state;
 pub mod store;
 pub mod systemd;

@@ -12,10 +12,20 @@ use clap::Parser;
 enum Cli {
     /// Print the version and exit.
     Version,
+    // about text: the doc comment of `cli::unpack::Args`
+    Unpack(cli::unpack::Args),
 }
 
 fn main() {
-    match Cli::parse() {
-        Cli::Version => println!("{}", env!("CARGO_PKG_VERSION")),
+    let result = match Cli::parse() {
+        Cli::Version => {
+            println!("{}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Cli::Unpack(args) => cli::unpack::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
 }

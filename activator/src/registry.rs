@@ -1,2 +1,772 @@
-//! A small blocking client for the OCI distribution API: token and basic auth,
-//! GET manifest by tag or digest, GET blob streamed. (owner: activator-core)
+//! A small blocking client for the OCI distribution API: token and basic
+//! auth, GET manifest by tag or digest, GET blob streamed, each tried on the
+//! configured mirrors in order and then on the registry itself.
+//!
+//! Given the per-registry settings of the config (mirrors, `insecure`,
+//! credentials) and the root handle (to read `password_file`), it speaks just
+//! what the activator needs: `GET /v2/<repo>/manifests/<ref>` with the OCI and
+//! Docker Accept list, `GET /v2/<repo>/blobs/<digest>` (with `Range` to resume),
+//! `Bearer` tokens from the realm a `WWW-Authenticate` challenge names (with
+//! basic credentials when configured) and `Basic` auth. Plain HTTP is used
+//! only for loopback hosts or hosts marked `insecure`. Manifest bodies are
+//! capped at [`MAX_DOCUMENT_BYTES`], their media type must be a known
+//! manifest/index type, and their digest must match both the digest asked
+//! for and the `Docker-Content-Digest` header.
+//!
+//! Any failure at one endpoint (connection refused, timeout, 5xx, 404, auth,
+//! a wrong digest) moves on to the next; the final error lists every
+//! endpoint and why it failed. Content is trusted only through digests, so a
+//! mirror can never substitute bytes.
+//!
+//! It does not resolve tags "once" (that is [`crate::source`]), verify
+//! signatures, write anything to disk, or check blob digests (the content
+//! store does, while streaming).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::Read;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::Engine as _;
+
+use crate::config::RegistryConfig;
+use crate::digest::Digest;
+use crate::layout::MAX_DOCUMENT_BYTES;
+use crate::oci::{
+    MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
+};
+use crate::paths::Root;
+use crate::reference::ImageRef;
+
+/// The manifest and index media types the activator accepts, in Accept order.
+pub const MANIFEST_MEDIA_TYPES: [&str; 4] = [
+    MEDIA_TYPE_INDEX,
+    MEDIA_TYPE_MANIFEST,
+    MEDIA_TYPE_DOCKER_LIST,
+    MEDIA_TYPE_DOCKER_MANIFEST,
+];
+
+/// Token responses larger than this are refused.
+const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+
+/// Why a registry request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Every endpoint was tried; `attempts` says why each failed.
+    #[error("{what}: every endpoint failed: {}", Attempts(.attempts))]
+    AllFailed {
+        what: String,
+        attempts: Vec<(String, String)>,
+    },
+    #[error("registry {host}: plain HTTP is only used for loopback hosts or registries.\"{host}\".insecure")]
+    Insecure { host: String },
+    #[error("registry {host}: credentials: password_file {path}: {reason}")]
+    Credentials {
+        host: String,
+        path: String,
+        reason: String,
+    },
+}
+
+struct Attempts<'a>(&'a [(String, String)]);
+
+impl fmt::Display for Attempts<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (endpoint, why)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{endpoint}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One place a repository can be read from: a mirror or the registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `host[:port]`.
+    pub host: String,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    pub mirror: bool,
+    /// The `registries` key whose `insecure` and `credentials` apply: the
+    /// mirror's own host, or the registry as the image names it (so
+    /// `docker.io` settings apply to `registry-1.docker.io`).
+    pub settings_key: String,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.mirror { "mirror" } else { "registry" };
+        write!(f, "{kind} {}://{}", self.scheme, self.host)
+    }
+}
+
+/// A manifest or index as a registry served it, digest checked.
+#[derive(Clone, Debug)]
+pub struct Document {
+    pub media_type: String,
+    pub digest: Digest,
+    pub bytes: Vec<u8>,
+    /// Which endpoint served it (for logs and reports).
+    pub endpoint: String,
+}
+
+/// An open blob response.
+pub struct BlobStream {
+    pub reader: Box<dyn Read + Send>,
+    /// The byte offset the stream starts at: the offset asked for when the
+    /// endpoint honoured `Range`, else 0.
+    pub start: u64,
+    pub endpoint: String,
+}
+
+/// Whether a `host[:port]` is a loopback address (plain HTTP allowed).
+pub fn is_loopback(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    name == "localhost"
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A parsed `WWW-Authenticate` challenge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Challenge {
+    /// Lower-cased scheme: `bearer` or `basic`.
+    pub scheme: String,
+    /// Lower-cased parameter names with unquoted values.
+    pub params: BTreeMap<String, String>,
+}
+
+/// Parses one challenge: `Bearer realm="…",service="…",scope="…"`.
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
+    let header = header.trim();
+    let (scheme, rest) = match header.split_once(char::is_whitespace) {
+        Some((s, r)) => (s, r),
+        None => (header, ""),
+    };
+    if scheme.is_empty()
+        || !scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return None;
+    }
+    let mut params = BTreeMap::new();
+    let mut chars = rest.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() || c == ',' {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.next() != Some('=') || key.is_empty() {
+            return None;
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            let mut closed = false;
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => value.push(chars.next()?),
+                    '"' => {
+                        closed = true;
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            if !closed {
+                return None;
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == ',' || c.is_whitespace() {
+                    break;
+                }
+                value.push(c);
+                chars.next();
+            }
+        }
+        params.insert(key.to_ascii_lowercase(), value);
+    }
+    Some(Challenge {
+        scheme: scheme.to_ascii_lowercase(),
+        params,
+    })
+}
+
+/// The distribution API client for one config's registries.
+pub struct Client {
+    agent: ureq::Agent,
+    registries: BTreeMap<String, RegistryConfig>,
+    root: Root,
+    /// `Authorization` values per (endpoint host, repository).
+    auth: Mutex<HashMap<(String, String), String>>,
+}
+
+/// What one endpoint said, before the caller decides to move on.
+type Attempt<T> = Result<T, String>;
+
+impl Client {
+    pub fn new(registries: &BTreeMap<String, RegistryConfig>, root: &Root) -> Client {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(15)))
+            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_per_read(Some(Duration::from_secs(60)))
+            .max_redirects(5)
+            .user_agent(concat!("kubeslot-activator/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .new_agent();
+        Client {
+            agent,
+            registries: registries.clone(),
+            root: root.clone(),
+            auth: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn scheme_for(&self, host: &str, settings_key: &str) -> &'static str {
+        let insecure = self
+            .registries
+            .get(settings_key)
+            .is_some_and(|r| r.insecure);
+        if insecure || is_loopback(host) {
+            "http"
+        } else {
+            "https"
+        }
+    }
+
+    /// The mirrors of `image`'s registry in order, then the registry itself.
+    pub fn endpoints(&self, image: &ImageRef) -> Vec<Endpoint> {
+        let mut out = Vec::new();
+        if let Some(cfg) = self.registries.get(&image.registry) {
+            for m in &cfg.mirrors {
+                let host = m
+                    .trim_start_matches("https://")
+                    .trim_start_matches("http://")
+                    .trim_end_matches('/')
+                    .to_string();
+                out.push(Endpoint {
+                    scheme: self.scheme_for(&host, &host),
+                    settings_key: host.clone(),
+                    host,
+                    mirror: true,
+                });
+            }
+        }
+        let host = image.api_host().to_string();
+        out.push(Endpoint {
+            scheme: self.scheme_for(&host, &image.registry),
+            settings_key: image.registry.clone(),
+            host,
+            mirror: false,
+        });
+        out
+    }
+
+    /// Fetches the manifest or index `reference` (a tag or a digest) of
+    /// `image`'s repository from the first endpoint that serves a valid one.
+    pub fn manifest(&self, image: &ImageRef, reference: &str) -> Result<Document, RegistryError> {
+        let wanted: Option<Digest> = reference.parse().ok();
+        let mut attempts = Vec::new();
+        for ep in self.endpoints(image) {
+            match self.manifest_at(&ep, &image.repository, reference, wanted) {
+                Ok(Some(doc)) => return Ok(doc),
+                Ok(None) => attempts.push((ep.to_string(), "HTTP 404 not found".to_string())),
+                Err(why) => attempts.push((ep.to_string(), why)),
+            }
+        }
+        Err(RegistryError::AllFailed {
+            what: format!(
+                "manifest {}/{}:{reference}",
+                image.registry, image.repository
+            ),
+            attempts,
+        })
+    }
+
+    /// Like [`Client::manifest`], but `Ok(None)` when no endpoint served it
+    /// and at least one answered 404: used for optional artifacts such as
+    /// `.sig` tags. When every endpoint failed otherwise (all down), it is an
+    /// error, so an unreachable registry is never mistaken for "unsigned".
+    /// (A 404 can only ever make the trust check stricter: a missing
+    /// signature is refused unless the policy allows unsigned images.)
+    pub fn manifest_or_missing(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+    ) -> Result<Option<Document>, RegistryError> {
+        let wanted: Option<Digest> = reference.parse().ok();
+        let mut attempts = Vec::new();
+        let mut any_missing = false;
+        for ep in self.endpoints(image) {
+            match self.manifest_at(&ep, &image.repository, reference, wanted) {
+                Ok(Some(doc)) => return Ok(Some(doc)),
+                Ok(None) => {
+                    any_missing = true;
+                    attempts.push((ep.to_string(), "HTTP 404 not found".to_string()));
+                }
+                Err(why) => attempts.push((ep.to_string(), why)),
+            }
+        }
+        if any_missing {
+            return Ok(None);
+        }
+        Err(RegistryError::AllFailed {
+            what: format!(
+                "manifest {}/{}:{reference}",
+                image.registry, image.repository
+            ),
+            attempts,
+        })
+    }
+
+    fn manifest_at(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        reference: &str,
+        wanted: Option<Digest>,
+    ) -> Attempt<Option<Document>> {
+        let path = format!("/v2/{repo}/manifests/{reference}");
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        let resp = self.get(ep, repo, &path, &[("Accept", accept.as_str())])?;
+        let status = resp.status().as_u16();
+        if status == 404 {
+            return Ok(None);
+        }
+        if status != 200 {
+            return Err(format!("HTTP {status} for {path}"));
+        }
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let content_type = header("content-type").unwrap_or_default();
+        let header_digest = header("docker-content-digest");
+        let mut bytes = Vec::new();
+        resp.into_body()
+            .into_reader()
+            .take(MAX_DOCUMENT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("reading {path}: {e}"))?;
+        if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
+            return Err(format!(
+                "{path}: manifest larger than the {MAX_DOCUMENT_BYTES}-byte limit"
+            ));
+        }
+        let digest = Digest::of(&bytes);
+        if let Some(w) = wanted {
+            if w != digest {
+                return Err(format!("{path}: served content hashes to {digest}"));
+            }
+        }
+        if let Some(h) = header_digest {
+            if h != digest.to_string() {
+                return Err(format!(
+                    "{path}: Docker-Content-Digest {h} but content hashes to {digest}"
+                ));
+            }
+        }
+        let media_type =
+            document_media_type(&content_type, &bytes).map_err(|e| format!("{path}: {e}"))?;
+        Ok(Some(Document {
+            media_type,
+            digest,
+            bytes,
+            endpoint: ep.to_string(),
+        }))
+    }
+
+    /// Opens blob `digest` of `image`'s repository, asking for the bytes
+    /// from `offset` on (`Range`) when `offset > 0`.
+    pub fn blob(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+        offset: u64,
+    ) -> Result<BlobStream, RegistryError> {
+        let mut attempts = Vec::new();
+        for ep in self.endpoints(image) {
+            match self.blob_at(&ep, &image.repository, digest, offset) {
+                Ok(s) => return Ok(s),
+                Err(why) => attempts.push((ep.to_string(), why)),
+            }
+        }
+        Err(RegistryError::AllFailed {
+            what: format!("blob {digest} of {}/{}", image.registry, image.repository),
+            attempts,
+        })
+    }
+
+    fn blob_at(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        digest: &Digest,
+        offset: u64,
+    ) -> Attempt<BlobStream> {
+        let path = format!("/v2/{repo}/blobs/{digest}");
+        let range = format!("bytes={offset}-");
+        let headers: &[(&str, &str)] = if offset > 0 {
+            &[("Range", range.as_str())]
+        } else {
+            &[]
+        };
+        let resp = self.get(ep, repo, &path, headers)?;
+        let status = resp.status().as_u16();
+        let start = match status {
+            200 => 0,
+            206 => {
+                let cr = resp
+                    .headers()
+                    .get("content-range")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                match parse_content_range_start(cr) {
+                    Some(s) if s == offset => s,
+                    _ => return Err(format!("{path}: 206 with unusable Content-Range {cr:?}")),
+                }
+            }
+            _ => return Err(format!("HTTP {status} for {path}")),
+        };
+        Ok(BlobStream {
+            reader: Box::new(resp.into_body().into_reader()),
+            start,
+            endpoint: ep.to_string(),
+        })
+    }
+
+    /// GET with cached auth; on a 401 answers the challenge once and retries.
+    fn get(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Attempt<ureq::http::Response<ureq::Body>> {
+        let url = format!("{}://{}{}", ep.scheme, ep.host, path);
+        let key = (ep.host.clone(), repo.to_string());
+        let mut auth = self.auth.lock().expect("auth cache").get(&key).cloned();
+        for attempt in 0..2 {
+            let mut req = self.agent.get(&url);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            if let Some(a) = &auth {
+                req = req.header("Authorization", a.as_str());
+            }
+            let resp = req.call().map_err(|e| describe(&e))?;
+            if resp.status().as_u16() == 401 && attempt == 0 {
+                let challenge = resp
+                    .headers()
+                    .get("www-authenticate")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(parse_challenge)
+                    .ok_or_else(|| {
+                        format!("HTTP 401 for {path} without a usable WWW-Authenticate challenge")
+                    })?;
+                let value = self.answer(ep, repo, &challenge)?;
+                self.auth
+                    .lock()
+                    .expect("auth cache")
+                    .insert(key.clone(), value.clone());
+                auth = Some(value);
+                continue;
+            }
+            return Ok(resp);
+        }
+        Err(format!("HTTP 401 for {path}: credentials refused"))
+    }
+
+    fn basic(&self, host: &str) -> Attempt<Option<String>> {
+        let Some(creds) = self
+            .registries
+            .get(host)
+            .and_then(|r| r.credentials.as_ref())
+        else {
+            return Ok(None);
+        };
+        let p = self.root.join(&creds.password_file.to_string_lossy());
+        let password = std::fs::read_to_string(&p)
+            .map_err(|e| format!("credentials: password_file {}: {e}", p.display()))?;
+        let pair = format!(
+            "{}:{}",
+            creds.username,
+            password.trim_end_matches(['\n', '\r'])
+        );
+        Ok(Some(format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        )))
+    }
+
+    /// Turns a challenge into an `Authorization` value.
+    fn answer(&self, ep: &Endpoint, repo: &str, c: &Challenge) -> Attempt<String> {
+        let basic = self.basic(&ep.settings_key)?;
+        match c.scheme.as_str() {
+            "basic" => basic.ok_or_else(|| {
+                format!(
+                    "requires basic auth and registries.\"{}\".credentials is not set",
+                    ep.host
+                )
+            }),
+            "bearer" => {
+                let realm = c
+                    .params
+                    .get("realm")
+                    .ok_or("Bearer challenge without a realm")?;
+                let realm_host = realm
+                    .strip_prefix("https://")
+                    .or_else(|| realm.strip_prefix("http://"))
+                    .ok_or_else(|| format!("token realm {realm:?} is not an http(s) URL"))?;
+                if realm.starts_with("http://") {
+                    let host = realm_host.split('/').next().unwrap_or_default();
+                    if ep.scheme != "http" && !is_loopback(host) {
+                        return Err(format!(
+                            "token realm {realm} is plain HTTP for an HTTPS registry"
+                        ));
+                    }
+                }
+                let scope = c
+                    .params
+                    .get("scope")
+                    .cloned()
+                    .unwrap_or_else(|| format!("repository:{repo}:pull"));
+                let mut req = self.agent.get(realm.as_str()).query("scope", &scope);
+                if let Some(service) = c.params.get("service") {
+                    req = req.query("service", service);
+                }
+                if let Some(b) = &basic {
+                    req = req.header("Authorization", b.as_str());
+                }
+                let resp = req
+                    .call()
+                    .map_err(|e| format!("token realm {realm}: {}", describe(&e)))?;
+                let status = resp.status().as_u16();
+                if status != 200 {
+                    return Err(format!("token realm {realm}: HTTP {status}"));
+                }
+                let mut bytes = Vec::new();
+                resp.into_body()
+                    .into_reader()
+                    .take(MAX_TOKEN_BYTES)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| format!("token realm {realm}: {e}"))?;
+                #[derive(serde::Deserialize)]
+                struct Token {
+                    token: Option<String>,
+                    access_token: Option<String>,
+                }
+                let t: Token = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("token realm {realm}: invalid token response: {e}"))?;
+                let token = t
+                    .token
+                    .or(t.access_token)
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| format!("token realm {realm}: response holds no token"))?;
+                Ok(format!("Bearer {token}"))
+            }
+            other => Err(format!("unsupported auth scheme {other:?}")),
+        }
+    }
+}
+
+/// A short reason for a transport error.
+fn describe(e: &ureq::Error) -> String {
+    match e {
+        ureq::Error::Io(io) => format!("connection failed: {io}"),
+        other => other.to_string(),
+    }
+}
+
+/// The media type of a served manifest: from `Content-Type`, else the
+/// body's `mediaType`; both must agree when both are set, and it must be a
+/// known manifest or index type.
+pub fn document_media_type(content_type: &str, bytes: &[u8]) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Probe {
+        media_type: Option<String>,
+    }
+    let body: Option<String> = serde_json::from_slice::<Probe>(bytes)
+        .map_err(|e| format!("not a JSON manifest: {e}"))?
+        .media_type;
+    let header = content_type.split(';').next().unwrap_or("").trim();
+    let header = (!header.is_empty() && MANIFEST_MEDIA_TYPES.contains(&header)).then_some(header);
+    let chosen = match (header, body.as_deref()) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(format!("Content-Type {h} but mediaType {b}"));
+        }
+        (Some(h), _) => h.to_string(),
+        (None, Some(b)) => b.to_string(),
+        (None, None) => return Err(format!("unknown media type {content_type:?}")),
+    };
+    if !MANIFEST_MEDIA_TYPES.contains(&chosen.as_str()) {
+        return Err(format!(
+            "media type {chosen} is not a manifest or index type"
+        ));
+    }
+    Ok(chosen)
+}
+
+/// `bytes START-END/TOTAL` → START.
+fn parse_content_range_start(v: &str) -> Option<u64> {
+    let rest = v.trim().strip_prefix("bytes ")?;
+    rest.split('-').next()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bearer_challenges() {
+        let c = parse_challenge(
+            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull""#,
+        )
+        .unwrap();
+        assert_eq!(c.scheme, "bearer");
+        assert_eq!(c.params["realm"], "https://auth.example/token");
+        assert_eq!(c.params["service"], "registry.example");
+        assert_eq!(c.params["scope"], "repository:a/b:pull");
+
+        let c = parse_challenge(r#"Basic realm="Registry Realm""#).unwrap();
+        assert_eq!(c.scheme, "basic");
+        assert_eq!(c.params["realm"], "Registry Realm");
+
+        let c = parse_challenge(r#"Bearer realm = "x\"y" , error=insufficient_scope"#).unwrap();
+        assert_eq!(c.params["realm"], "x\"y");
+        assert_eq!(c.params["error"], "insufficient_scope");
+
+        assert_eq!(parse_challenge("Bearer").unwrap().params.len(), 0);
+        assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
+        assert!(parse_challenge(r#"Bearer =x"#).is_none());
+        assert!(parse_challenge("").is_none());
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.3.4.5",
+            "[::1]:5000",
+        ] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in [
+            "ghcr.io",
+            "10.0.0.1:5000",
+            "localhost.example:80",
+            "[2001:db8::1]:5000",
+        ] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn endpoints_mirrors_first_and_schemes() {
+        let mut regs = BTreeMap::new();
+        regs.insert(
+            "ghcr.io".to_string(),
+            RegistryConfig {
+                mirrors: vec!["https://mirror.internal:5000/".into(), "127.0.0.1:9".into()],
+                ..Default::default()
+            },
+        );
+        regs.insert(
+            "mirror.internal:5000".to_string(),
+            RegistryConfig {
+                insecure: true,
+                ..Default::default()
+            },
+        );
+        let c = Client::new(&regs, &Root::host());
+        let eps = c.endpoints(&"ghcr.io/a/b:v1".parse().unwrap());
+        let shown: Vec<String> = eps.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "mirror http://mirror.internal:5000",
+                "mirror http://127.0.0.1:9",
+                "registry https://ghcr.io"
+            ]
+        );
+        let hub = c.endpoints(&"ubuntu".parse().unwrap());
+        assert_eq!(hub[0].host, "registry-1.docker.io");
+        assert_eq!(hub[0].scheme, "https");
+        // Settings are looked up by the registry as the image names it.
+        regs.insert(
+            "docker.io".to_string(),
+            RegistryConfig {
+                insecure: true,
+                ..Default::default()
+            },
+        );
+        let c = Client::new(&regs, &Root::host());
+        let hub = c.endpoints(&"ubuntu".parse().unwrap());
+        assert_eq!(
+            (hub[0].scheme, hub[0].settings_key.as_str()),
+            ("http", "docker.io")
+        );
+    }
+
+    #[test]
+    fn media_types() {
+        let m = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}"#;
+        assert_eq!(
+            document_media_type(
+                "application/vnd.oci.image.manifest.v1+json; charset=utf-8",
+                m
+            )
+            .unwrap(),
+            MEDIA_TYPE_MANIFEST
+        );
+        assert_eq!(
+            document_media_type("application/json", m).unwrap(),
+            MEDIA_TYPE_MANIFEST
+        );
+        assert!(document_media_type(MEDIA_TYPE_INDEX, m)
+            .unwrap_err()
+            .contains("but mediaType"));
+        assert!(document_media_type("text/html", b"{}").is_err());
+        assert!(document_media_type("", br#"{"mediaType":"application/evil"}"#).is_err());
+        assert!(document_media_type(MEDIA_TYPE_INDEX, b"<html>").is_err());
+    }
+
+    #[test]
+    fn content_range() {
+        assert_eq!(parse_content_range_start("bytes 100-199/200"), Some(100));
+        assert_eq!(parse_content_range_start("bytes */200"), None);
+    }
+}

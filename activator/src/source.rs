@@ -1,2 +1,594 @@
-//! Image sources the activator reads from: a registry with ordered mirrors, an
-//! OCI layout, an oci-archive. Resolves a tag to a digest once. (owner: activator-core)
+//! Image sources the activator reads from: a registry with ordered mirrors,
+//! an OCI layout directory, an `oci-archive` file. One enum, no trait: the
+//! three differ only in where bytes come from.
+//!
+//! Given an [`ImageSource`] (from the config or the command line), the
+//! per-registry settings and a scratch directory (for archive extraction), a
+//! [`Source`] can: resolve the reference to its top-level descriptor (a tag
+//! is resolved exactly once, later reads use the digest), read a document
+//! (manifest, index, config) by descriptor with its size, digest and media
+//! type checked and its size capped, open a blob stream (optionally from an
+//! offset, to resume), and find the cosign `.sig` artifact for a digest
+//! (`sha256-<hex>.sig` tag in a registry; the `index.json` entry of that name
+//! in a layout or archive). [`Source::select`] picks the manifest for a
+//! platform from an index and checks the manifest and config: known media
+//! types only, no foreign `urls`, one `diff_id` per layer, the config's
+//! platform matches.
+//!
+//! It does not verify signatures ([`crate::verify`]), check blob digests
+//! (the content store does while streaming) or write outside its scratch dir.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::archive::{self, ArchiveError};
+use crate::config::RegistryConfig;
+use crate::digest::Digest;
+use crate::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
+use crate::oci::{
+    Compression, Descriptor, ImageConfig, Index, Manifest, Platform, ANNOTATION_REF_NAME,
+    MEDIA_TYPE_CONFIG, MEDIA_TYPE_DOCKER_CONFIG, MEDIA_TYPE_DOCKER_LIST,
+    MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
+};
+use crate::paths::Root;
+use crate::reference::{ImageRef, ImageSource};
+use crate::registry::{self, Client, Document, RegistryError};
+
+/// Why an image could not be read; every variant names the source.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{source_name}: {error}")]
+    Registry {
+        source_name: String,
+        error: RegistryError,
+    },
+    #[error("{source_name}: {error}")]
+    Layout {
+        source_name: String,
+        error: LayoutError,
+    },
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("{source_name}: {path}: {error}")]
+    Io {
+        source_name: String,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{source_name}: {reason}")]
+    Tag { source_name: String, reason: String },
+    #[error("{source_name}: {digest}: {reason}")]
+    Document {
+        source_name: String,
+        digest: Digest,
+        reason: String,
+    },
+    #[error("{source_name}: index {digest} has no manifest for {platform} (it has: {available})")]
+    Platform {
+        source_name: String,
+        digest: Digest,
+        platform: String,
+        available: String,
+    },
+}
+
+/// Where an image is read from.
+pub enum Source {
+    Registry {
+        client: Client,
+        image: ImageRef,
+        /// Documents already fetched, by digest (the tag's target is kept so
+        /// the tag is never asked for again).
+        cache: Mutex<HashMap<Digest, Vec<u8>>>,
+    },
+    Layout {
+        layout: Layout,
+        tag: Option<String>,
+        name: String,
+    },
+    Archive {
+        layout: Layout,
+        tag: Option<String>,
+        name: String,
+        /// The private extraction dir, removed on drop.
+        _dir: tempfile::TempDir,
+    },
+}
+
+/// An image whose platform manifest and config were read and checked.
+#[derive(Clone, Debug)]
+pub struct SelectedImage {
+    /// What the reference resolved to (an index or a manifest).
+    pub top: Descriptor,
+    /// The platform manifest (equal to `top` for a single-platform image).
+    pub manifest_descriptor: Descriptor,
+    pub manifest: Manifest,
+    pub config: ImageConfig,
+    /// One entry per layer: (descriptor, compression, diff_id).
+    pub layers: Vec<(Descriptor, Compression, Digest)>,
+}
+
+impl SelectedImage {
+    /// The digest the image is known by (index digest for a multi-platform
+    /// image).
+    pub fn image_digest(&self) -> Digest {
+        self.top.digest
+    }
+
+    pub fn manifest_digest(&self) -> Digest {
+        self.manifest_descriptor.digest
+    }
+
+    /// Every blob the image needs: config, then layers.
+    pub fn blobs(&self) -> Vec<Descriptor> {
+        let mut v = vec![self.manifest.config.clone()];
+        v.extend(self.layers.iter().map(|(d, _, _)| d.clone()));
+        v
+    }
+}
+
+fn is_manifest_type(mt: &str) -> bool {
+    mt == MEDIA_TYPE_MANIFEST || mt == MEDIA_TYPE_DOCKER_MANIFEST
+}
+
+fn is_index_type(mt: &str) -> bool {
+    mt == MEDIA_TYPE_INDEX || mt == MEDIA_TYPE_DOCKER_LIST
+}
+
+/// Whether an image for `image` runs on `host`: same OS and architecture;
+/// a variant only has to agree when both name one (`Platform::host()` names
+/// none, and arm64 entries often say `v8`).
+fn runs_on(host: &Platform, image: &Platform) -> bool {
+    host.os == image.os
+        && host.architecture == image.architecture
+        && (host.variant.is_none() || image.variant.is_none() || host.variant == image.variant)
+}
+
+/// `sha256-<hex>.sig`/`.sbom`/`.att`: cosign attachment tags, never images.
+fn is_attachment_tag(tag: &str) -> bool {
+    tag.strip_prefix("sha256-")
+        .and_then(|r| r.split_once('.'))
+        .is_some_and(|(hex, _)| Digest::from_hex(hex).is_ok())
+}
+
+impl Source {
+    /// Opens `src`. Registry sources connect lazily; an archive is extracted
+    /// into a private directory under `scratch` now.
+    pub fn open(
+        src: &ImageSource,
+        registries: &BTreeMap<String, RegistryConfig>,
+        root: &Root,
+        scratch: &Path,
+    ) -> Result<Source, SourceError> {
+        let name = src.to_string();
+        match src {
+            ImageSource::Registry(image) => Ok(Source::Registry {
+                client: Client::new(registries, root),
+                image: image.clone(),
+                cache: Mutex::new(HashMap::new()),
+            }),
+            ImageSource::Layout { dir, tag } => Ok(Source::Layout {
+                layout: Layout::open(dir).map_err(|error| SourceError::Layout {
+                    source_name: name.clone(),
+                    error,
+                })?,
+                tag: tag.clone(),
+                name,
+            }),
+            ImageSource::Archive { file, tag } => {
+                std::fs::create_dir_all(scratch).map_err(|error| SourceError::Io {
+                    source_name: name.clone(),
+                    path: scratch.to_path_buf(),
+                    error,
+                })?;
+                let dir = tempfile::Builder::new()
+                    .prefix(".archive-")
+                    .tempdir_in(scratch)
+                    .map_err(|error| SourceError::Io {
+                        source_name: name.clone(),
+                        path: scratch.to_path_buf(),
+                        error,
+                    })?;
+                let layout = archive::extract(file, dir.path())?;
+                Ok(Source::Archive {
+                    layout,
+                    tag: tag.clone(),
+                    name,
+                    _dir: dir,
+                })
+            }
+        }
+    }
+
+    /// The source as the user wrote it (for messages and reports).
+    pub fn name(&self) -> String {
+        match self {
+            Source::Registry { image, .. } => image.to_string(),
+            Source::Layout { name, .. } | Source::Archive { name, .. } => name.clone(),
+        }
+    }
+
+    /// The identity a signature payload names (`registry/repository`), when
+    /// the source has one.
+    pub fn identity(&self) -> Option<String> {
+        match self {
+            Source::Registry { image, .. } => Some(image.name()),
+            _ => None,
+        }
+    }
+
+    fn doc_err(&self, digest: Digest, reason: impl Into<String>) -> SourceError {
+        SourceError::Document {
+            source_name: self.name(),
+            digest,
+            reason: reason.into(),
+        }
+    }
+
+    fn layout_err(&self, error: LayoutError) -> SourceError {
+        SourceError::Layout {
+            source_name: self.name(),
+            error,
+        }
+    }
+
+    fn registry_err(&self, error: RegistryError) -> SourceError {
+        SourceError::Registry {
+            source_name: self.name(),
+            error,
+        }
+    }
+
+    fn local(&self) -> Option<(&Layout, Option<&str>)> {
+        match self {
+            Source::Layout { layout, tag, .. } | Source::Archive { layout, tag, .. } => {
+                Some((layout, tag.as_deref()))
+            }
+            Source::Registry { .. } => None,
+        }
+    }
+
+    /// Resolves the reference to its top-level descriptor (index or
+    /// manifest). For a registry tag this is the one request that names the
+    /// tag; the document is kept and everything after uses its digest.
+    pub fn resolve(&self) -> Result<Descriptor, SourceError> {
+        match self {
+            Source::Registry {
+                client,
+                image,
+                cache,
+            } => {
+                let doc: Document = client
+                    .manifest(image, &image.reference())
+                    .map_err(|e| self.registry_err(e))?;
+                let desc = Descriptor::new(&doc.media_type, doc.digest, doc.bytes.len() as u64);
+                cache
+                    .lock()
+                    .expect("document cache")
+                    .insert(doc.digest, doc.bytes);
+                Ok(desc)
+            }
+            _ => {
+                let (layout, tag) = self.local().expect("local source");
+                let index = layout.index().map_err(|e| self.layout_err(e))?;
+                self.find_in_index(&index, tag)
+            }
+        }
+    }
+
+    fn find_in_index(&self, index: &Index, tag: Option<&str>) -> Result<Descriptor, SourceError> {
+        let ref_name = |d: &Descriptor| d.annotations.get(ANNOTATION_REF_NAME).cloned();
+        let candidates: Vec<&Descriptor> = match tag {
+            Some(t) => index
+                .manifests
+                .iter()
+                .filter(|d| ref_name(d).as_deref() == Some(t))
+                .collect(),
+            None => index
+                .manifests
+                .iter()
+                .filter(|d| !ref_name(d).is_some_and(|n| is_attachment_tag(&n)))
+                .collect(),
+        };
+        match candidates.as_slice() {
+            [one] => {
+                if !registry::MANIFEST_MEDIA_TYPES.contains(&one.media_type.as_str()) {
+                    return Err(self.doc_err(
+                        one.digest,
+                        format!(
+                            "media type {} is not a manifest or index type",
+                            one.media_type
+                        ),
+                    ));
+                }
+                Ok((*one).clone())
+            }
+            [] => Err(SourceError::Tag {
+                source_name: self.name(),
+                reason: match tag {
+                    Some(t) => format!("index.json has no entry named {t:?}"),
+                    None => "index.json has no image entry".into(),
+                },
+            }),
+            many => Err(SourceError::Tag {
+                source_name: self.name(),
+                reason: format!(
+                    "index.json has {} image entries ({}); name one with :TAG",
+                    many.len(),
+                    many.iter()
+                        .map(|d| ref_name(d).unwrap_or_else(|| d.digest.to_string()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// Reads a small blob (document or signature payload) of at most `limit`
+    /// bytes, size and digest checked against `desc`.
+    pub fn read_blob(&self, desc: &Descriptor, limit: u64) -> Result<Vec<u8>, SourceError> {
+        if desc.size > limit {
+            return Err(self.doc_err(
+                desc.digest,
+                format!("{} bytes exceeds the {limit}-byte limit", desc.size),
+            ));
+        }
+        if !desc.urls.is_empty() {
+            return Err(self.doc_err(desc.digest, "descriptors with foreign urls are refused"));
+        }
+        let bytes = match self {
+            Source::Registry {
+                client,
+                image,
+                cache,
+            } => {
+                if let Some(b) = cache.lock().expect("document cache").get(&desc.digest) {
+                    b.clone()
+                } else if registry::MANIFEST_MEDIA_TYPES.contains(&desc.media_type.as_str()) {
+                    let doc = client
+                        .manifest(image, &desc.digest.to_string())
+                        .map_err(|e| self.registry_err(e))?;
+                    doc.bytes
+                } else {
+                    let stream = client
+                        .blob(image, &desc.digest, 0)
+                        .map_err(|e| self.registry_err(e))?;
+                    let mut bytes = Vec::new();
+                    stream
+                        .reader
+                        .take(limit + 1)
+                        .read_to_end(&mut bytes)
+                        .map_err(|e| {
+                            self.doc_err(
+                                desc.digest,
+                                format!("reading from {}: {e}", stream.endpoint),
+                            )
+                        })?;
+                    bytes
+                }
+            }
+            _ => {
+                let (layout, _) = self.local().expect("local source");
+                layout
+                    .blobs()
+                    .read_verified(&desc.digest, Some(desc.size), limit)
+                    .map_err(|e| self.layout_err(e))?
+            }
+        };
+        if bytes.len() as u64 != desc.size {
+            return Err(self.doc_err(
+                desc.digest,
+                format!("{} bytes, descriptor says {}", bytes.len(), desc.size),
+            ));
+        }
+        let actual = Digest::of(&bytes);
+        if actual != desc.digest {
+            return Err(self.doc_err(desc.digest, format!("content hashes to {actual}")));
+        }
+        Ok(bytes)
+    }
+
+    /// Reads and parses a JSON document (capped at [`MAX_DOCUMENT_BYTES`]).
+    pub fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        desc: &Descriptor,
+    ) -> Result<T, SourceError> {
+        let bytes = self.read_blob(desc, MAX_DOCUMENT_BYTES)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| self.doc_err(desc.digest, format!("invalid {}: {e}", desc.media_type)))
+    }
+
+    /// Opens a blob for streaming from `offset` (the returned start may be 0
+    /// when a registry ignores `Range`). The caller checks size and digest.
+    pub fn open_blob(
+        &self,
+        desc: &Descriptor,
+        offset: u64,
+    ) -> Result<registry::BlobStream, SourceError> {
+        if !desc.urls.is_empty() {
+            return Err(self.doc_err(desc.digest, "descriptors with foreign urls are refused"));
+        }
+        match self {
+            Source::Registry { client, image, .. } => client
+                .blob(image, &desc.digest, offset)
+                .map_err(|e| self.registry_err(e)),
+            _ => {
+                let (layout, _) = self.local().expect("local source");
+                let path = layout.blobs().path(&desc.digest);
+                let io = |error| SourceError::Io {
+                    source_name: self.name(),
+                    path: path.clone(),
+                    error,
+                };
+                let mut f = File::open(&path).map_err(io)?;
+                f.seek(SeekFrom::Start(offset)).map_err(io)?;
+                Ok(registry::BlobStream {
+                    reader: Box::new(f),
+                    start: offset,
+                    endpoint: self.name(),
+                })
+            }
+        }
+    }
+
+    /// The cosign `.sig` artifact attached to `digest`, if there is one.
+    pub fn signature(&self, digest: &Digest) -> Result<Option<Manifest>, SourceError> {
+        let tag = digest.attachment_tag("sig");
+        let bytes = match self {
+            Source::Registry { client, image, .. } => {
+                match client
+                    .manifest_or_missing(image, &tag)
+                    .map_err(|e| self.registry_err(e))?
+                {
+                    Some(doc) => doc.bytes,
+                    None => return Ok(None),
+                }
+            }
+            _ => {
+                let (layout, _) = self.local().expect("local source");
+                let index = layout.index().map_err(|e| self.layout_err(e))?;
+                let Some(desc) = index.manifests.iter().find(|d| {
+                    d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag.as_str())
+                }) else {
+                    return Ok(None);
+                };
+                self.read_blob(desc, MAX_DOCUMENT_BYTES)?
+            }
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            self.doc_err(
+                *digest,
+                format!("signature artifact {tag}: invalid manifest: {e}"),
+            )
+        })
+    }
+
+    /// Picks the manifest for `platform` (from an index, or the manifest
+    /// itself), reads it and its config, and checks both.
+    pub fn select(
+        &self,
+        top: &Descriptor,
+        platform: &Platform,
+    ) -> Result<SelectedImage, SourceError> {
+        let manifest_descriptor = if is_index_type(&top.media_type) {
+            let index: Index = self.read_json(top)?;
+            let mut available = Vec::new();
+            let mut chosen = None;
+            for d in &index.manifests {
+                let Some(p) = &d.platform else { continue };
+                available.push(p.to_string());
+                if chosen.is_none() && is_manifest_type(&d.media_type) && runs_on(platform, p) {
+                    chosen = Some(d.clone());
+                }
+            }
+            chosen.ok_or_else(|| SourceError::Platform {
+                source_name: self.name(),
+                digest: top.digest,
+                platform: platform.to_string(),
+                available: if available.is_empty() {
+                    "no platform entries".into()
+                } else {
+                    available.join(", ")
+                },
+            })?
+        } else if is_manifest_type(&top.media_type) {
+            top.clone()
+        } else {
+            return Err(self.doc_err(
+                top.digest,
+                format!(
+                    "media type {} is not a manifest or index type",
+                    top.media_type
+                ),
+            ));
+        };
+        let md = manifest_descriptor.digest;
+        let manifest: Manifest = self.read_json(&manifest_descriptor)?;
+        let config_mt = manifest.config.media_type.as_str();
+        if config_mt != MEDIA_TYPE_CONFIG && config_mt != MEDIA_TYPE_DOCKER_CONFIG {
+            return Err(self.doc_err(
+                md,
+                format!("config media type {config_mt} is not an image config"),
+            ));
+        }
+        let mut layers = Vec::new();
+        for (i, l) in manifest.layers.iter().enumerate() {
+            let Some(c) = Compression::of_layer_media_type(&l.media_type) else {
+                return Err(self.doc_err(
+                    md,
+                    format!(
+                        "layer {i} ({}): unknown layer media type {}",
+                        l.digest, l.media_type
+                    ),
+                ));
+            };
+            if !l.urls.is_empty() {
+                return Err(self.doc_err(
+                    md,
+                    format!("layer {i} ({}): foreign urls are refused", l.digest),
+                ));
+            }
+            layers.push((l.clone(), c));
+        }
+        let config: ImageConfig = self.read_json(&manifest.config)?;
+        let cp = Platform {
+            os: config.os.clone(),
+            architecture: config.architecture.clone(),
+            variant: config.variant.clone(),
+        };
+        if !runs_on(platform, &cp) {
+            return Err(self.doc_err(md, format!("image is for {cp}, this host is {platform}")));
+        }
+        if config.rootfs.diff_ids.len() != layers.len() {
+            return Err(self.doc_err(
+                md,
+                format!(
+                    "{} layers but the config lists {} diff_ids",
+                    layers.len(),
+                    config.rootfs.diff_ids.len()
+                ),
+            ));
+        }
+        let layers = layers
+            .into_iter()
+            .zip(config.rootfs.diff_ids.iter())
+            .map(|((d, c), diff)| (d, c, *diff))
+            .collect();
+        Ok(SelectedImage {
+            top: top.clone(),
+            manifest_descriptor,
+            manifest,
+            config,
+            layers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn platform_variants() {
+        let host = Platform::linux("arm64");
+        let mut v8 = Platform::linux("arm64");
+        v8.variant = Some("v8".into());
+        assert!(runs_on(&host, &v8));
+        assert!(!runs_on(&host, &Platform::linux("amd64")));
+        let mut other = Platform::linux("arm64");
+        other.os = "windows".into();
+        assert!(!runs_on(&host, &other));
+    }
+
+    #[test]
+    fn attachment_tags() {
+        let d = Digest::of(b"x");
+        assert!(is_attachment_tag(&d.attachment_tag("sig")));
+        assert!(is_attachment_tag(&d.attachment_tag("sbom")));
+        assert!(!is_attachment_tag("v1"));
+        assert!(!is_attachment_tag("sha256-abc.sig"));
+    }
+}

@@ -1,1 +1,141 @@
-//! Trust policy: signatures checked before any layer is fetched. (owner: activator-core)
+//! Trust policy: an image's signature is checked before any layer is
+//! fetched, and an image that fails the policy is refused (fail closed).
+//!
+//! Given the `trust` section of the config (public key paths under the root
+//! handle, `allow_unsigned`), a [`Source`] and a [`SelectedImage`], [`check`]
+//! looks for the cosign `.sig` artifact of the index digest and then of the
+//! platform manifest digest, and runs [`crate::signature::verify`] (the one
+//! implementation of signature checking) on each. The builder signs both, so
+//! a valid signature by a trusted key on EITHER digest is accepted: the index
+//! digest binds every platform manifest by digest, and the manifest digest
+//! binds the config and every layer, so either one pins the bytes we unpack.
+//!
+//! Unsigned or wrongly signed images are refused unless `allow_unsigned` is
+//! true in the config; there is deliberately no command-line bypass. With
+//! `allow_unsigned`, the outcome says why the image was accepted anyway.
+//!
+//! It does not fetch layers or decide where images come from.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::config::Trust;
+use crate::digest::Digest;
+use crate::layout::MAX_DOCUMENT_BYTES;
+use crate::paths::Root;
+use crate::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
+use crate::source::{SelectedImage, Source, SourceError};
+
+/// The host's trust policy, keys loaded.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    keys: TrustedKeys,
+    allow_unsigned: bool,
+}
+
+/// Why an image was refused or the policy could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("trust policy: {0}")]
+    Key(SignatureError),
+    #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: no image can be accepted")]
+    NoKeys,
+    #[error("image {image}: refused by the trust policy: {}", .reasons.join("; "))]
+    Refused { image: Digest, reasons: Vec<String> },
+    #[error("image {image}: reading signatures: {error}")]
+    Source {
+        image: Digest,
+        error: Box<SourceError>,
+    },
+}
+
+/// How an image passed the policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Verdict {
+    /// A trusted key signed `digest` (the index or the platform manifest).
+    Signed { digest: Digest },
+    /// No valid signature, accepted because `trust.allow_unsigned` is true.
+    AllowedUnsigned { reasons: Vec<String> },
+}
+
+impl Policy {
+    /// Loads the keys named by `trust` (paths are host paths under `root`).
+    pub fn load(trust: &Trust, root: &Root) -> Result<Policy, VerifyError> {
+        let paths: Vec<PathBuf> = trust
+            .public_keys
+            .iter()
+            .map(|p| root.join(&p.to_string_lossy()))
+            .collect();
+        let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
+        // Refuse now, before anything is fetched or even resolved.
+        if keys.is_empty() && !trust.allow_unsigned {
+            return Err(VerifyError::NoKeys);
+        }
+        Ok(Policy {
+            keys,
+            allow_unsigned: trust.allow_unsigned,
+        })
+    }
+
+    /// A policy from keys already in memory (the builder checks its output
+    /// with the public half of the key it signed with).
+    pub fn new(keys: TrustedKeys, allow_unsigned: bool) -> Policy {
+        Policy {
+            keys,
+            allow_unsigned,
+        }
+    }
+
+    /// The default policy: no keys, unsigned refused. Accepts nothing.
+    pub fn refuse_all() -> Policy {
+        Policy::new(TrustedKeys::default(), false)
+    }
+}
+
+/// Checks `image` against `policy`. Reads only the `.sig` artifacts and
+/// their payloads, never a layer.
+pub fn check(
+    source: &Source,
+    image: &SelectedImage,
+    policy: &Policy,
+) -> Result<Verdict, VerifyError> {
+    let top = image.image_digest();
+    if policy.keys.is_empty() && !policy.allow_unsigned {
+        return Err(VerifyError::NoKeys);
+    }
+    let mut digests = vec![top];
+    if image.manifest_digest() != top {
+        digests.push(image.manifest_digest());
+    }
+    let mut reasons = Vec::new();
+    for digest in digests {
+        let sig = source
+            .signature(&digest)
+            .map_err(|error| VerifyError::Source {
+                image: top,
+                error: Box::new(error),
+            })?;
+        let Some(sig) = sig else {
+            reasons.push(format!("no signature on {digest}"));
+            continue;
+        };
+        let result = signature::verify(&policy.keys, digest, &sig, |layer| {
+            source
+                .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        });
+        match result {
+            Ok(()) => return Ok(Verdict::Signed { digest }),
+            Err(e) => reasons.push(e.to_string()),
+        }
+    }
+    if policy.allow_unsigned {
+        return Ok(Verdict::AllowedUnsigned { reasons });
+    }
+    Err(VerifyError::Refused {
+        image: top,
+        reasons,
+    })
+}

@@ -1,45 +1,78 @@
-//! `kubeslot-builder`: parse the command line, dispatch to one module per
-//! subcommand (`cmd/`), print the error chain once.
+//! `kubeslot-builder`: parse the command line, build the tokio runtime,
+//! dispatch to one module per subcommand (`cmd/`), print the error chain
+//! once and exit 1 on failure. The work lives in the modules below.
 
 mod assemble;
 mod cmd;
 mod debian;
 mod fetch;
 mod output;
+mod progress;
 mod recipe;
 mod registry;
 mod rootfs;
 mod sbom;
 mod sign;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Build, sign and publish reproducible kubeslot node images.
 #[derive(Parser)]
 #[command(name = "kubeslot-builder", version, about)]
-enum Cli {
+struct Cli {
+    #[command(flatten)]
+    global: cmd::GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a recipe into an OCI image layout or oci-archive.
+    Build(cmd::build::Args),
+    /// Parse and validate a recipe without touching the network.
+    Check(cmd::check::Args),
+    /// (benchmark) Write one deterministic layer from a directory tree.
+    #[command(hide = true)]
+    BenchLayer(cmd::build::BenchLayerArgs),
     /// Print the version and exit.
     Version,
+    /// Resolve a Debian-family package base with apt into RECIPE.lock
+    /// (every .deb pinned by sha256), or check that the lock is current.
     Lock(cmd::lock::LockArgs),
+    /// Build one platform's Debian-family package base from its lock into a
+    /// normalised rootfs tar (the step `build` runs for such a base).
     Base(cmd::base::BaseArgs),
 }
 
 fn main() {
+    let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
+            tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
+        .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse() {
-        Cli::Version => {
-            println!("{}", env!("CARGO_PKG_VERSION"));
-            Ok(())
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let global = cli.global.resolve();
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Build(args) => cmd::build::run(args, &global).await,
+            Command::Check(args) => cmd::check::run(args, &global).await,
+            Command::BenchLayer(args) => cmd::build::bench_layer(args, &global).await,
+            Command::Lock(args) => tokio::task::block_in_place(|| cmd::lock::run(args)),
+            Command::Base(args) => cmd::base::run(args, &global).await,
+            Command::Version => {
+                println!("{}", env!("CARGO_PKG_VERSION"));
+                Ok(())
+            }
         }
-        Cli::Lock(args) => cmd::lock::run(args),
-        Cli::Base(args) => cmd::base::run(args),
-    };
+    });
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -189,6 +189,33 @@ pub fn debian_mirror() -> String {
     panic!("no Debian mirror found in /etc/apt/sources.list(.d): the tests need the machine's configured Debian archive");
 }
 
+/// Path of a cached Debian bookworm rootfs tar (mmdebstrap, minbase plus
+/// `packages`), built on first use by `ci/lib/debian-rootfs.sh` from the
+/// machine's Debian mirror and shared by every test and benchmark after.
+pub fn debian_rootfs(packages: &[&str]) -> PathBuf {
+    require_tool("mmdebstrap", "mmdebstrap");
+    let script = workspace_root().join("ci/lib/debian-rootfs.sh");
+    let out = Command::new(&script)
+        .arg(packages.join(","))
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} {} failed ({})",
+        script.display(),
+        packages.join(","),
+        out.status
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        path.is_file(),
+        "{} printed no rootfs path",
+        script.display()
+    );
+    path
+}
+
 /// Path of a workspace file, from a test's `CARGO_MANIFEST_DIR`.
 pub fn workspace_root() -> PathBuf {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

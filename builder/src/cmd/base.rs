@@ -1,19 +1,22 @@
 //! `kubeslot-builder base`: build one platform's base rootfs tar of a recipe
 //! with a Debian-family package base, from its lock only. `build` runs the
-//! same [`crate::debian::install::build_rootfs`] for its base layer; this
-//! command exposes that step alone (CI caches, debugging, tests). Given the
-//! recipe, platform, cache and output; it refuses a missing or stale lock.
+//! same steps for its base layer; this command exposes that step alone (CI
+//! caches, debugging, tests). Given the recipe, platform, mirror overrides
+//! and output (the cache is the global `--cache`); it refuses a missing or
+//! stale lock and does not write layers.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
-use crate::debian::{install, lock::Lock, RecipeBase};
+use crate::cmd::Global;
+use crate::debian::{self, install, lock::Lock, RecipeBase};
+use crate::fetch::Fetcher;
 
 /// Build a recipe's package base (`[base] kind = "debian"`) for one platform
 /// from its lock, as a normalised rootfs tar.
 ///
-/// Every .deb is fetched from the mirror + the lock's pool path into a
+/// Every .deb is fetched from the mirror + the lock's pool path into the
 /// content-addressed cache (sha256 and size checked while streaming; a
 /// cached file needs no network), put into a local repository, and installed
 /// with mmdebstrap from that repository only, with the recipe's
@@ -32,15 +35,12 @@ pub struct BaseArgs {
     /// extra repository NAME. Repeatable.
     #[arg(long, value_name = "URL|NAME=URL")]
     pub mirror: Vec<String>,
-    /// Content-addressed .deb cache (`DIR/sha256/<hex>`).
-    #[arg(long, value_name = "DIR", default_value = ".kubeslot-cache")]
-    pub cache: PathBuf,
     /// The rootfs tar to write (written only on success).
     #[arg(long, short)]
     pub output: PathBuf,
 }
 
-pub fn run(args: BaseArgs) -> anyhow::Result<()> {
+pub async fn run(args: BaseArgs, global: &Global) -> anyhow::Result<()> {
     let mut recipe = RecipeBase::load(&args.recipe)?;
     let lock = Lock::load_for(&recipe)?;
     recipe.base.apply_mirrors(&args.mirror)?;
@@ -50,16 +50,29 @@ pub fn run(args: BaseArgs) -> anyhow::Result<()> {
             args.recipe.display()
         )
     })?;
-    let sha = install::build_rootfs(
-        &recipe,
-        &lock,
-        &install::BuildBase {
-            arch: &args.platform,
-            cache: &args.cache,
-            output: &args.output,
-            source_date_epoch: epoch,
-        },
-    )?;
-    println!("sha256:{sha} {}", args.output.display());
+    let platform = lock.platform(&args.platform)?;
+    let fetcher = Fetcher::new(&global.cache, global.progress.clone())?;
+    let debs = fetcher
+        .fetch_all(&debian::pinned(&recipe.base, platform)?)
+        .await?;
+    let sha = tokio::task::block_in_place(|| {
+        install::build_rootfs(
+            platform,
+            &install::BuildBase {
+                suite: &recipe.base.suite,
+                debs: &debs,
+                output: &args.output,
+                source_date_epoch: epoch,
+            },
+        )
+    })?;
+    if global.json {
+        println!(
+            "{}",
+            serde_json::json!({"output": args.output, "sha256": format!("sha256:{sha}")})
+        );
+    } else {
+        println!("sha256:{sha} {}", args.output.display());
+    }
     Ok(())
 }

@@ -1,44 +1,54 @@
-//! Building one platform's base rootfs from its lock: fetch the locked
-//! `.deb`s ([`super::fetch`]), make a flat local repository of exactly those
+//! Building one platform's base rootfs from its lock: given the locked
+//! `.deb`s already fetched and checked by the builder's `fetch::Fetcher`
+//! (see [`super::pinned`]), make a flat local repository of exactly those
 //! files (`apt-ftparchive`), install them with `mmdebstrap --variant=essential
 //! --include=<every locked package>` from that `file://` repository only
 //! (`SOURCE_DATE_EPOCH` from the recipe, in a network namespace without
 //! network when run as root), then normalise the tar ([`super::normalize`]).
-//! Given the recipe, lock, platform, cache and output path; it writes the
-//! output only when everything succeeded. It does not compress or assemble
-//! layers.
+//! Given the suite, the platform's lock, the fetched files and the output
+//! path; it writes the output only when everything succeeded. It does not
+//! fetch, compress or assemble layers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::error::{io_err, DebianError};
-use super::lock::Lock;
-use super::{fetch, normalize, RecipeBase};
+use super::lock::PlatformLock;
+use super::normalize;
 
-/// What a base build needs besides recipe and lock.
+/// What a base build needs besides the platform's lock.
 pub struct BuildBase<'a> {
-    pub arch: &'a str,
-    /// Content-addressed `.deb` cache.
-    pub cache: &'a Path,
+    /// The recipe's suite (the local repository's Release names it, so
+    /// mmdebstrap picks the suite's Essential set).
+    pub suite: &'a str,
+    /// The fetched file of every package of the platform, in lock order,
+    /// each already checked against the lock's sha256.
+    pub debs: &'a [PathBuf],
     /// The normalised rootfs tar to write.
     pub output: &'a Path,
     pub source_date_epoch: i64,
 }
 
-/// Builds the rootfs tar; returns the sha256 (hex) of the written tar.
-pub fn build_rootfs(
-    recipe: &RecipeBase,
-    lock: &Lock,
-    opts: &BuildBase<'_>,
-) -> Result<String, DebianError> {
-    let platform = lock.platform(opts.arch)?;
-    let repos = recipe.base.repositories();
-    let debs = fetch::fetch_debs(&repos, platform, opts.cache)?;
+/// Builds the rootfs tar of `platform`; returns the sha256 (hex) of the
+/// written tar.
+pub fn build_rootfs(platform: &PlatformLock, opts: &BuildBase<'_>) -> Result<String, DebianError> {
+    let debs = opts.debs;
+    if debs.len() != platform.packages.len() {
+        return Err(DebianError::LockInvalid {
+            path: "(lock)".into(),
+            reason: format!(
+                "{} packages locked for {}, {} files given",
+                platform.packages.len(),
+                platform.arch,
+                debs.len()
+            ),
+        });
+    }
 
     let work = tempfile::tempdir().map_err(io_err(std::env::temp_dir()))?;
     let repo = work.path().join("repo");
     std::fs::create_dir_all(&repo).map_err(io_err(&repo))?;
-    for (deb, cached) in platform.packages.iter().zip(&debs) {
+    for (deb, cached) in platform.packages.iter().zip(debs) {
         let name = repo.join(format!("{}_{}.deb", deb.name, deb.architecture));
         if std::fs::hard_link(cached, &name).is_err() {
             std::fs::copy(cached, &name).map_err(io_err(&name))?;
@@ -54,7 +64,7 @@ pub fn build_rootfs(
     std::fs::write(repo.join("Packages"), packages).map_err(io_err(repo.join("Packages")))?;
     // mmdebstrap picks the Essential set of the release named like the
     // suite, so the local Release carries the recipe's suite and codename.
-    let suite = &recipe.base.suite;
+    let suite = opts.suite;
     let release = run_capture(
         Command::new("apt-ftparchive")
             .arg(format!("-oAPT::FTPArchive::Release::Suite={suite}"))
@@ -82,12 +92,12 @@ pub fn build_rootfs(
         .args([
             "--quiet",
             "--variant=essential",
-            &format!("--architectures={}", opts.arch),
+            &format!("--architectures={}", platform.arch),
             &format!("--include={}", names.join(",")),
             "--aptopt=APT::Install-Recommends \"false\"",
             "--aptopt=Acquire::Languages \"none\"",
             "--format=tar",
-            &recipe.base.suite,
+            suite,
         ])
         .arg(&raw)
         // copy:// (not file://): apt copies the .debs into the chroot's

@@ -5,16 +5,16 @@
 //!
 //! Given a recipe's `[base]` section (and mirror overrides), it resolves the
 //! package set with apt itself in a private apt root ([`resolve`]), writes and
-//! checks the lock ([`lock`]), fetches exactly the locked `.deb`s
-//! ([`fetch`]), installs them with mmdebstrap from a local repository
-//! ([`install`]) and normalises the tar ([`normalize`]). It deliberately does
-//! not compress, sign or assemble layers: it hands the builder one
-//! deterministic rootfs tar per platform. It never reads or changes the build
+//! checks the lock ([`lock`]), names exactly the locked `.deb`s for the
+//! builder's fetcher ([`pinned`]), installs them with mmdebstrap from a local
+//! repository ([`install`]) and normalises the tar ([`normalize`]). It
+//! deliberately does not download, compress, sign or assemble layers: it
+//! hands the builder one deterministic rootfs tar per platform, and the SBOM
+//! its package list ([`sbom_packages`]). It never reads or changes the build
 //! machine's own apt state.
 
 mod apt;
 mod error;
-pub mod fetch;
 pub mod index;
 pub mod install;
 pub mod lock;
@@ -28,6 +28,9 @@ use serde::{Deserialize, Serialize};
 
 use error::io_err;
 pub use error::DebianError;
+use lock::PlatformLock;
+
+use crate::fetch::Pinned;
 
 /// The name of the recipe's main archive in the lock and in `--mirror`.
 pub const BASE_REPO: &str = "base";
@@ -295,4 +298,40 @@ impl RecipeBase {
 /// The lock file of `recipe`: `<recipe-stem>.lock` beside it.
 pub fn lock_path_for(recipe: &Path) -> PathBuf {
     recipe.with_extension("lock")
+}
+
+/// The builder fetcher's pins of every locked `.deb` of `platform`, in lock
+/// order: URL = the repository's mirror (the recipe's, or `--mirror`) + the
+/// lock's pool path; sha256 and size from the lock. The label names the
+/// package, so a mismatch reads `deb dbus 1.14.10-1~deb12u1 (amd64): URL:
+/// sha256 mismatch: expected …, got …`.
+pub fn pinned(base: &DebianBase, platform: &PlatformLock) -> Result<Vec<Pinned>, DebianError> {
+    let repos = base.repositories();
+    platform
+        .packages
+        .iter()
+        .map(|deb| {
+            let invalid = |reason: String| DebianError::LockInvalid {
+                path: "(lock)".into(),
+                reason,
+            };
+            let repo = repos
+                .iter()
+                .find(|r| r.name == deb.repository)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "package {} names repository `{}`, which the recipe does not have",
+                        deb.name, deb.repository
+                    ))
+                })?;
+            let sha256 = kubeslot_activator::Digest::from_hex(&deb.sha256)
+                .map_err(|e| invalid(format!("package {}: sha256: {e}", deb.name)))?;
+            Ok(Pinned {
+                url: format!("{}{}", repo.root(), deb.path),
+                sha256,
+                size: Some(deb.size),
+                label: format!("deb {} {} ({})", deb.name, deb.version, deb.architecture),
+            })
+        })
+        .collect()
 }

@@ -1,0 +1,343 @@
+//! Staging an image: resolve → verify → fetch into the content store →
+//! unpack into a private directory → swap it into place.
+//!
+//! Given the root handle and the config (image, registries, trust), [`stage`]
+//! produces a verified tree at `<machines>/<slot>`: the tag is resolved once,
+//! the signature is checked before any layer is fetched
+//! ([`crate::verify`]), blobs land in the content store only after their
+//! digest checked out ([`crate::store`]), and the layers are applied by the
+//! safe unpacker ([`crate::unpack`]) into `<machines>/.staging-<slot>-<random>`
+//! (same filesystem), synced, and exchanged with the old tree in one
+//! `renameat2(RENAME_EXCHANGE)`; the old tree is deleted only after that. On
+//! any error the staging directory is removed and the old tree is untouched.
+//! [`resolve_and_verify`] is the first half on its own, for the builder to
+//! check what it published, and [`unpack_to`] serves the `unpack` command.
+//!
+//! It does not choose the slot, record state, render host files or flip
+//! machines (the host-side modules do), and it never runs anything from the
+//! image.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{renameat_with, RenameFlags, CWD};
+
+use crate::config::{Config, RegistryConfig, Trust, UnpackSettings};
+use crate::digest::Digest;
+use crate::layout::sync_dir;
+use crate::oci::{ImageConfig, Platform};
+use crate::paths::Root;
+use crate::reference::ImageSource;
+use crate::source::{SelectedImage, Source, SourceError};
+use crate::store::{FetchReport, Store, StoreError};
+use crate::unpack::{self, Layer, UnpackError, Unpacker};
+use crate::verify::{self, Policy, Verdict, VerifyError};
+
+/// Why staging failed; the variants carry the module errors, which name
+/// the digest, entry, endpoint or path.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error(transparent)]
+    Source(#[from] Box<SourceError>),
+    #[error(transparent)]
+    Store(#[from] Box<StoreError>),
+    #[error("unpacking image {image}: {error}")]
+    Unpack {
+        image: Digest,
+        error: Box<UnpackError>,
+    },
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("slot directory {name:?}: must be a plain directory name")]
+    Slot { name: String },
+    #[error("target {path}: must be missing or an empty directory")]
+    TargetNotEmpty { path: PathBuf },
+}
+
+impl From<SourceError> for StageError {
+    fn from(e: SourceError) -> Self {
+        StageError::Source(Box::new(e))
+    }
+}
+
+impl From<StoreError> for StageError {
+    fn from(e: StoreError) -> Self {
+        StageError::Store(Box::new(e))
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+    move |source| StageError::Io {
+        path: path.to_path_buf(),
+        error: source,
+    }
+}
+
+/// An image that was resolved, read and passed the trust policy.
+#[derive(Clone, Debug)]
+pub struct Verified {
+    pub image: SelectedImage,
+    pub verdict: Verdict,
+}
+
+/// What [`stage`] put in place.
+#[derive(Clone, Debug)]
+pub struct Staged {
+    /// What the reference resolved to (index digest for a multi-platform
+    /// image).
+    pub image_digest: Digest,
+    /// The platform manifest that was unpacked.
+    pub manifest_digest: Digest,
+    pub config: ImageConfig,
+    pub verdict: Verdict,
+    /// Blobs downloaded vs reused.
+    pub report: FetchReport,
+    pub unpack: unpack::Stats,
+    /// The tree that now holds the image.
+    pub tree: PathBuf,
+}
+
+/// Resolves `source` once, picks the manifest for `platform`, reads its
+/// config and checks the trust policy. Fetches no layer.
+pub fn resolve_and_verify(
+    source: &Source,
+    policy: &Policy,
+    platform: &Platform,
+) -> Result<Verified, StageError> {
+    let top = source.resolve()?;
+    let image = source.select(&top, platform)?;
+    let verdict = verify::check(source, &image, policy)?;
+    Ok(Verified { image, verdict })
+}
+
+/// The unpacker's policy: its safe defaults, adjusted by the config.
+pub fn unpack_policy(settings: &UnpackSettings) -> unpack::Policy {
+    let mut p = unpack::Policy::default();
+    p.setuid_allowlist
+        .extend(settings.setuid_allowlist.iter().cloned());
+    p.allow_fifos_and_sockets |= settings.allow_fifos_and_sockets;
+    if let Some(v) = settings.max_total_bytes {
+        p.limits.max_total_bytes = v;
+    }
+    if let Some(v) = settings.max_layer_bytes {
+        p.limits.max_layer_bytes = v;
+    }
+    if let Some(v) = settings.max_entries {
+        p.limits.max_entries = v;
+    }
+    p
+}
+
+/// Applies the layers of `image` (all in `store`) into `target`, an empty
+/// directory, under `policy`.
+pub fn unpack_layers(
+    store: &Store,
+    image: &SelectedImage,
+    target: &Path,
+    policy: unpack::Policy,
+) -> Result<unpack::Stats, StageError> {
+    let wrap = |error: UnpackError| StageError::Unpack {
+        image: image.image_digest(),
+        error: Box::new(error),
+    };
+    let mut unpacker = Unpacker::new(target, policy).map_err(wrap)?;
+    for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
+        let reader = store.open_blob(&desc.digest)?;
+        unpacker
+            .apply(Layer {
+                index,
+                digest: desc.digest,
+                diff_id: *diff_id,
+                compression: *compression,
+                reader,
+            })
+            .map_err(wrap)?;
+    }
+    unpacker.finish().map_err(wrap)
+}
+
+/// The directory holding `path` (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// What to stage and where; shared by [`stage`] and [`unpack_to`].
+struct Job<'a> {
+    root: &'a Root,
+    image: &'a ImageSource,
+    registries: &'a BTreeMap<String, RegistryConfig>,
+    trust: &'a Trust,
+    unpack: &'a UnpackSettings,
+    store_dir: &'a Path,
+    /// The final tree; its parent holds the staging directory.
+    dest: &'a Path,
+    staging_prefix: String,
+}
+
+fn run(job: Job<'_>) -> Result<Staged, StageError> {
+    let policy = Policy::load(job.trust, job.root)?;
+    let parent = parent_of(job.dest);
+    fs::create_dir_all(parent).map_err(io_err(parent))?;
+    // Archives are extracted next to the staging dir: same filesystem as the
+    // store, not a possibly small /tmp.
+    let source = Source::open(job.image, job.registries, job.root, parent)?;
+    let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
+    let store = Store::open(job.store_dir)?;
+    let report = store.fetch_image(&source, &verified.image)?;
+    drop(source);
+
+    remove_stale(parent, &job.staging_prefix)?;
+    let staging = tempfile::Builder::new()
+        .prefix(&job.staging_prefix)
+        .tempdir_in(parent)
+        .map_err(io_err(parent))?;
+    // tempdir makes 0700; a machine root is 0755 unless a layer says otherwise.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
+            .map_err(io_err(staging.path()))?;
+    }
+    let stats = unpack_layers(
+        &store,
+        &verified.image,
+        staging.path(),
+        unpack_policy(job.unpack),
+    )?;
+    install(staging, job.dest)?;
+    Ok(Staged {
+        image_digest: verified.image.image_digest(),
+        manifest_digest: verified.image.manifest_digest(),
+        config: verified.image.config.clone(),
+        verdict: verified.verdict,
+        report,
+        unpack: stats,
+        tree: job.dest.to_path_buf(),
+    })
+}
+
+/// Removes what a killed earlier run left in `parent` under `prefix`
+/// (staging trees, archive extractions): never anything that was put in
+/// place.
+fn remove_stale(parent: &Path, prefix: &str) -> Result<(), StageError> {
+    let rd = fs::read_dir(parent).map_err(io_err(parent))?;
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(prefix) {
+            let p = entry.path();
+            // remove_dir_all does not follow symlinks inside the tree.
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => fs::remove_dir_all(&p).map_err(io_err(&p))?,
+                _ => fs::remove_file(&p).map_err(io_err(&p))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Puts the finished staging tree at `dest`: an atomic exchange with the
+/// old tree (or an empty target) when there is one, a rename otherwise; the
+/// directory is fsynced before the old tree is deleted.
+fn install(staging: tempfile::TempDir, dest: &Path) -> Result<(), StageError> {
+    let parent = parent_of(dest);
+    let exists = match fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => true,
+        Ok(_) => return Err(StageError::TargetNotEmpty { path: dest.into() }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(io_err(dest)(e)),
+    };
+    let flags = if exists {
+        RenameFlags::EXCHANGE
+    } else {
+        RenameFlags::NOREPLACE
+    };
+    renameat_with(CWD, staging.path(), CWD, dest, flags)
+        .map_err(|e| io_err(dest)(std::io::Error::from(e)))?;
+    sync_dir(parent).map_err(|e| StageError::Io {
+        path: parent.to_path_buf(),
+        error: std::io::Error::other(e.to_string()),
+    })?;
+    // After an exchange the staging path holds the old tree; dropping the
+    // TempDir deletes it (std's remove_dir_all does not follow symlinks).
+    // After a plain rename it no longer exists and the drop does nothing.
+    drop(staging);
+    Ok(())
+}
+
+/// Stages `config.image` into `<machines>/<slot_dir>` under `root`, using
+/// the root's content store.
+pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, StageError> {
+    if slot_dir.is_empty()
+        || slot_dir.starts_with('.')
+        || slot_dir.contains('/')
+        || slot_dir.contains('\0')
+    {
+        return Err(StageError::Slot {
+            name: slot_dir.to_string(),
+        });
+    }
+    let dest = root.machine_tree(slot_dir);
+    // The host lock (held by the caller) makes this the only run: archive
+    // extractions of a killed run can go too.
+    let machines = root.machines_dir();
+    if machines.is_dir() {
+        remove_stale(&machines, ".archive-")?;
+    }
+    run(Job {
+        root,
+        image: &config.image,
+        registries: &config.registries,
+        trust: &config.trust,
+        unpack: &config.unpack,
+        store_dir: &root.store(),
+        dest: &dest,
+        staging_prefix: format!(".staging-{slot_dir}-"),
+    })
+}
+
+/// Verifies and unpacks `image` into `target` (missing or an empty
+/// directory), with blobs in `store_dir`: the `unpack` command.
+pub fn unpack_to(
+    root: &Root,
+    image: &ImageSource,
+    registries: &BTreeMap<String, RegistryConfig>,
+    trust: &Trust,
+    unpack: &UnpackSettings,
+    store_dir: &Path,
+    target: &Path,
+) -> Result<Staged, StageError> {
+    if let Ok(mut rd) = fs::read_dir(target) {
+        if rd.next().is_some() {
+            return Err(StageError::TargetNotEmpty {
+                path: target.into(),
+            });
+        }
+    } else if target.exists() {
+        return Err(StageError::TargetNotEmpty {
+            path: target.into(),
+        });
+    }
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "target".into());
+    run(Job {
+        root,
+        image,
+        registries,
+        trust,
+        unpack,
+        store_dir,
+        dest: target,
+        staging_prefix: format!(".staging-{name}-"),
+    })
+}

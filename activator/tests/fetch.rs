@@ -1,0 +1,1341 @@
+//! Resolve, verify, fetch and unpack against real Debian `docker-registry`s:
+//! images are written with the activator's `layout` module, signed with a
+//! P-256 key made here, pushed with the real `skopeo`, and read back by the
+//! `kubeslot-activator unpack` binary (or the library, where the test needs
+//! to act between two steps).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use flate2::write::GzEncoder;
+use kubeslot_activator::digest::HashingWriter;
+use kubeslot_activator::layout::Layout;
+use kubeslot_activator::oci::{
+    Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_COSIGN_SIGNATURE,
+    ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP,
+    MEDIA_TYPE_LAYER_TAR, MEDIA_TYPE_MANIFEST, MEDIA_TYPE_SIMPLE_SIGNING,
+};
+use kubeslot_activator::paths::Root;
+use kubeslot_activator::signature::Payload;
+use kubeslot_activator::source::Source;
+use kubeslot_activator::store::Store;
+use kubeslot_activator::Digest;
+use kubeslot_test_support::{free_port, require_tool, Registry};
+use p256::ecdsa::signature::Signer as _;
+use p256::ecdsa::{Signature, SigningKey};
+use p256::pkcs8::{EncodePublicKey as _, LineEnding};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32].into()).unwrap()
+}
+
+/// A tar of regular files (mode 0644, uid 0, fixed mtime).
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_path(name).unwrap();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// A layer blob already in a layout.
+#[derive(Clone)]
+struct LayerBlob {
+    desc: Descriptor,
+    diff_id: Digest,
+}
+
+fn gzip_layer(layout: &Layout, files: &[(&str, &[u8])]) -> LayerBlob {
+    let tar = tar_of(files);
+    let blob = gzip(&tar);
+    let d = layout.blobs().put_bytes(&blob).unwrap();
+    LayerBlob {
+        desc: Descriptor::new(MEDIA_TYPE_LAYER_GZIP, d, blob.len() as u64),
+        diff_id: Digest::of(&tar),
+    }
+}
+
+/// Deterministic incompressible bytes, fast.
+struct Noise(u64, u64);
+impl Read for Noise {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.1 as usize);
+        for chunk in buf[..n].chunks_mut(8) {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            chunk.copy_from_slice(&self.0.to_le_bytes()[..chunk.len()]);
+        }
+        self.1 -= n as u64;
+        Ok(n)
+    }
+}
+
+/// An uncompressed layer holding one `size`-byte file of noise, streamed
+/// to disk (never held in memory).
+fn big_layer(layout: &Layout, name: &str, size: u64) -> LayerBlob {
+    let tmp = layout.dir().join("big.tmp");
+    let f = fs::File::create(&tmp).unwrap();
+    let mut b = tar::Builder::new(HashingWriter::new(io::BufWriter::new(f)));
+    let mut h = tar::Header::new_ustar();
+    h.set_path(name).unwrap();
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(1_700_000_000);
+    h.set_cksum();
+    b.append(&h, Noise(0x9e37_79b9_7f4a_7c15, size)).unwrap();
+    let (mut w, digest, len) = b.into_inner().unwrap().finish();
+    w.flush().unwrap();
+    drop(w);
+    fs::rename(&tmp, layout.blobs().path(&digest)).unwrap();
+    LayerBlob {
+        desc: Descriptor::new(MEDIA_TYPE_LAYER_TAR, digest, len),
+        diff_id: digest,
+    }
+}
+
+/// Digests of a written image.
+#[derive(Clone, Copy, Debug)]
+struct Built {
+    index: Digest,
+    manifest: Digest,
+}
+
+fn put_json<T: serde::Serialize>(layout: &Layout, v: &T) -> (Digest, u64) {
+    let bytes = serde_json::to_vec(v).unwrap();
+    (
+        layout.blobs().put_bytes(&bytes).unwrap(),
+        bytes.len() as u64,
+    )
+}
+
+/// Adds (or replaces) the `index.json` entry named `tag`.
+fn tag_entry(layout: &Layout, tag: &str, mut desc: Descriptor) {
+    let mut index = layout.index().unwrap_or(Index {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_INDEX.into()),
+        manifests: vec![],
+        annotations: Default::default(),
+    });
+    index
+        .manifests
+        .retain(|d| d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) != Some(tag));
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.into(), tag.into());
+    index.manifests.push(desc);
+    layout.write_index(&index).unwrap();
+}
+
+/// Writes a one-platform image (index → manifest → config + layers) for
+/// this host and tags it.
+fn write_image(layout: &Layout, tag: &str, layers: &[LayerBlob]) -> Built {
+    let host = Platform::host();
+    let config = ImageConfig {
+        created: None,
+        architecture: host.architecture.clone(),
+        os: host.os.clone(),
+        variant: None,
+        config: None,
+        rootfs: RootFs {
+            kind: "layers".into(),
+            diff_ids: layers.iter().map(|l| l.diff_id).collect(),
+        },
+        history: vec![],
+    };
+    let (cd, cs) = put_json(layout, &config);
+    let manifest = Manifest {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_MANIFEST.into()),
+        artifact_type: None,
+        config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, cs),
+        layers: layers.iter().map(|l| l.desc.clone()).collect(),
+        subject: None,
+        annotations: Default::default(),
+    };
+    let (md, ms) = put_json(layout, &manifest);
+    let mut entry = Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms);
+    entry.platform = Some(host);
+    let index = Index {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_INDEX.into()),
+        manifests: vec![entry],
+        annotations: Default::default(),
+    };
+    let (id, is) = put_json(layout, &index);
+    tag_entry(layout, tag, Descriptor::new(MEDIA_TYPE_INDEX, id, is));
+    Built {
+        index: id,
+        manifest: md,
+    }
+}
+
+/// Attaches a cosign `.sig` artifact for `digest`, signed by `signer`, as
+/// the `sha256-<hex>.sig` entry. Returns that tag.
+fn sign(layout: &Layout, digest: Digest, signer: &SigningKey) -> String {
+    let payload = Payload::new("127.0.0.1/test/node", digest).to_bytes();
+    let pd = layout.blobs().put_bytes(&payload).unwrap();
+    let sig: Signature = signer.sign(&payload);
+    let mut layer = Descriptor::new(MEDIA_TYPE_SIMPLE_SIGNING, pd, payload.len() as u64);
+    layer.annotations.insert(
+        ANNOTATION_COSIGN_SIGNATURE.into(),
+        base64::engine::general_purpose::STANDARD.encode(sig.to_der().as_bytes()),
+    );
+    let cd = layout.blobs().put_bytes(b"{}").unwrap();
+    let m = Manifest {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_MANIFEST.into()),
+        artifact_type: None,
+        config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, 2),
+        layers: vec![layer],
+        subject: None,
+        annotations: Default::default(),
+    };
+    let (md, ms) = put_json(layout, &m);
+    let tag = digest.attachment_tag("sig");
+    tag_entry(layout, &tag, Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms));
+    tag
+}
+
+fn skopeo_push(layout: &Layout, tag: &str, dest: &str) {
+    let skopeo = require_tool("skopeo", "skopeo");
+    let out = Command::new(skopeo)
+        .args([
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+            "-q",
+        ])
+        .arg(format!("oci:{}:{tag}", layout.dir().display()))
+        .arg(format!("docker://{dest}:{tag}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "skopeo copy {tag} → {dest}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test host root with trusted keys and a config; returns the root and
+/// the config path.
+struct Host {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+}
+
+impl Host {
+    fn new(keys: &[&SigningKey], allow_unsigned: bool, registries: serde_json::Value) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("etc/kubeslot/keys")).unwrap();
+        let mut paths = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let pem = k.verifying_key().to_public_key_pem(LineEnding::LF).unwrap();
+            let rel = format!("/etc/kubeslot/keys/k{i}.pem");
+            fs::write(root.join(&rel[1..]), pem).unwrap();
+            paths.push(rel);
+        }
+        let config = dir.path().join("activator.json");
+        let cfg = serde_json::json!({
+            "registries": registries,
+            "trust": {"public_keys": paths, "allow_unsigned": allow_unsigned},
+        });
+        fs::write(&config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+        Host {
+            _dir: dir,
+            root,
+            config,
+        }
+    }
+
+    fn target(&self, name: &str) -> PathBuf {
+        self.root.join("unpacked").join(name)
+    }
+
+    fn store(&self) -> PathBuf {
+        self.root.join("var/lib/kubeslot/blobs/sha256")
+    }
+
+    /// Runs `unpack --json`; returns the output.
+    fn unpack(&self, image: &str, target: &Path) -> Output {
+        Command::new(BIN)
+            .arg("unpack")
+            .arg("--json")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--root")
+            .arg(&self.root)
+            .arg(image)
+            .arg(target)
+            .output()
+            .unwrap()
+    }
+
+    fn unpack_ok(&self, image: &str, target: &Path) -> serde_json::Value {
+        let out = self.unpack(image, target);
+        assert!(
+            out.status.success(),
+            "unpack {image} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn unpack_err(&self, image: &str, target: &Path) -> String {
+        let out = self.unpack(image, target);
+        assert!(
+            !out.status.success(),
+            "unpack {image} succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            !target.exists(),
+            "a refused image left {}",
+            target.display()
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Names in the content store that are not verified blobs (partials,
+    /// temp files), and the verified ones.
+    fn store_names(&self) -> (Vec<String>, Vec<String>) {
+        let mut partial = Vec::new();
+        let mut good = Vec::new();
+        if let Ok(rd) = fs::read_dir(self.store()) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with('.') {
+                    partial.push(n);
+                } else {
+                    good.push(n);
+                }
+            }
+        }
+        (partial, good)
+    }
+
+    /// Every verified blob's content hashes to its name.
+    fn assert_store_sound(&self) {
+        for name in self.store_names().1 {
+            let bytes = fs::read(self.store().join(&name)).unwrap();
+            assert_eq!(
+                Digest::of(&bytes).hex(),
+                name,
+                "store blob {name} is not what its name says"
+            );
+        }
+    }
+}
+
+fn no_registries() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+/// A small two-layer signed image in a fresh layout.
+fn small_image(dir: &Path, tag: &str, app: &[u8], signer: Option<&SigningKey>) -> (Layout, Built) {
+    let layout = Layout::create(dir).unwrap();
+    let base = gzip_layer(
+        &layout,
+        &[
+            ("etc/os-release", b"ID=test\n"),
+            ("usr/bin/tool", b"#!/bin/sh\n"),
+        ],
+    );
+    let app = gzip_layer(&layout, &[("opt/app/version", app)]);
+    let built = write_image(&layout, tag, &[base, app]);
+    if let Some(k) = signer {
+        sign(&layout, built.index, k);
+    }
+    (layout, built)
+}
+
+fn push_all(layout: &Layout, reg: &Registry, repo: &str) {
+    let index = layout.index().unwrap();
+    for d in &index.manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        skopeo_push(layout, tag, &format!("{}/{repo}", reg.host()));
+    }
+}
+
+#[test]
+fn signed_image_from_a_registry_is_unpacked_and_reused() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let (layout, v1) = small_image(&work.path().join("v1"), "v1", b"1\n", Some(&k));
+    push_all(&layout, &reg, "test/node");
+
+    let host = Host::new(&[&k], false, no_registries());
+    let image = format!("{}/test/node:v1", reg.host());
+    let t1 = host.target("a");
+    let out = host.unpack_ok(&image, &t1);
+    assert_eq!(out["image_digest"], v1.index.to_string());
+    assert_eq!(out["manifest_digest"], v1.manifest.to_string());
+    assert_eq!(out["verdict"]["kind"], "signed");
+    assert_eq!(out["fetch"]["downloaded_layers"], 2);
+    assert_eq!(fs::read(t1.join("opt/app/version")).unwrap(), b"1\n");
+    assert_eq!(fs::read(t1.join("etc/os-release")).unwrap(), b"ID=test\n");
+    host.assert_store_sound();
+
+    // v2 changes only the app layer: exactly one layer is downloaded.
+    let (layout2, v2) = small_image(&work.path().join("v1"), "v2", b"2\n", Some(&k));
+    push_all(&layout2, &reg, "test/node");
+    let t2 = host.target("b");
+    let out = host.unpack_ok(&format!("{}/test/node:v2", reg.host()), &t2);
+    assert_eq!(out["image_digest"], v2.index.to_string());
+    assert_eq!(out["fetch"]["downloaded_layers"], 1, "{out}");
+    assert_eq!(out["fetch"]["reused_layers"], 1, "{out}");
+    assert_eq!(fs::read(t2.join("opt/app/version")).unwrap(), b"2\n");
+    let (partial, _) = host.store_names();
+    assert!(partial.is_empty(), "{partial:?}");
+}
+
+#[test]
+fn tampered_blob_in_the_registry_is_refused_and_not_stored() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let layout = Layout::create(work.path().join("l")).unwrap();
+    let base = gzip_layer(&layout, &[("etc/os-release", b"ID=test\n")]);
+    let payload = vec![b'x'; 4096];
+    let evil = gzip_layer(&layout, &[("opt/data", &payload)]);
+    let built = write_image(&layout, "v1", &[base, evil.clone()]);
+    sign(&layout, built.index, &k);
+    push_all(&layout, &reg, "test/node");
+
+    // Flip one byte of the layer in the registry's own storage.
+    let hex = evil.desc.digest.hex();
+    let data = reg
+        .storage()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(&hex)
+        .join("data");
+    let mut bytes = fs::read(&data).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    fs::write(&data, &bytes).unwrap();
+
+    let host = Host::new(&[&k], false, no_registries());
+    let err = host.unpack_err(&format!("{}/test/node:v1", reg.host()), &host.target("t"));
+    assert!(err.contains(&hex) && err.contains("hashes to"), "{err}");
+    let (partial, good) = host.store_names();
+    assert!(partial.is_empty(), "partial left: {partial:?}");
+    assert!(!good.contains(&hex), "tampered blob stored as good");
+    host.assert_store_sound();
+    // No staging directory is left behind either.
+    let leftovers: Vec<_> = fs::read_dir(host.root.join("unpacked"))
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn wrong_key_unsigned_and_allow_unsigned() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let (signed, _) = small_image(&work.path().join("s"), "signed", b"s\n", Some(&key(1)));
+    push_all(&signed, &reg, "test/node");
+    let (unsigned, _) = small_image(&work.path().join("u"), "unsigned", b"u\n", None);
+    push_all(&unsigned, &reg, "test/node");
+    let signed_ref = format!("{}/test/node:signed", reg.host());
+    let unsigned_ref = format!("{}/test/node:unsigned", reg.host());
+
+    // Signed by key 1, host trusts key 2 only.
+    let other = Host::new(&[&key(2)], false, no_registries());
+    let err = other.unpack_err(&signed_ref, &other.target("t"));
+    assert!(err.contains("none verifies"), "{err}");
+    assert!(
+        other.store_names().1.is_empty(),
+        "layers fetched before verification"
+    );
+
+    // Unsigned image, host trusts a key: refused, no layer fetched.
+    let err = other.unpack_err(&unsigned_ref, &other.target("t"));
+    assert!(err.contains("no signature"), "{err}");
+    assert!(
+        other.store_names().1.is_empty(),
+        "layers fetched before verification"
+    );
+
+    // No config at all: the default policy refuses everything.
+    let t = work.path().join("noconfig");
+    let out = Command::new(BIN)
+        .args(["unpack", &unsigned_ref])
+        .arg(&t)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allow_unsigned is false"), "{err}");
+    assert!(!t.exists());
+
+    // allow_unsigned accepts it, and says so.
+    let lax = Host::new(&[], true, no_registries());
+    let t = lax.target("t");
+    let out = lax.unpack_ok(&unsigned_ref, &t);
+    assert_eq!(out["verdict"]["kind"], "allowed_unsigned");
+    assert_eq!(fs::read(t.join("opt/app/version")).unwrap(), b"u\n");
+    // A wrongly signed image too (the policy says "no signature needed").
+    let out = lax.unpack_ok(&signed_ref, &lax.target("t2"));
+    assert_eq!(out["verdict"]["kind"], "allowed_unsigned");
+}
+
+#[test]
+fn mirror_down_falls_back_and_every_endpoint_is_named() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let (layout, v1) = small_image(&work.path().join("l"), "v1", b"m\n", Some(&k));
+    push_all(&layout, &reg, "test/node");
+    let closed = format!("127.0.0.1:{}", free_port());
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ reg.host(): {"mirrors": [closed.clone()]} }),
+    );
+    let out = host.unpack_ok(&format!("{}/test/node:v1", reg.host()), &host.target("t"));
+    assert_eq!(out["image_digest"], v1.index.to_string());
+
+    // The registry as a mirror of a registry that is down: served by the mirror.
+    let down = format!("127.0.0.1:{}", free_port());
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ down.clone(): {"mirrors": [closed.clone(), reg.host()]} }),
+    );
+    let out = host.unpack_ok(&format!("{down}/test/node:v1"), &host.target("t"));
+    assert_eq!(out["manifest_digest"], v1.manifest.to_string());
+
+    // Nothing up: the error lists each endpoint and why.
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ down.clone(): {"mirrors": [closed.clone()]} }),
+    );
+    let err = host.unpack_err(&format!("{down}/test/node:v1"), &host.target("t"));
+    assert!(
+        err.contains(&format!("mirror http://{closed}"))
+            && err.contains(&format!("registry http://{down}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn registry_killed_mid_blob_then_the_next_run_continues() {
+    let mut reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let layout = Layout::create(work.path().join("l")).unwrap();
+    let size = 192 * 1024 * 1024;
+    let big = big_layer(&layout, "opt/big.bin", size);
+    let built = write_image(&layout, "v1", std::slice::from_ref(&big));
+    sign(&layout, built.index, &k);
+    push_all(&layout, &reg, "test/node");
+    drop(layout);
+    fs::remove_dir_all(work.path().join("l")).unwrap();
+
+    let host = Host::new(&[&k], false, no_registries());
+    let target = host.target("t");
+    let image = format!("{}/test/node@{}", reg.host(), built.index);
+    let mut child = Command::new(BIN)
+        .arg("unpack")
+        .arg("--json")
+        .arg("--config")
+        .arg(&host.config)
+        .arg("--root")
+        .arg(&host.root)
+        .arg(&image)
+        .arg(&target)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let partial = host
+        .store()
+        .join(format!(".partial-{}", big.desc.digest.hex()));
+    // Wait (without a time assertion: the deadline only stops a hung test)
+    // until the download is under way, then kill the registry under it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if fs::metadata(&partial).is_ok_and(|m| m.len() > 0) {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "unpack ended before the registry was killed"
+        );
+        assert!(Instant::now() < deadline, "download never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    reg.kill();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the download survived a killed registry?"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&big.desc.digest.to_string()), "{err}");
+    let kept = fs::metadata(&partial).unwrap().len();
+    assert!(kept > 0 && kept < big.desc.size);
+    assert!(
+        !host.store().join(big.desc.digest.hex()).exists(),
+        "partial counted as good"
+    );
+    assert!(!target.exists());
+
+    // Same storage, new port: the next run continues the partial blob.
+    let reg = reg.restart();
+    let image = format!("{}/test/node@{}", reg.host(), built.index);
+    let out = host.unpack_ok(&image, &target);
+    let resumed = out["fetch"]["resumed_bytes"].as_u64().unwrap();
+    assert!(resumed > 0 && resumed <= kept, "{out}");
+    // The config came in the first run; this run fetched only the rest.
+    assert_eq!(
+        out["fetch"]["downloaded_bytes"].as_u64().unwrap(),
+        big.desc.size - resumed,
+        "{out}"
+    );
+    assert_eq!(
+        fs::metadata(target.join("opt/big.bin")).unwrap().len(),
+        size
+    );
+    host.assert_store_sound();
+    assert!(!partial.exists());
+}
+
+#[test]
+fn tag_is_resolved_once() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let k = key(1);
+    let (layout, first) = small_image(&work.path().join("a"), "moving", b"first\n", Some(&k));
+    push_all(&layout, &reg, "test/node");
+
+    let root = Root::new(work.path().join("root"));
+    let image = format!("{}/test/node:moving", reg.host()).parse().unwrap();
+    let source = Source::open(&image, &BTreeMap::new(), &root, work.path()).unwrap();
+    let top = source.resolve().unwrap();
+    assert_eq!(top.digest, first.index);
+
+    // The tag moves between resolve and fetch.
+    let (layout2, second) = small_image(&work.path().join("b"), "moving", b"second\n", Some(&k));
+    push_all(&layout2, &reg, "test/node");
+    let again = Source::open(&image, &BTreeMap::new(), &root, work.path()).unwrap();
+    assert_eq!(
+        again.resolve().unwrap().digest,
+        second.index,
+        "the tag did move"
+    );
+
+    let trusted = kubeslot_activator::signature::TrustedKeys::from_keys(vec![*k.verifying_key()]);
+    let policy = kubeslot_activator::verify::Policy::new(trusted, false);
+    let image = source.select(&top, &Platform::host()).unwrap();
+    assert_eq!(image.manifest_digest(), first.manifest);
+    kubeslot_activator::verify::check(&source, &image, &policy).unwrap();
+    let store = Store::open(&root.store()).unwrap();
+    store.fetch_image(&source, &image).unwrap();
+    let target = work.path().join("tree");
+    fs::create_dir(&target).unwrap();
+    kubeslot_activator::stage::unpack_layers(&store, &image, &target, Default::default()).unwrap();
+    assert_eq!(
+        fs::read(target.join("opt/app/version")).unwrap(),
+        b"first\n"
+    );
+}
+
+#[test]
+fn layout_and_archive_sources() {
+    require_tool("tar", "tar");
+    let work = tempfile::tempdir().unwrap();
+    let k = key(3);
+    let layout = Layout::create(work.path().join("layout")).unwrap();
+    let base = gzip_layer(&layout, &[("etc/os-release", b"ID=layout\n")]);
+    let built = write_image(&layout, "v1", &[base]);
+    // Sign only the platform manifest digest: accepted as well.
+    sign(&layout, built.manifest, &k);
+    let host = Host::new(&[&k], false, no_registries());
+
+    let out = host.unpack_ok(
+        &format!("oci:{}:v1", layout.dir().display()),
+        &host.target("l"),
+    );
+    assert_eq!(out["verdict"]["digest"], built.manifest.to_string());
+    assert_eq!(
+        fs::read(host.target("l").join("etc/os-release")).unwrap(),
+        b"ID=layout\n"
+    );
+    // Without a tag the one image entry is taken (the .sig entry is not an image).
+    host.unpack_ok(
+        &format!("oci:{}", layout.dir().display()),
+        &host.target("l2"),
+    );
+
+    // The same layout as an oci-archive made by the real tar.
+    let archive = work.path().join("node.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(layout.dir())
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = host.unpack_ok(
+        &format!("oci-archive:{}:v1", archive.display()),
+        &host.target("a"),
+    );
+    assert_eq!(out["image_digest"], built.index.to_string());
+    assert_eq!(
+        out["fetch"]["reused_layers"], 1,
+        "same blobs as the layout run: {out}"
+    );
+    assert_eq!(
+        fs::read(host.target("a").join("etc/os-release")).unwrap(),
+        b"ID=layout\n"
+    );
+
+    // An archive with something that is not part of a layout is refused.
+    fs::write(layout.dir().join("evil.sh"), b"#!/bin/sh\n").unwrap();
+    let bad = work.path().join("bad.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(layout.dir())
+        .arg("-cf")
+        .arg(&bad)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let err = host.unpack_err(
+        &format!("oci-archive:{}:v1", bad.display()),
+        &host.target("b"),
+    );
+    assert!(
+        err.contains("evil.sh") && err.contains("not part of an OCI layout"),
+        "{err}"
+    );
+}
+
+/// A full activator config for `stage`, reading `image` and trusting `key_path`.
+fn stage_config(image: &str, key_path: &str) -> kubeslot_activator::config::Config {
+    let json = serde_json::json!({
+        "image": image,
+        "trust": {"public_keys": [key_path]},
+        "kubelet": {
+            "api_server": "https://10.0.0.1:6443",
+            "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+            "bootstrap_token": "abcdef.0123456789abcdef"
+        }
+    });
+    kubeslot_activator::config::Config::parse(
+        Path::new("activator.json"),
+        &serde_json::to_vec(&json).unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn stage_replaces_the_slot_tree_only_after_success() {
+    use kubeslot_activator::stage::stage;
+    let work = tempfile::tempdir().unwrap();
+    let k = key(4);
+    let host = Host::new(&[&k], false, no_registries());
+    let root = Root::new(&host.root);
+    let key_path = "/etc/kubeslot/keys/k0.pem";
+
+    let (v1_layout, v1) = small_image(&work.path().join("v1"), "v1", b"one\n", Some(&k));
+    // A stale staging tree from a killed run is cleaned up.
+    let stale = root.machines_dir().join(".staging-kube2-stale");
+    fs::create_dir_all(stale.join("etc")).unwrap();
+    let cfg = stage_config(&format!("oci:{}:v1", v1_layout.dir().display()), key_path);
+    let s = stage(&root, &cfg, "kube2").unwrap();
+    assert_eq!(s.image_digest, v1.index);
+    assert_eq!(s.tree, root.machine_tree("kube2"));
+    assert_eq!(
+        fs::read(root.machine_tree("kube2").join("opt/app/version")).unwrap(),
+        b"one\n"
+    );
+    assert!(!stale.exists());
+
+    // An unsigned image is refused and the slot keeps the old tree.
+    let (bad_layout, _) = small_image(&work.path().join("bad"), "bad", b"bad\n", None);
+    let cfg = stage_config(&format!("oci:{}:bad", bad_layout.dir().display()), key_path);
+    let e = stage(&root, &cfg, "kube2").unwrap_err().to_string();
+    assert!(e.contains("no signature"), "{e}");
+    assert_eq!(
+        fs::read(root.machine_tree("kube2").join("opt/app/version")).unwrap(),
+        b"one\n"
+    );
+
+    // v2 replaces it; one layer downloaded, nothing left beside the slot.
+    let (v2_layout, v2) = small_image(&work.path().join("v1"), "v2", b"two\n", Some(&k));
+    let cfg = stage_config(&format!("oci:{}:v2", v2_layout.dir().display()), key_path);
+    let s = stage(&root, &cfg, "kube2").unwrap();
+    assert_eq!(s.manifest_digest, v2.manifest);
+    assert_eq!((s.report.downloaded_layers, s.report.reused_layers), (1, 1));
+    assert_eq!(
+        fs::read(root.machine_tree("kube2").join("opt/app/version")).unwrap(),
+        b"two\n"
+    );
+    let names: Vec<String> = fs::read_dir(root.machines_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["kube2"]);
+    assert!(stage(&root, &cfg, "../etc").is_err());
+}
+
+/// A `docker-registry` with htpasswd (basic) auth, killed on drop.
+struct AuthRegistry {
+    child: std::process::Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn auth_registry(user: &str, password: &str) -> AuthRegistry {
+    let bin = require_tool("docker-registry", "docker-registry");
+    let python = require_tool("python3", "python3");
+    let dir = tempfile::tempdir().unwrap();
+    // bcrypt at cost 4 (rounds=16): the registry checks it on every request.
+    let out = Command::new(python)
+        .args([
+            "-W",
+            "ignore",
+            "-c",
+            "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16)))",
+            password,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = String::from_utf8(out.stdout).unwrap();
+    fs::write(
+        dir.path().join("htpasswd"),
+        format!("{user}:{}\n", hash.trim()),
+    )
+    .unwrap();
+    let port = free_port();
+    let config = dir.path().join("config.yml");
+    fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("storage").display(),
+            dir.path().join("htpasswd").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "auth registry did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    AuthRegistry {
+        child,
+        host: format!("127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
+
+#[test]
+fn basic_auth_with_a_password_file() {
+    let reg = auth_registry("node", "s3cret");
+    let work = tempfile::tempdir().unwrap();
+    let k = key(5);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"auth\n", Some(&k));
+    let skopeo = require_tool("skopeo", "skopeo");
+    for d in layout.index().unwrap().manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        let out = Command::new(&skopeo)
+            .args([
+                "copy",
+                "--all",
+                "--preserve-digests",
+                "--dest-tls-verify=false",
+                "-q",
+            ])
+            .args(["--dest-creds", "node:s3cret"])
+            .arg(format!("oci:{}:{tag}", layout.dir().display()))
+            .arg(format!("docker://{}/test/node:{tag}", reg.host))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let image = format!("{}/test/node:v1", reg.host);
+
+    let anonymous = Host::new(&[&k], false, no_registries());
+    let err = anonymous.unpack_err(&image, &anonymous.target("t"));
+    assert!(err.contains("credentials is not set"), "{err}");
+
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ reg.host.clone(): {"credentials": {
+            "username": "node", "password_file": "/etc/kubeslot/registry-password"}}}),
+    );
+    fs::write(host.root.join("etc/kubeslot/registry-password"), "s3cret\n").unwrap();
+    let out = host.unpack_ok(&image, &host.target("t"));
+    assert_eq!(out["image_digest"], built.index.to_string());
+
+    fs::write(host.root.join("etc/kubeslot/registry-password"), "wrong\n").unwrap();
+    let err = host.unpack_err(&image, &host.target("t2"));
+    assert!(err.contains("401"), "{err}");
+}
+
+#[test]
+fn hostile_manifests_are_refused_before_any_layer() {
+    let work = tempfile::tempdir().unwrap();
+    let layout = Layout::create(work.path().join("l")).unwrap();
+    let good = gzip_layer(&layout, &[("etc/os-release", b"ID=x\n")]);
+
+    let mut unknown = good.clone();
+    unknown.desc.media_type = "application/vnd.example.exe".into();
+    write_image(&layout, "unknown-type", &[unknown]);
+
+    let mut foreign = good.clone();
+    foreign.desc.urls = vec!["https://example.invalid/layer".into()];
+    write_image(&layout, "foreign-urls", &[foreign]);
+
+    let mut short = good.clone();
+    short.desc.size -= 1;
+    write_image(&layout, "wrong-size", &[short]);
+
+    let mut wrong_diff = good.clone();
+    wrong_diff.diff_id = Digest::of(b"not this layer");
+    write_image(&layout, "wrong-diff-id", &[wrong_diff]);
+
+    // A manifest that claims far more than the document cap.
+    let big = vec![b' '; 5 * 1024 * 1024];
+    let bd = layout.blobs().put_bytes(&big).unwrap();
+    let mut entry = Descriptor::new(MEDIA_TYPE_MANIFEST, bd, big.len() as u64);
+    entry.platform = Some(Platform::host());
+    tag_entry(&layout, "huge-manifest", entry);
+
+    let cases = [
+        ("unknown-type", "unknown layer media type"),
+        ("foreign-urls", "foreign urls are refused"),
+        ("wrong-size", "bytes"),
+        ("wrong-diff-id", "diff"),
+        ("huge-manifest", "limit"),
+    ];
+    for (tag, why) in cases {
+        // allow_unsigned: the structural checks hold even when signatures
+        // do not; a fresh host each time so its store shows what this case fetched.
+        let host = Host::new(&[], true, no_registries());
+        let err = host.unpack_err(
+            &format!("oci:{}:{tag}", layout.dir().display()),
+            &host.target(tag),
+        );
+        assert!(err.contains(why), "{tag}: {err}");
+        if tag != "wrong-size" && tag != "wrong-diff-id" {
+            assert!(
+                host.store_names().1.is_empty(),
+                "{tag}: fetched before refusing"
+            );
+        }
+        assert!(host.store_names().0.is_empty(), "{tag}: partial left");
+        host.assert_store_sound();
+    }
+}
+
+#[test]
+fn unpack_without_root_uses_a_temporary_store() {
+    let work = tempfile::tempdir().unwrap();
+    let k = key(6);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"tmp\n", Some(&k));
+    let pem = work.path().join("trusted.pem");
+    fs::write(
+        &pem,
+        k.verifying_key().to_public_key_pem(LineEnding::LF).unwrap(),
+    )
+    .unwrap();
+    let config = work.path().join("cfg.json");
+    fs::write(
+        &config,
+        serde_json::to_vec(&serde_json::json!({"trust": {"public_keys": [pem]}})).unwrap(),
+    )
+    .unwrap();
+    let out_dir = work.path().join("out");
+    let target = out_dir.join("tree");
+    let out = Command::new(BIN)
+        .arg("unpack")
+        .arg("--config")
+        .arg(&config)
+        .arg(format!("oci:{}:v1", layout.dir().display()))
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&built.index.to_string()) && text.contains("signature valid"),
+        "{text}"
+    );
+    assert_eq!(fs::read(target.join("opt/app/version")).unwrap(), b"tmp\n");
+    let names: Vec<_> = fs::read_dir(&out_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["tree"], "temporary store or staging left behind");
+
+    // A non-empty target is refused before anything is fetched.
+    let out = Command::new(BIN)
+        .arg("unpack")
+        .arg("--config")
+        .arg(&config)
+        .arg(format!("oci:{}:v1", layout.dir().display()))
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be missing or an empty directory"));
+}
+
+/// RFC 4648 base32 (no padding), as libtrust uses for key IDs.
+fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut out = String::new();
+    let (mut buf, mut bits) = (0u32, 0);
+    for &b in bytes {
+        buf = (buf << 8) | u32::from(b);
+        bits += 8;
+        while bits >= 5 {
+            out.push(ALPHABET[((buf >> (bits - 5)) & 31) as usize] as char);
+            bits -= 5;
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((buf << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// A token service in the style of the distribution token spec: grants the
+/// scopes asked for, as an ES256 JWT the real `docker-registry` verifies
+/// against the root certificate it was given. Records every request line
+/// and Authorization header it saw.
+struct TokenService {
+    realm: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn token_service(signer: SigningKey, kid: String) -> TokenService {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let realm = format!("http://{}/token", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = io::BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if io::BufRead::read_line(&mut reader, &mut request).is_err() {
+                continue;
+            }
+            let mut auth = String::new();
+            loop {
+                let mut line = String::new();
+                if io::BufRead::read_line(&mut reader, &mut line).unwrap_or(0) == 0
+                    || line == "\r\n"
+                {
+                    break;
+                }
+                if line.to_ascii_lowercase().starts_with("authorization:") {
+                    auth = line.trim().to_string();
+                }
+            }
+            log.lock()
+                .unwrap()
+                .push(format!("{} {auth}", request.trim()));
+            let target = request.split_whitespace().nth(1).unwrap_or("").to_string();
+            let query = target.split_once('?').map_or("", |(_, q)| q);
+            let mut access = Vec::new();
+            for pair in query.split('&') {
+                if let Some(v) = pair.strip_prefix("scope=") {
+                    let scope = percent_decode(v);
+                    let mut parts = scope.splitn(3, ':');
+                    let (kind, name, actions) = (
+                        parts.next().unwrap_or(""),
+                        parts.next().unwrap_or(""),
+                        parts.next().unwrap_or(""),
+                    );
+                    access.push(serde_json::json!({
+                        "type": kind, "name": name,
+                        "actions": actions.split(',').collect::<Vec<_>>()
+                    }));
+                }
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+            let header = serde_json::json!({"typ": "JWT", "alg": "ES256", "kid": kid});
+            let claims = serde_json::json!({
+                "iss": "kubeslot-test-issuer", "sub": "node", "aud": "kubeslot-test",
+                "exp": now + 600, "nbf": now - 60, "iat": now - 60, "jti": format!("{now}"),
+                "access": access,
+            });
+            let signing_input = format!(
+                "{}.{}",
+                b64(&serde_json::to_vec(&header).unwrap()),
+                b64(&serde_json::to_vec(&claims).unwrap())
+            );
+            let sig: Signature = signer.sign(signing_input.as_bytes());
+            let token = format!("{signing_input}.{}", b64(&sig.to_bytes()));
+            let body = serde_json::to_vec(&serde_json::json!({"token": token})).unwrap();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(&body);
+        }
+    });
+    TokenService { realm, seen }
+}
+
+#[test]
+fn bearer_token_auth_against_a_token_registry() {
+    let openssl = require_tool("openssl", "openssl");
+    let work = tempfile::tempdir().unwrap();
+    // The token signing key and its self-signed certificate (the registry's
+    // root bundle), made by the real openssl.
+    let key_pem = work.path().join("token-key.pem");
+    let cert_pem = work.path().join("token-cert.pem");
+    let run = |args: &[&str]| {
+        let out = Command::new(&openssl).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        key_pem.to_str().unwrap(),
+    ]);
+    run(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        key_pem.to_str().unwrap(),
+        "-subj",
+        "/CN=kubeslot-test-token",
+        "-days",
+        "2",
+        "-out",
+        cert_pem.to_str().unwrap(),
+    ]);
+    use p256::pkcs8::DecodePrivateKey as _;
+    let signer = SigningKey::from_pkcs8_pem(&fs::read_to_string(&key_pem).unwrap()).unwrap();
+    // libtrust key ID: base32 of the first 240 bits of sha256(SPKI DER), in groups of 4.
+    let spki = signer.verifying_key().to_public_key_der().unwrap();
+    let hash = Digest::of(spki.as_bytes());
+    let encoded = base32(&hash.as_bytes()[..30]);
+    let kid = encoded
+        .as_bytes()
+        .chunks(4)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect::<Vec<_>>()
+        .join(":");
+    let tokens = token_service(signer, kid);
+
+    let bin = require_tool("docker-registry", "docker-registry");
+    let port = free_port();
+    let config = work.path().join("registry.yml");
+    fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+             auth:\n  token:\n    realm: {}\n    service: kubeslot-test\n    issuer: kubeslot-test-issuer\n    rootcertbundle: {}\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            work.path().join("storage").display(),
+            tokens.realm,
+            cert_pem.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _reg = AuthRegistry {
+        child,
+        host: format!("127.0.0.1:{port}"),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "token registry did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let k = key(7);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"bearer\n", Some(&k));
+    let skopeo = require_tool("skopeo", "skopeo");
+    for d in layout.index().unwrap().manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        let out = Command::new(&skopeo)
+            .args([
+                "copy",
+                "--all",
+                "--preserve-digests",
+                "--dest-tls-verify=false",
+                "-q",
+            ])
+            .args(["--dest-creds", "node:s3cret"])
+            .arg(format!("oci:{}:{tag}", layout.dir().display()))
+            .arg(format!("docker://127.0.0.1:{port}/test/node:{tag}"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    tokens.seen.lock().unwrap().clear();
+
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ format!("127.0.0.1:{port}"): {"credentials": {
+            "username": "node", "password_file": "/etc/kubeslot/registry-password"}}}),
+    );
+    fs::write(host.root.join("etc/kubeslot/registry-password"), "s3cret\n").unwrap();
+    let out = host.unpack_ok(&format!("127.0.0.1:{port}/test/node:v1"), &host.target("t"));
+    assert_eq!(out["image_digest"], built.index.to_string());
+    assert_eq!(
+        fs::read(host.target("t").join("opt/app/version")).unwrap(),
+        b"bearer\n"
+    );
+    let seen = tokens.seen.lock().unwrap().clone();
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("node:s3cret")
+    );
+    assert!(!seen.is_empty(), "no token was requested");
+    for line in &seen {
+        assert!(
+            line.contains("scope=repository%3Atest%2Fnode%3Apull")
+                && line.contains("service=kubeslot-test"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&basic),
+            "token request without the configured credentials: {line}"
+        );
+    }
+    // One token per run: it is cached for every later request.
+    assert_eq!(seen.len(), 1, "{seen:?}");
+}
+
+/// What operators read: `unpack --help`, compared with the golden file
+/// (`UPDATE_GOLDEN=1` rewrites it).
+#[test]
+fn unpack_help_snapshot() {
+    let out = Command::new(BIN)
+        .args(["unpack", "--help"])
+        .env("COLUMNS", "100")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let golden = kubeslot_test_support::workspace_root().join("testdata/help/activator-unpack.txt");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        fs::write(&golden, &out.stdout).unwrap();
+    }
+    let want =
+        fs::read_to_string(&golden).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}

@@ -1,0 +1,815 @@
+//! Black-box tests of `kubeslot-builder build` and `check`: the real binary
+//! on the offline demo recipe, read back with real `skopeo` and `umoci`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kubeslot_test_support::{require_tool, workspace_root};
+
+const TAG: &str = "1.36.4-demo";
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"));
+    c.arg("--progress").arg("quiet");
+    c
+}
+
+fn demo() -> PathBuf {
+    workspace_root().join("testdata/recipes/demo.toml")
+}
+
+/// The demo recipe's text with its relative paths made absolute, so a
+/// variant can be written anywhere.
+fn demo_text() -> String {
+    let demo_dir = workspace_root().join("testdata/demo");
+    std::fs::read_to_string(demo())
+        .unwrap()
+        .replace("\"../demo/", &format!("\"{}/", demo_dir.display()))
+}
+
+fn write_recipe(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("recipe.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run kubeslot-builder")
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "command failed: {cmd:?}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(!out.status.success(), "command succeeded: {cmd:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn last_line(s: &str) -> String {
+    s.lines().last().unwrap_or_default().to_string()
+}
+
+/// Builds `recipe` into `oci:<dir>/out` with its own cache; returns the index digest.
+fn build(recipe: &Path, dir: &Path, extra: &[&str]) -> String {
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(dir.join("cache"))
+        .arg("build")
+        .arg(recipe)
+        .arg("--output")
+        .arg(format!("oci:{}", dir.join("out").display()))
+        .args(extra));
+    let digest = last_line(&out);
+    assert!(digest.starts_with("sha256:") && digest.len() == 71, "{out}");
+    digest
+}
+
+fn json_summary(recipe: &Path, dir: &Path) -> serde_json::Value {
+    let out = ok(bin()
+        .arg("--json")
+        .arg("--cache")
+        .arg(dir.join("cache"))
+        .arg("build")
+        .arg(recipe)
+        .arg("--output")
+        .arg(format!("oci:{}", dir.join("out").display())));
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn demo_builds_are_reproducible_across_dirs_caches_and_outputs() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let da = build(&demo(), a.path(), &[]);
+    let db = build(&demo(), b.path(), &[]);
+    assert_eq!(da, db, "two builds of the demo differ");
+    // An oci-archive holds the same image, byte for byte.
+    let archive = b.path().join("demo.tar");
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(a.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci-archive:{}", archive.display())));
+    assert_eq!(last_line(&out), da);
+    require_tool("skopeo", "skopeo");
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg("--raw")
+        .arg(format!("oci-archive:{}:{TAG}", archive.display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let raw: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(raw["mediaType"], "application/vnd.oci.image.index.v1+json");
+    assert_eq!(raw["manifests"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn umoci_unpacks_the_expected_tree_and_skopeo_reads_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_tool("skopeo", "skopeo");
+    require_tool("umoci", "umoci");
+    let t = tempfile::tempdir().unwrap();
+    let index = build(&demo(), t.path(), &[]);
+    let layout = t.path().join("out");
+
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(info["Layers"].as_array().unwrap().len(), 4, "{info}");
+    assert_eq!(info["Created"], "2023-11-14T22:13:20Z");
+    let raw = Command::new("skopeo")
+        .arg("inspect")
+        .arg("--raw")
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .output()
+        .unwrap();
+    let raw_digest = format!("sha256:{}", sha256_hex(&raw.stdout));
+    assert_eq!(
+        raw_digest, index,
+        "skopeo sees the index the builder reported"
+    );
+
+    // umoci 0.4 cannot unpack through an index: skopeo picks this host's
+    // manifest into a single-image layout first (blobs are copied as-is).
+    let single = t.path().join("single");
+    let copy = Command::new("skopeo")
+        .arg("copy")
+        .arg("-q")
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .arg(format!("oci:{}:node", single.display()))
+        .output()
+        .unwrap();
+    assert!(
+        copy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    let bundle = t.path().join("bundle");
+    let unpack = Command::new("umoci")
+        .arg("unpack")
+        .arg("--image")
+        .arg(format!("{}:node", single.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        unpack.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unpack.stderr)
+    );
+    let root = bundle.join("rootfs");
+    let mode = |p: &str| {
+        std::fs::symlink_metadata(root.join(p))
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    for exe in [
+        "usr/local/bin/kubelet",
+        "usr/local/bin/kubectl",
+        "usr/local/bin/containerd",
+        "usr/local/bin/containerd-shim-runc-v2",
+        "usr/local/bin/ctr",
+        "usr/local/bin/crictl",
+        "usr/local/sbin/runc",
+        "opt/cni/bin/bridge",
+        "opt/cni/bin/host-local",
+        "opt/cni/bin/loopback",
+    ] {
+        assert_eq!(mode(exe), 0o755, "{exe}");
+    }
+    let kubelet = std::fs::read_to_string(root.join("usr/local/bin/kubelet")).unwrap();
+    assert!(kubelet.contains("kubelet version v1.36.4"), "{kubelet}");
+    assert_eq!(mode("usr/bin/su"), 0o4755, "setuid bit survives");
+    assert_eq!(mode("tmp"), 0o1777, "sticky bit survives");
+    assert_eq!(mode("etc/containerd/config.toml"), 0o644);
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/sysctl.d/99-kubernetes.conf")).unwrap(),
+        "net.ipv4.ip_forward = 1\nnet.bridge.bridge-nf-call-iptables = 1\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/systemd/system/containerd.service")).unwrap(),
+        std::fs::read_to_string(workspace_root().join("testdata/demo/files/containerd.service"))
+            .unwrap()
+    );
+    for unit in ["containerd.service", "kubelet.service"] {
+        let link = root
+            .join("etc/systemd/system/multi-user.target.wants")
+            .join(unit);
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            PathBuf::from(format!("/etc/systemd/system/{unit}"))
+        );
+    }
+    assert_eq!(
+        std::fs::read_link(root.join("bin")).unwrap(),
+        PathBuf::from("usr/bin")
+    );
+    let sh = std::fs::metadata(root.join("usr/bin/sh")).unwrap();
+    let dash = std::fs::metadata(root.join("usr/bin/dash")).unwrap();
+    assert_eq!(sh.ino(), dash.ino(), "hard link kept");
+    assert_eq!(
+        std::fs::metadata(root.join("etc/passwd")).unwrap().mtime(),
+        1_700_000_000,
+        "mtime clamped to source_date_epoch"
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[test]
+fn tampered_artifact_fails_naming_url_and_digests_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let mirror = t.path().join("mirror");
+    copy_dir(&workspace_root().join("testdata/demo/mirror"), &mirror);
+    let kubelet = mirror.join("release/v1.36.4/bin/linux/arm64/kubelet");
+    std::fs::write(&kubelet, b"#!/bin/sh\necho evil\n").unwrap();
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out").display()))
+            .arg("--download-base")
+            .arg(format!("file://{}", mirror.display())),
+    );
+    assert!(err.contains("sha256 mismatch"), "{err}");
+    assert!(
+        err.contains(&format!("file://{}", kubelet.display())),
+        "{err}"
+    );
+    assert!(
+        err.contains("sha256:1cb573244372b2d895f644791bac484f81ef978cc900fb1593c66cfa8b2b3cd4"),
+        "expected digest named: {err}"
+    );
+    assert!(
+        err.contains(&format!("sha256:{}", sha256_hex(b"#!/bin/sh\necho evil\n"))),
+        "actual digest named: {err}"
+    );
+    assert_no_output(t.path());
+    // The bad download is not in the cache.
+    let cached: Vec<_> = std::fs::read_dir(t.path().join("cache/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        !cached.iter().any(|n| n.starts_with('.')),
+        "partial files left: {cached:?}"
+    );
+    assert!(!cached.contains(&sha256_hex(b"#!/bin/sh\necho evil\n")));
+}
+
+fn assert_no_output(dir: &Path) {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "cache" && n != "mirror" && n != "recipe.toml")
+        .collect();
+    assert!(names.is_empty(), "output or staging left behind: {names:?}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn missing_pin_is_refused_before_any_download() {
+    let t = tempfile::tempdir().unwrap();
+    let text = demo_text().replace(
+        "sha256 = { amd64 = \"sha256:35c00e04e2a23baaf9e44b68efd4f97d4b3cd57b219fd924174c13321472e135\", arm64 = \"sha256:1cb573244372b2d895f644791bac484f81ef978cc900fb1593c66cfa8b2b3cd4\" }",
+        "sha256 = { amd64 = \"sha256:35c00e04e2a23baaf9e44b68efd4f97d4b3cd57b219fd924174c13321472e135\" }",
+    );
+    assert_ne!(
+        text,
+        demo_text(),
+        "the kubelet pins line changed; update this test"
+    );
+    let recipe = write_recipe(t.path(), &text);
+    let check = fails(bin().arg("check").arg(&recipe));
+    let dry = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(&recipe)
+            .arg("--dry-run"),
+    );
+    for err in [check, dry] {
+        assert!(err.contains("components.kubelet.sha256.arm64"), "{err}");
+        assert!(err.contains(&recipe.display().to_string()), "{err}");
+        assert!(err.contains("linux/arm64"), "{err}");
+    }
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(&recipe)
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out").display())),
+    );
+    assert!(err.contains("components.kubelet.sha256.arm64"), "{err}");
+    assert!(
+        !t.path().join("cache").exists(),
+        "nothing may be downloaded"
+    );
+    assert_no_output(t.path());
+}
+
+#[test]
+fn unknown_field_names_file_line_and_field() {
+    let t = tempfile::tempdir().unwrap();
+    let text = demo_text().replace(
+        "[components.runc]\n",
+        "[components.runc]\ncolour = \"red\"\n",
+    );
+    let recipe = write_recipe(t.path(), &text);
+    let line = text.lines().position(|l| l.starts_with("colour")).unwrap() + 1;
+    let err = fails(bin().arg("check").arg(&recipe));
+    assert!(err.contains(&recipe.display().to_string()), "{err}");
+    assert!(err.contains("colour"), "{err}");
+    assert!(err.contains(&format!("line {line}")), "{err}");
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(&recipe)
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out").display())),
+    );
+    assert!(err.contains("colour"), "{err}");
+    assert_no_output(t.path());
+}
+
+#[test]
+fn image_base_is_checked_against_its_pinned_digest() {
+    let t = tempfile::tempdir().unwrap();
+    let base_index = build(&demo(), t.path(), &[]);
+    let base_layout = t.path().join("out");
+    let derived =
+        |digest: &str| derived_recipe(&format!("oci:{}:{TAG}", base_layout.display()), digest);
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
+    let w = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(w.path(), &derived(wrong));
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(w.path().join("cache"))
+            .arg("build")
+            .arg(&recipe)
+            .arg("--output")
+            .arg(format!("oci:{}", w.path().join("out").display())),
+    );
+    assert!(err.contains("digest mismatch"), "{err}");
+    assert!(err.contains(wrong) && err.contains(&base_index), "{err}");
+    assert!(err.contains(&base_layout.display().to_string()), "{err}");
+    assert_no_output(w.path());
+
+    let recipe = write_recipe(w.path(), &derived(&base_index));
+    let summary = json_summary(&recipe, w.path());
+    let amd = &summary["manifests"][0]["layers"];
+    assert_eq!(
+        amd.as_array().unwrap().len(),
+        5,
+        "4 base layers + 1: {summary}"
+    );
+    let base = json_summary(&demo(), t.path());
+    for i in 0..4 {
+        assert_eq!(
+            amd[i]["digest"],
+            base["manifests"][0]["layers"][i]["digest"]
+        );
+    }
+}
+
+#[test]
+fn kubelet_bump_changes_only_the_kubernetes_layer() {
+    let t = tempfile::tempdir().unwrap();
+    let before = json_summary(&demo(), t.path());
+    let text = demo_text()
+        .replace(
+            "[components.kubelet]\nversion = \"1.36.4\"",
+            "[components.kubelet]\nversion = \"1.36.3\"",
+        )
+        .replace(
+            "sha256:35c00e04e2a23baaf9e44b68efd4f97d4b3cd57b219fd924174c13321472e135",
+            "sha256:915cea692b750b3cc38146217b51ac1215e7cf68dd42f2e4a1827ecbef65b0c7",
+        )
+        .replace(
+            "sha256:1cb573244372b2d895f644791bac484f81ef978cc900fb1593c66cfa8b2b3cd4",
+            "sha256:b53b05ac54ebfe546d6e4c53962344f3bfca99e066db913c9a9a65f8cd52476b",
+        );
+    let b = tempfile::tempdir().unwrap();
+    let recipe = write_recipe(b.path(), &text);
+    let after = json_summary(&recipe, b.path());
+    assert_ne!(before["index"], after["index"]);
+    for m in 0..2 {
+        let (l0, l1) = (
+            &before["manifests"][m]["layers"],
+            &after["manifests"][m]["layers"],
+        );
+        for i in 0..4 {
+            let group = l0[i]["group"].as_str().unwrap();
+            if group == "kubernetes" {
+                assert_ne!(
+                    l0[i]["digest"], l1[i]["digest"],
+                    "kubernetes layer must change"
+                );
+            } else {
+                assert_eq!(l0[i]["digest"], l1[i]["digest"], "{group} layer changed");
+            }
+        }
+    }
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci:{}", t.path().join("out").display()))
+        .arg("--dry-run"));
+    assert!(
+        out.contains("upstream https://dl.k8s.io/release/v1.36.4/bin/linux/arm64/kubelet"),
+        "{out}"
+    );
+    assert!(
+        out.contains("sha256:1cb573244372b2d895f644791bac484f81ef978cc900fb1593c66cfa8b2b3cd4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("layer kubernetes: kubectl 1.36.4, kubelet 1.36.4"),
+        "{out}"
+    );
+    assert_eq!(last_line(&out), "dry run: nothing downloaded or written");
+    assert!(std::fs::read_dir(t.path()).unwrap().next().is_none());
+}
+
+#[test]
+fn an_existing_layout_gets_the_image_added() {
+    let t = tempfile::tempdir().unwrap();
+    let first = build(&demo(), t.path(), &[]);
+    let layout = t.path().join("out");
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci:{}:second", layout.display()))
+        .arg("--annotation")
+        .arg("org.opencontainers.image.revision=abc123"));
+    let second = last_line(&out);
+    assert_ne!(
+        first, second,
+        "a different tag and annotation make a different index"
+    );
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let refs: Vec<(String, String)> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["annotations"]["org.opencontainers.image.ref.name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                m["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        refs,
+        vec![(TAG.to_string(), first), ("second".to_string(), second)]
+    );
+}
+
+#[test]
+fn a_local_http_mirror_serves_the_same_pinned_bytes() {
+    let python = require_tool("python3", "python3");
+    let t = tempfile::tempdir().unwrap();
+    let port = kubeslot_test_support::free_port();
+    let mut server = Command::new(python)
+        .args(["-m", "http.server", "--bind", "127.0.0.1"])
+        .arg(port.to_string())
+        .arg("--directory")
+        .arg(workspace_root().join("testdata/demo/mirror"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the port (not a timed assertion: the build below fails
+    // clearly if the server never came up).
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let from_http = build(
+        &demo(),
+        t.path(),
+        &["--download-base", &format!("http://127.0.0.1:{port}")],
+    );
+    // A missing file is reported with its URL and status, not retried
+    // forever. (A fresh cache: the pinned kubelet is already in the other
+    // one, and a cached input is never fetched again.)
+    let missing = format!("http://127.0.0.1:{port}/no/such/kubelet");
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache-empty"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join("out2").display()))
+            .arg("--download-override")
+            .arg(format!("kubelet={missing}")),
+    );
+    assert!(err.contains(&missing) && err.contains("404"), "{err}");
+    assert!(!t.path().join("out2").exists());
+    let _ = server.kill();
+    let _ = server.wait();
+    let f = tempfile::tempdir().unwrap();
+    assert_eq!(from_http, build(&demo(), f.path(), &[]));
+}
+
+#[test]
+fn the_real_recipes_validate() {
+    for r in ["recipes/ubuntu2404.toml", "recipes/ubuntu2404-nvidia.toml"] {
+        let out = ok(bin().arg("check").arg(workspace_root().join(r)));
+        assert!(
+            out.contains("ok:") && out.contains("linux/amd64, linux/arm64"),
+            "{out}"
+        );
+    }
+}
+
+/// A derived recipe on top of `image` pinned at `digest`: one file layer.
+fn derived_recipe(image: &str, digest: &str) -> String {
+    format!(
+        r#"name = "derived"
+tag = "1"
+platforms = ["linux/amd64", "linux/arm64"]
+source_date_epoch = 1700000000
+[base]
+kind = "image"
+image = "{image}"
+digest = "{digest}"
+[[files]]
+path = "/etc/derived"
+content = "yes\n"
+group = "extra"
+[[layers]]
+group = "base"
+[[layers]]
+group = "extra"
+"#
+    )
+}
+
+#[test]
+fn image_bases_from_an_archive_and_a_registry_give_the_same_image() {
+    require_tool("skopeo", "skopeo");
+    let t = tempfile::tempdir().unwrap();
+    let base_index = build(&demo(), t.path(), &[]);
+    let layout = t.path().join("out");
+    let from_layout = {
+        let w = tempfile::tempdir().unwrap();
+        let r = write_recipe(
+            w.path(),
+            &derived_recipe(&format!("oci:{}:{TAG}", layout.display()), &base_index),
+        );
+        build(&r, w.path(), &[])
+    };
+
+    let archive = t.path().join("base.tar");
+    ok(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci-archive:{}", archive.display())));
+    let w = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(
+            &format!("oci-archive:{}:{TAG}", archive.display()),
+            &base_index,
+        ),
+    );
+    assert_eq!(build(&r, w.path(), &[]), from_layout);
+
+    let registry = kubeslot_test_support::Registry::start();
+    let push = Command::new("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--all",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .arg(format!("docker://{}/kubeslot/demo:{TAG}", registry.host()))
+        .output()
+        .unwrap();
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let w = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(
+            &format!("{}/kubeslot/demo:{TAG}", registry.host()),
+            &base_index,
+        ),
+    );
+    assert_eq!(build(&r, w.path(), &[]), from_layout);
+
+    // The same registry image pinned at another digest is refused.
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000002";
+    let r = write_recipe(
+        w.path(),
+        &derived_recipe(&format!("{}/kubeslot/demo:{TAG}", registry.host()), wrong),
+    );
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(w.path().join("cache2"))
+            .arg("build")
+            .arg(&r)
+            .arg("--output")
+            .arg(format!("oci:{}", w.path().join("out2").display())),
+    );
+    assert!(err.contains(wrong), "{err}");
+    assert!(!w.path().join("out2").exists());
+}
+
+/// Compares `actual` with a golden file (`UPDATE_GOLDEN=1` rewrites it).
+fn golden(name: &str, actual: &str) {
+    let path = workspace_root().join("testdata").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        actual,
+        want,
+        "{} differs (UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+/// What users read: `build --help` and `check --help`.
+#[test]
+fn help_snapshots() {
+    for cmd in ["build", "check"] {
+        let out = ok(bin().args([cmd, "--help"]).env("COLUMNS", "100"));
+        golden(&format!("help/builder-{cmd}.txt"), &out);
+    }
+}
+
+/// What the world sees of the demo: its amd64 manifest and config, pretty-printed.
+#[test]
+fn demo_documents_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let summary = json_summary(&demo(), t.path());
+    let blobs = t.path().join("out/blobs/sha256");
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(blobs.join(hex)).unwrap()).unwrap()
+    };
+    let manifest = read(summary["manifests"][0]["digest"].as_str().unwrap());
+    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    golden(
+        "golden/demo-amd64-manifest.json",
+        &(serde_json::to_string_pretty(&manifest).unwrap() + "\n"),
+    );
+    golden(
+        "golden/demo-amd64-config.json",
+        &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
+    );
+}
+
+#[test]
+fn an_empty_output_directory_is_filled_and_a_foreign_one_refused() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("out")).unwrap();
+    let digest = build(&demo(), t.path(), &[]);
+    assert!(t.path().join("out/index.json").is_file(), "{digest}");
+
+    let foreign = t.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "keep me").unwrap();
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", foreign.display())),
+    );
+    assert!(err.contains("not an OCI image layout"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&foreign)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("notes.txt")]);
+    let stray: Vec<String> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(stray.is_empty(), "staging left behind: {stray:?}");
+}
+
+#[test]
+fn zstd_layers_are_reproducible_and_readable_by_skopeo() {
+    require_tool("skopeo", "skopeo");
+    let text = demo_text().replace("compression = \"gzip\"", "compression = \"zstd\"");
+    assert_ne!(text, demo_text());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ra = write_recipe(a.path(), &text);
+    let rb = write_recipe(b.path(), &text);
+    let sa = json_summary(&ra, a.path());
+    let sb = json_summary(&rb, b.path());
+    assert_eq!(sa["index"], sb["index"]);
+    let gzip = json_summary(&demo(), tempfile::tempdir().unwrap().path());
+    for i in 0..4 {
+        let (z, g) = (
+            &sa["manifests"][0]["layers"][i],
+            &gzip["manifests"][0]["layers"][i],
+        );
+        assert_eq!(
+            z["media_type"],
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+        );
+        assert_eq!(
+            z["diff_id"], g["diff_id"],
+            "same tar under both compressions"
+        );
+    }
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("oci:{}:{TAG}", a.path().join("out").display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+}
