@@ -4,15 +4,18 @@
 
 mod assemble;
 mod cmd;
+mod creds;
 mod debian;
 mod fetch;
 mod output;
 mod progress;
+mod publish;
 mod recipe;
 mod registry;
 mod rootfs;
 mod sbom;
 mod sign;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +46,11 @@ enum Command {
     /// Build one platform's Debian-family package base from its lock into a
     /// normalised rootfs tar (the step `build` runs for such a base).
     Base(cmd::base::BaseArgs),
+    Push(cmd::push::PushArgs),
+    Keygen(cmd::keygen::KeygenArgs),
+    Sign(cmd::sign::SignArgs),
+    Copy(cmd::copy::CopyArgs),
+    Sbom(cmd::sbom::SbomArgs),
 }
 
 fn main() {
@@ -50,7 +58,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KUBESLOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,oci_client=error")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -71,6 +79,11 @@ fn main() {
                 println!("{}", env!("CARGO_PKG_VERSION"));
                 Ok(())
             }
+            Command::Push(args) => cmd::push::run(args, &global).await,
+            Command::Keygen(args) => cmd::keygen::run(args, &global).await,
+            Command::Sign(args) => cmd::sign::run(args, &global).await,
+            Command::Copy(args) => cmd::copy::run(args, &global).await,
+            Command::Sbom(args) => cmd::sbom::run(args, &global).await,
         }
     });
     if let Err(e) = result {

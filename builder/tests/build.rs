@@ -139,7 +139,8 @@ fn umoci_unpacks_the_expected_tree_and_skopeo_reads_it() {
         String::from_utf8_lossy(&inspect.stderr)
     );
     let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
-    assert_eq!(info["Layers"].as_array().unwrap().len(), 4, "{info}");
+    // base, kubernetes, runtime, config + the SBOM layer (publishing)
+    assert_eq!(info["Layers"].as_array().unwrap().len(), 5, "{info}");
     assert_eq!(info["Created"], "2023-11-14T22:13:20Z");
     let raw = Command::new("skopeo")
         .arg("inspect")
@@ -407,8 +408,8 @@ fn image_base_is_checked_against_its_pinned_digest() {
     let amd = &summary["manifests"][0]["layers"];
     assert_eq!(
         amd.as_array().unwrap().len(),
-        5,
-        "4 base layers + 1: {summary}"
+        7,
+        "5 base layers (4 + the base's SBOM) + 1 + this image's SBOM: {summary}"
     );
     let base = json_summary(&demo(), t.path());
     for i in 0..4 {
@@ -511,6 +512,13 @@ fn an_existing_layout_gets_the_image_added() {
         .as_array()
         .unwrap()
         .iter()
+        // the `sha256-<hex>.sbom` attachments (publishing) are not images
+        .filter(|m| {
+            !m["annotations"]["org.opencontainers.image.ref.name"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256-")
+        })
         .map(|m| {
             (
                 m["annotations"]["org.opencontainers.image.ref.name"]

@@ -9,8 +9,10 @@
 //! activator library, and only then moved into place. A failure at any step
 //! leaves the output as it was.
 //!
-//! It deliberately does not sign, push or write an SBOM (other subcommands),
-//! and the Debian package base is built by `crate::debian` (see
+//! Publishing hooks in at three marked places (see `crate::publish`):
+//! each platform gets an SBOM layer, the staged layout gets the `.sbom` and,
+//! with `--sign-key`, `.sig` attachments, and `--push` uploads the output.
+//! The Debian package base is built by `crate::debian` (see
 //! [`base_layers`], the one place a platform's base comes from).
 
 use std::collections::BTreeMap;
@@ -69,6 +71,16 @@ pub struct Args {
     /// `org.opencontainers.image.revision=$GITHUB_SHA`). Repeatable.
     #[arg(long, value_name = "KEY=VALUE")]
     pub annotation: Vec<String>,
+    /// Sign the index and every platform manifest with this private key
+    /// (PKCS#8 PEM from `keygen`); the signatures travel in the output.
+    #[arg(long, value_name = "KEY")]
+    pub sign_key: Option<PathBuf>,
+    /// Then push the output, with its signatures and SBOMs, to this registry
+    /// reference (`registry/repository[:tag]`).
+    #[arg(long, value_name = "REF")]
+    pub push: Option<kubeslot_activator::ImageRef>,
+    #[command(flatten)]
+    pub registry: crate::registry::RegistryOptions,
 }
 
 /// Arguments of the hidden `bench-layer` subcommand.
@@ -108,6 +120,10 @@ struct Plan {
     inputs: Vec<(Platform, Vec<Input>)>,
     base_image: Option<ResolvedBaseImage>,
     annotations: BTreeMap<String, String>,
+    /// `--sign-key`, loaded while planning so a bad key fails first.
+    sign_key: Option<p256::ecdsa::SigningKey>,
+    /// What the signatures name (`--push` repository, else the recipe name).
+    identity: String,
 }
 
 /// A base image read through the activator's `Source` (layout, archive or
@@ -131,7 +147,20 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
         .target
         .clone()
         .ok_or_else(|| anyhow!("--output is required (oci:DIR[:TAG] or oci-archive:FILE[:TAG])"))?;
-    let summary = execute(&plan, &target, global).await?;
+    let mut summary = execute(&plan, &target, global).await?;
+    if let Some(dest) = &args.push {
+        let pushed = crate::publish::push_output(
+            &target,
+            &plan.tag,
+            dest,
+            &args.registry,
+            plan.sign_key.as_ref(),
+            &global.progress,
+        )
+        .await?;
+        summary.lines.push(format!("pushed {pushed}"));
+        summary.json["pushed"] = serde_json::to_value(&pushed)?;
+    }
     if global.json {
         println!("{}", serde_json::to_string_pretty(&summary.json)?);
     } else {
@@ -220,6 +249,15 @@ fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
             .ok_or_else(|| anyhow!("--annotation {a:?}: expected KEY=VALUE"))?;
         annotations.insert(k.to_string(), v.to_string());
     }
+    let sign_key = args
+        .sign_key
+        .as_deref()
+        .map(crate::sign::load_key)
+        .transpose()?;
+    let identity = match &args.push {
+        Some(r) => r.name(),
+        None => recipe.file.name.clone(),
+    };
     Ok(Plan {
         recipe,
         target,
@@ -227,6 +265,8 @@ fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
         inputs,
         base_image,
         annotations,
+        sign_key,
+        identity,
     })
 }
 
@@ -431,13 +471,54 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
                         comment,
                     ));
                 }
-                anyhow::Ok(PlatformImage {
-                    platform: platform.clone(),
-                    layers,
-                })
+                // Publishing: this platform's SBOM, embedded as its own layer.
+                let sbom = crate::publish::platform_sbom(
+                    recipe,
+                    &plan.tag,
+                    base_pin(plan, platform),
+                    &files,
+                );
+                let mut tree = Tree::new();
+                tree.insert(
+                    &format!("/{}", crate::sbom::IMAGE_PATH),
+                    Entry::root(
+                        Kind::File(Data::Bytes(Arc::new(sbom.clone()))),
+                        0o644,
+                        epoch,
+                    ),
+                )?;
+                if let Some(shape) = &base.shape {
+                    tree.fit_onto(shape)?;
+                }
+                let dir = blob_dir.clone();
+                let blob =
+                    tokio::task::spawn_blocking(move || tree.write_layer(&dir, compression, epoch))
+                        .await
+                        .expect("layer writer does not panic")
+                        .with_context(|| format!("layer sbom ({platform})"))?;
+                layers.push(layer_desc(
+                    &blob,
+                    "sbom",
+                    epoch,
+                    "kubeslot-builder: sbom".into(),
+                    format!("SPDX 2.3 SBOM at /{}", crate::sbom::IMAGE_PATH),
+                ));
+                anyhow::Ok((
+                    PlatformImage {
+                        platform: platform.clone(),
+                        layers,
+                    },
+                    sbom,
+                ))
             }
         }))
         .await?;
+    let (images, sboms): (Vec<_>, Vec<_>) = images.into_iter().unzip();
+    let sboms: BTreeMap<Platform, Vec<u8>> = images
+        .iter()
+        .map(|i| i.platform.clone())
+        .zip(sboms)
+        .collect();
 
     let meta = ImageMeta {
         created: rfc3339(epoch),
@@ -459,11 +540,20 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         annotations: Default::default(),
     })?;
     let _ = std::fs::remove_dir_all(&work);
+    // Publishing: `.sbom` (and with --sign-key `.sig`) attachments.
+    crate::publish::attach(
+        &staged,
+        &plan.tag,
+        &assembled.manifests,
+        &sboms,
+        plan.sign_key.as_ref().map(|k| (k, plan.identity.as_str())),
+    )?;
+    let entries = staged.index()?.manifests;
     output::verify_layout(&staged, Some(&plan.tag), &index)?;
 
     match target {
         Target::Layout { dir, .. } => {
-            output::write_layout(&blobs, std::slice::from_ref(&entry), dir)?;
+            output::write_layout(&blobs, &entries, dir)?;
             output::verify_layout(&Layout::open(dir)?, Some(&plan.tag), &index)
                 .with_context(|| format!("re-reading {}", dir.display()))?;
         }
@@ -518,6 +608,16 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         "manifests": manifests_json,
     });
     Ok(Summary { index, lines, json })
+}
+
+/// The pinned base image of a platform, for the SBOM.
+fn base_pin(plan: &Plan, platform: &Platform) -> Option<(String, Digest)> {
+    let b = plan.base_image.as_ref()?;
+    b.selected.get(platform)?;
+    match &plan.recipe.file.base {
+        BaseSpec::Image(i) => Some((i.image.clone(), i.digest)),
+        _ => None,
+    }
 }
 
 fn layer_desc(

@@ -7,6 +7,11 @@ pub mod base;
 pub mod build;
 pub mod check;
 pub mod lock;
+pub mod copy;
+pub mod keygen;
+pub mod push;
+pub mod sbom;
+pub mod sign;
 
 use std::path::PathBuf;
 
@@ -52,4 +57,16 @@ fn default_cache() -> PathBuf {
     }
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     PathBuf::from(home).join(".cache").join("kubeslot")
+}
+
+/// Prints a command's result: JSON with `--json`, else its `Display`.
+pub fn print<T: serde::Serialize + std::fmt::Display>(global: &Global, value: &T) {
+    if global.json {
+        println!(
+            "{}",
+            serde_json::to_string(value).expect("reports serialise")
+        );
+    } else {
+        println!("{value}");
+    }
 }

@@ -31,6 +31,7 @@ pub use error::DebianError;
 use lock::PlatformLock;
 
 use crate::fetch::Pinned;
+use crate::sbom::{PackageKind, SbomPackage};
 
 /// The name of the recipe's main archive in the lock and in `--mirror`.
 pub const BASE_REPO: &str = "base";
@@ -331,6 +332,33 @@ pub fn pinned(base: &DebianBase, platform: &PlatformLock) -> Result<Vec<Pinned>,
                 sha256,
                 size: Some(deb.size),
                 label: format!("deb {} {} ({})", deb.name, deb.version, deb.architecture),
+            })
+        })
+        .collect()
+}
+
+/// The SBOM entries of one platform's package base: every locked `.deb`
+/// with its version, sha256, `pkg:deb/debian/NAME@VERSION?arch=ARCH` purl
+/// and its pool path (the lock names no mirror, so neither does the SBOM:
+/// the same lock from any mirror gives the same image).
+pub fn sbom_packages(platform: &PlatformLock) -> Result<Vec<SbomPackage>, DebianError> {
+    platform
+        .packages
+        .iter()
+        .map(|deb| {
+            let sha256 = kubeslot_activator::Digest::from_hex(&deb.sha256).map_err(|e| {
+                DebianError::LockInvalid {
+                    path: "(lock)".into(),
+                    reason: format!("package {}: sha256: {e}", deb.name),
+                }
+            })?;
+            Ok(SbomPackage {
+                name: deb.name.clone(),
+                version: deb.version.clone(),
+                download_location: "NOASSERTION".into(),
+                sha256,
+                kind: PackageKind::DebianPackage,
+                purl: Some(deb.purl()),
             })
         })
         .collect()

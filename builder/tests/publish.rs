@@ -1,0 +1,875 @@
+//! Publishing, black box: the `kubeslot-builder` binary against a real
+//! Debian `docker-registry`, checked by independent tools: `skopeo` (pull
+//! back, carry signatures with `use-sigstore-attachments`), the sigstore
+//! project's own Rust library (cosign module, local public key, no network)
+//! and `pyspdxtools` (SPDX validation).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use kubeslot_activator::layout::Layout;
+use kubeslot_activator::oci::{
+    Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_REF_NAME,
+    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_MANIFEST,
+};
+use kubeslot_activator::Digest;
+use kubeslot_test_support::{require_tool, Registry};
+
+fn builder() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"))
+}
+
+fn check(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the builder with `args`, expecting success; returns stdout.
+fn run(args: &[&str]) -> String {
+    check(
+        &format!("kubeslot-builder {}", args.join(" ")),
+        builder().args(args).output().unwrap(),
+    )
+}
+
+/// Runs the builder with `--json`, returning the parsed report.
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(run(&all).trim()).unwrap()
+}
+
+fn skopeo(args: &[&str]) -> String {
+    let bin = require_tool("skopeo", "skopeo");
+    check(
+        &format!("skopeo {}", args.join(" ")),
+        Command::new(bin).args(args).output().unwrap(),
+    )
+}
+
+/// Deterministic pseudo-random bytes (incompressible, unlike zeros).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A tar holding one file of `len` noise bytes.
+fn layer(seed: u64, len: usize) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(len as u64);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    b.append_data(&mut h, format!("data/{seed}"), &noise(seed, len)[..])
+        .unwrap();
+    b.into_inner().unwrap()
+}
+
+/// Writes a two-platform image (index → amd64, arm64 manifests) tagged `tag`
+/// into the layout `dir`; each platform gets `layers` layers of the given
+/// sizes. Returns the index digest and the platform manifest digests.
+fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, Vec<Digest>) {
+    let layout = Layout::create(dir).unwrap();
+    let mut entries = Vec::new();
+    for (p, arch) in ["amd64", "arm64"].iter().enumerate() {
+        let mut descs = Vec::new();
+        let mut diff_ids = Vec::new();
+        for (i, size) in layers.iter().enumerate() {
+            let tar = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
+            diff_ids.push(Digest::of(&tar));
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, &tar).unwrap();
+            let bytes = gz.finish().unwrap();
+            let d = layout.blobs().put_bytes(&bytes).unwrap();
+            descs.push(Descriptor::new(
+                MEDIA_TYPE_LAYER_GZIP,
+                d,
+                bytes.len() as u64,
+            ));
+        }
+        let config = ImageConfig {
+            created: Some("2024-01-01T00:00:00Z".into()),
+            architecture: arch.to_string(),
+            os: "linux".into(),
+            variant: None,
+            config: None,
+            rootfs: RootFs {
+                kind: "layers".into(),
+                diff_ids,
+            },
+            history: vec![],
+        };
+        let config = serde_json::to_vec(&config).unwrap();
+        let cd = layout.blobs().put_bytes(&config).unwrap();
+        let manifest = Manifest {
+            schema_version: 2,
+            media_type: Some(MEDIA_TYPE_MANIFEST.into()),
+            artifact_type: None,
+            config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
+            layers: descs,
+            subject: None,
+            annotations: Default::default(),
+        };
+        let bytes = serde_json::to_vec(&manifest).unwrap();
+        let md = layout.blobs().put_bytes(&bytes).unwrap();
+        let mut e = Descriptor::new(MEDIA_TYPE_MANIFEST, md, bytes.len() as u64);
+        e.platform = Some(Platform::linux(arch));
+        entries.push(e);
+    }
+    let platforms = entries.iter().map(|e| e.digest).collect();
+    let index = Index {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_INDEX.into()),
+        manifests: entries,
+        annotations: Default::default(),
+    };
+    let bytes = serde_json::to_vec(&index).unwrap();
+    let id = layout.blobs().put_bytes(&bytes).unwrap();
+    let mut root = Descriptor::new(MEDIA_TYPE_INDEX, id, bytes.len() as u64);
+    root.annotations
+        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
+    layout
+        .write_index(&Index {
+            schema_version: 2,
+            media_type: Some(MEDIA_TYPE_INDEX.into()),
+            manifests: vec![root],
+            annotations: Default::default(),
+        })
+        .unwrap();
+    (id, platforms)
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// The sigstore project's cosign verification over a registry image
+/// (`host/repo@sha256:…`) with a local public key; `Err` says why not.
+fn sigstore_verify(image: &str, public_key: &Path) -> Result<(), String> {
+    use sigstore::cosign::verification_constraint::{PublicKeyVerifier, VerificationConstraintVec};
+    use sigstore::cosign::{ClientBuilder, CosignCapabilities as _};
+    let pem = std::fs::read(public_key).unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let config = sigstore::registry::ClientConfig {
+                protocol: sigstore::registry::ClientProtocol::Http,
+                ..Default::default()
+            };
+            let mut client = ClientBuilder::default()
+                .with_oci_client_config(config)
+                .build()
+                .map_err(|e| format!("client: {e}"))?;
+            let reference: sigstore::registry::OciReference =
+                image.parse().map_err(|e| format!("reference: {e:?}"))?;
+            let layers = client
+                .trusted_signature_layers(&sigstore::registry::Auth::Anonymous, &reference)
+                .await
+                .map_err(|e| format!("signature layers: {e}"))?;
+            let verifier = PublicKeyVerifier::try_from(&pem).map_err(|e| format!("key: {e}"))?;
+            let constraints: VerificationConstraintVec = vec![Box::new(verifier)];
+            sigstore::cosign::verify_constraints(&layers, constraints.iter())
+                .map_err(|e| format!("{} layer(s), unsatisfied: {e:?}", layers.len()))
+        })
+}
+
+fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let prefix = dir.join(name);
+    run(&["keygen", "--out", p(&prefix)]);
+    (
+        dir.join(format!("{name}.key")),
+        dir.join(format!("{name}.pub")),
+    )
+}
+
+/// Digests of every blob file in a layout.
+fn blob_set(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn push_pull_back_sign_and_sigstore_verifies() {
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, platforms) = write_image(&src, "v1", 1, &[4096, 70_000]);
+
+    let image = format!("{}/kube/node:v1", reg.host());
+    let report = run_json(&["push", &format!("oci:{}:v1", p(&src)), &image]);
+    assert_eq!(report["digest"], index.to_string());
+    assert_eq!(report["blobs_sent"].as_array().unwrap().len(), 6);
+
+    // skopeo pulls it back byte for byte: same index digest, same blobs.
+    let back = tmp.path().join("back");
+    skopeo(&[
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        &format!("docker://{image}"),
+        &format!("oci:{}:v1", p(&back)),
+    ]);
+    let back_index = Layout::open(&back).unwrap().index().unwrap();
+    assert_eq!(back_index.manifests[0].digest, index);
+    assert_eq!(blob_set(&back), blob_set(&src));
+
+    // Sign by digest; sigstore-rs accepts the index and each platform.
+    let keys = tmp.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let (key, public) = keygen(&keys, "release");
+    let (_, other_public) = keygen(&keys, "other");
+    let pinned = format!("{}/kube/node@{index}", reg.host());
+    let signed = run_json(&["sign", "--key", p(&key), &pinned]);
+    assert_eq!(signed["signed"].as_array().unwrap().len(), 3);
+    for d in std::iter::once(index).chain(platforms.iter().copied()) {
+        let at = format!("{}/kube/node@{d}", reg.host());
+        sigstore_verify(&at, &public).unwrap_or_else(|e| panic!("sigstore rejects {at}: {e}"));
+        // ... and rejects the same signature with another key.
+        let e = sigstore_verify(&at, &other_public).unwrap_err();
+        assert!(e.contains("unsatisfied"), "{e}");
+    }
+    // Signing again is idempotent (same deterministic signature layer).
+    let again = run_json(&["sign", "--key", p(&key), &pinned]);
+    assert_eq!(again["signed"], signed["signed"]);
+
+    // An unsigned image is rejected.
+    let unsigned_src = tmp.path().join("unsigned");
+    let (unsigned, _) = write_image(&unsigned_src, "v1", 2, &[1000]);
+    run(&[
+        "push",
+        &format!("oci:{}", p(&unsigned_src)),
+        &format!("{}/kube/unsigned:v1", reg.host()),
+    ]);
+    let e =
+        sigstore_verify(&format!("{}/kube/unsigned@{unsigned}", reg.host()), &public).unwrap_err();
+    assert!(e.contains("0 layer(s)"), "{e}");
+
+    // A valid signature whose payload names another digest (the amd64
+    // signature stored as the arm64 one) is rejected by sigstore and by us.
+    run(&[
+        "copy",
+        &format!(
+            "{}/kube/node:{}",
+            reg.host(),
+            platforms[0].attachment_tag("sig")
+        ),
+        &format!(
+            "{}/kube/unsigned:{}",
+            reg.host(),
+            unsigned.attachment_tag("sig")
+        ),
+    ]);
+    let e =
+        sigstore_verify(&format!("{}/kube/unsigned@{unsigned}", reg.host()), &public).unwrap_err();
+    assert!(e.contains("unsatisfied"), "{e}");
+    let out = builder()
+        .args([
+            "copy",
+            &format!("{}/kube/unsigned:v1", reg.host()),
+            &format!("oci:{}", p(&tmp.path().join("rejected"))),
+            "--verify-key",
+            p(&public),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("signature payload names digest {}", platforms[0])),
+        "{stderr}"
+    );
+    // A registry serving other bytes for a blob: the copy fails with one
+    // line naming the blob, and writes nothing.
+    let m: Manifest = Layout::open(&src)
+        .unwrap()
+        .read_json(&platforms[0], None)
+        .unwrap();
+    let victim = m.layers[1].digest;
+    let hex = victim.hex();
+    let data = reg
+        .storage()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(&hex)
+        .join("data");
+    let len = std::fs::metadata(&data).unwrap().len() as usize;
+    std::fs::write(&data, noise(99, len)).unwrap();
+    let dest = tmp.path().join("tampered");
+    let out = builder()
+        .args(["copy", &image, &format!("oci:{}", p(&dest))])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(&format!("blob {victim}")), "{stderr}");
+    assert!(!dest.exists(), "nothing is written from a bad source");
+}
+
+#[test]
+fn skopeo_carries_our_signature_and_copy_through_an_archive_keeps_it() {
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, platforms) = write_image(&src, "v1", 3, &[2048, 30_000]);
+    let (key, public) = keygen(tmp.path(), "k");
+    // Sign in the layout, then push: the .sig entries travel with the push.
+    run(&["sign", "--key", p(&key), &format!("oci:{}:v1", p(&src))]);
+    let pushed = run_json(&[
+        "push",
+        &format!("oci:{}:v1", p(&src)),
+        &format!("{}/kube/node:v1", reg.host()),
+        "--verify-key",
+        p(&public),
+    ]);
+    assert_eq!(pushed["attachments"].as_array().unwrap().len(), 3);
+    assert_eq!(pushed["verified"].as_array().unwrap().len(), 3);
+
+    // skopeo with use-sigstore-attachments carries the .sig to another path.
+    let regd = tmp.path().join("registries.d");
+    std::fs::create_dir(&regd).unwrap();
+    std::fs::write(
+        regd.join("default.yaml"),
+        "default-docker:\n  use-sigstore-attachments: true\n",
+    )
+    .unwrap();
+    skopeo(&[
+        "--registries.d",
+        p(&regd),
+        "copy",
+        "--all",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        &format!("docker://{}/kube/node:v1", reg.host()),
+        &format!("docker://{}/mirror/node:v1", reg.host()),
+    ]);
+    sigstore_verify(&format!("{}/mirror/node@{index}", reg.host()), &public)
+        .unwrap_or_else(|e| panic!("after skopeo copy: {e}"));
+
+    // copy registry → oci-archive → another registry path: same digest, the
+    // signatures of the index and both platforms still verify.
+    let archive = tmp.path().join("node.tar");
+    let out = run_json(&[
+        "copy",
+        &format!("{}/kube/node:v1", reg.host()),
+        &format!("oci-archive:{}:v1", p(&archive)),
+    ]);
+    assert_eq!(out["digest"], index.to_string());
+    let landed = run_json(&[
+        "copy",
+        &format!("oci-archive:{}:v1", p(&archive)),
+        &format!("{}/airgap/node:v1", reg.host()),
+        "--verify-key",
+        p(&public),
+    ]);
+    assert_eq!(landed["digest"], index.to_string());
+    for d in std::iter::once(index).chain(platforms) {
+        sigstore_verify(&format!("{}/airgap/node@{d}", reg.host()), &public)
+            .unwrap_or_else(|e| panic!("after the archive round trip, {d}: {e}"));
+    }
+    let inspect = skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!("docker://{}/airgap/node:v1", reg.host()),
+    ]);
+    assert_eq!(Digest::of(inspect.as_bytes()), index);
+}
+
+#[test]
+fn sbom_validates_with_spdx_tools_and_is_attached() {
+    let pyspdxtools = require_tool(
+        "pyspdxtools",
+        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+    );
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, _) = write_image(&src, "v1", 4, &[1000]);
+    let packages = [
+        (
+            "kubelet",
+            "v1.35.0",
+            "component",
+            "pkg:generic/kubelet@v1.35.0",
+        ),
+        (
+            "containerd",
+            "1.6.20",
+            "debian-package",
+            "pkg:deb/debian/containerd@1.6.20?arch=amd64",
+        ),
+        ("base", "bookworm", "base-image", "pkg:oci/base@sha256%3A00"),
+    ];
+    let input = serde_json::json!({
+        "name": "demo-node",
+        "version": "1.0.0",
+        "created": 1_700_000_000u64,
+        "packages": packages.iter().map(|(n, v, k, purl)| serde_json::json!({
+            "name": n, "version": v, "kind": k, "purl": purl,
+            "download_location": format!("https://downloads.invalid/{n}"),
+            "sha256": Digest::of(n.as_bytes()),
+        })).collect::<Vec<_>>(),
+    });
+    let input_file = tmp.path().join("input.json");
+    std::fs::write(&input_file, serde_json::to_vec(&input).unwrap()).unwrap();
+    let doc = tmp.path().join("sbom.spdx.json");
+    run(&[
+        "sbom",
+        "--input",
+        p(&input_file),
+        "--out",
+        p(&doc),
+        "--attach",
+        &format!("oci:{}:v1", p(&src)),
+    ]);
+    check(
+        "pyspdxtools",
+        Command::new(pyspdxtools)
+            .args(["-i", p(&doc)])
+            .output()
+            .unwrap(),
+    );
+    let spdx: serde_json::Value = serde_json::from_slice(&std::fs::read(&doc).unwrap()).unwrap();
+    for (name, ..) in packages {
+        let pkg = spdx["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(
+            pkg["checksums"][0],
+            serde_json::json!({"algorithm": "SHA256", "checksumValue": Digest::of(name.as_bytes()).hex()})
+        );
+    }
+    // Deterministic: the same input gives the same bytes.
+    let again = tmp.path().join("again.json");
+    run(&["sbom", "--input", p(&input_file), "--out", p(&again)]);
+    assert_eq!(std::fs::read(&doc).unwrap(), std::fs::read(&again).unwrap());
+
+    // The .sbom attachment travels with a push and names the image.
+    run(&[
+        "push",
+        &format!("oci:{}:v1", p(&src)),
+        &format!("{}/kube/node:v1", reg.host()),
+    ]);
+    let raw = skopeo(&[
+        "inspect",
+        "--raw",
+        "--tls-verify=false",
+        &format!(
+            "docker://{}/kube/node:{}",
+            reg.host(),
+            index.attachment_tag("sbom")
+        ),
+    ]);
+    let m: Manifest = serde_json::from_str(&raw).unwrap();
+    assert_eq!(m.subject.unwrap().digest, index);
+    assert_eq!(
+        m.layers[0].digest,
+        Digest::of(&std::fs::read(&doc).unwrap())
+    );
+}
+
+/// Lines of the registry's access log recording a finished blob upload.
+fn finished_uploads(log: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            l.contains("\"PUT /v2/") && l.contains("/blobs/uploads/") && l.contains("\" 201 ")
+        })
+        .count()
+}
+
+#[test]
+fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
+    let mut reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    // 2 platforms × 3 layers of 12 MB + 2 configs = 8 blobs.
+    let (index, _) = write_image(&src, "v1", 5, &[12 << 20, 12 << 20, 12 << 20]);
+    let image = format!("{}/kube/big:v1", reg.host());
+    let mut child = builder()
+        .args(["--json", "push", &format!("oci:{}:v1", p(&src)), &image])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the registry as soon as the first blob has landed.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while finished_uploads(&reg.log()) == 0 {
+        assert!(Instant::now() < deadline, "no blob upload finished");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "push ended before the registry was killed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    reg.kill();
+    let first = child.wait_with_output().unwrap();
+    assert!(
+        !first.status.success(),
+        "push succeeded against a dead registry"
+    );
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one-line error: {err}");
+    assert!(
+        err.contains("blob sha256:") || err.contains("manifest"),
+        "{err}"
+    );
+
+    let reg = reg.restart();
+    let image = format!("{}/kube/big:v1", reg.host());
+    let report = run_json(&["push", &format!("oci:{}:v1", p(&src)), &image]);
+    let sent = report["blobs_sent"].as_array().unwrap().len();
+    let skipped = report["blobs_skipped"].as_array().unwrap().len();
+    assert_eq!(sent + skipped, 8);
+    assert!(
+        skipped >= 1,
+        "nothing was kept from the first push: {report}"
+    );
+    assert!(sent >= 1, "the first push was not interrupted: {report}");
+    // The registry saw exactly the uploads the report claims.
+    assert_eq!(finished_uploads(&reg.log()), sent, "{}", reg.log());
+    assert_eq!(report["digest"], index.to_string());
+    let back = tmp.path().join("back");
+    skopeo(&[
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        &format!("docker://{image}"),
+        &format!("oci:{}:v1", p(&back)),
+    ]);
+    assert_eq!(blob_set(&back), blob_set(&src));
+}
+
+/// The demo recipe, built by the binary with `--sign-key --push`: the pushed
+/// index is the built one, skopeo pulls back the same digests, sigstore-rs
+/// accepts every signature, and the SBOM (embedded and attached) validates
+/// and lists every component with its pinned sha256.
+#[test]
+fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
+    let pyspdxtools = require_tool(
+        "pyspdxtools",
+        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+    );
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(tmp.path(), "release");
+    let recipe = kubeslot_test_support::workspace_root().join("testdata/recipes/demo.toml");
+    let out = tmp.path().join("out");
+    let image = format!("{}/kube/demo:v1", reg.host());
+    let summary = run_json(&[
+        "--progress",
+        "quiet",
+        "--cache",
+        p(&tmp.path().join("cache")),
+        "build",
+        p(&recipe),
+        "--output",
+        &format!("oci:{}", p(&out)),
+        "--sign-key",
+        p(&key),
+        "--push",
+        &image,
+    ]);
+    let index: Digest = summary["index"].as_str().unwrap().parse().unwrap();
+    assert_eq!(summary["pushed"]["digest"], index.to_string());
+    // index + 2 platforms signed; each platform's .sbom attached
+    assert_eq!(summary["pushed"]["verified"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        summary["pushed"]["attachments"].as_array().unwrap().len(),
+        5
+    );
+
+    let back = tmp.path().join("back");
+    skopeo(&[
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--src-tls-verify=false",
+        &format!("docker://{image}"),
+        &format!("oci:{}:v1", p(&back)),
+    ]);
+    let back_layout = Layout::open(&back).unwrap();
+    assert_eq!(back_layout.index().unwrap().manifests[0].digest, index);
+    assert!(blob_set(&back).is_subset(&blob_set(&out)));
+
+    let platforms: Vec<Descriptor> = back_layout
+        .read_json::<Index>(&index, None)
+        .unwrap()
+        .manifests;
+    for d in std::iter::once(index).chain(platforms.iter().map(|d| d.digest)) {
+        sigstore_verify(&format!("{}/kube/demo@{d}", reg.host()), &public)
+            .unwrap_or_else(|e| panic!("sigstore rejects {d}: {e}"));
+    }
+
+    // Our copy brings the .sbom attachments along; the amd64 one validates,
+    // equals the file embedded in the image, and lists every component.
+    let copied = tmp.path().join("copied");
+    run(&["copy", &image, &format!("oci:{}", p(&copied))]);
+    let copied = Layout::open(&copied).unwrap();
+    let amd64 = platforms
+        .iter()
+        .find(|d| d.platform.as_ref().unwrap().architecture == "amd64")
+        .unwrap();
+    let sbom_tag = amd64.digest.attachment_tag("sbom");
+    let entry = copied
+        .index()
+        .unwrap()
+        .manifests
+        .into_iter()
+        .find(|e| e.annotations.get(ANNOTATION_REF_NAME) == Some(&sbom_tag))
+        .expect("the .sbom attachment was copied");
+    let artifact: Manifest = copied.read_json(&entry.digest, Some(entry.size)).unwrap();
+    assert_eq!(artifact.subject.as_ref().unwrap().digest, amd64.digest);
+    let doc_bytes = copied
+        .blobs()
+        .read_verified(&artifact.layers[0].digest, None, 1 << 20)
+        .unwrap();
+    let doc_file = tmp.path().join("amd64.spdx.json");
+    std::fs::write(&doc_file, &doc_bytes).unwrap();
+    check(
+        "pyspdxtools",
+        Command::new(pyspdxtools)
+            .args(["-i", p(&doc_file)])
+            .output()
+            .unwrap(),
+    );
+
+    let manifest: Manifest = copied.read_json(&amd64.digest, None).unwrap();
+    let last = manifest.layers.last().unwrap();
+    let gz = std::fs::File::open(copied.blobs().path(&last.digest)).unwrap();
+    let mut embedded = None;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(gz));
+    for e in tar.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().to_str() == Some("usr/share/kubeslot/sbom.spdx.json") {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut v).unwrap();
+            embedded = Some(v);
+        }
+    }
+    assert_eq!(
+        embedded.as_deref(),
+        Some(&doc_bytes[..]),
+        "embedded = attached"
+    );
+
+    let spdx: serde_json::Value = serde_json::from_slice(&doc_bytes).unwrap();
+    let recipe: toml::Value = toml::from_str(&std::fs::read_to_string(&recipe).unwrap()).unwrap();
+    let components = recipe["components"].as_table().unwrap();
+    assert!(components.len() >= 5);
+    for (name, c) in components {
+        let pin = c["sha256"]["amd64"].as_str().unwrap();
+        let pkg = spdx["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("component {name} missing from the SBOM"));
+        assert_eq!(
+            pkg["checksums"][0]["checksumValue"],
+            pin.strip_prefix("sha256:").unwrap(),
+            "{name}"
+        );
+        assert_eq!(pkg["versionInfo"], c["version"].as_str().unwrap(), "{name}");
+    }
+}
+
+/// What users read: `--help` of the publishing subcommands (golden files
+/// under testdata/help; `UPDATE_GOLDEN=1` rewrites them).
+#[test]
+fn publishing_help_snapshots() {
+    for cmd in ["push", "sign", "keygen", "copy", "sbom"] {
+        let out = check(
+            cmd,
+            builder()
+                .args([cmd, "--help"])
+                .env("COLUMNS", "100")
+                .output()
+                .unwrap(),
+        );
+        let path = kubeslot_test_support::workspace_root()
+            .join("testdata/help")
+            .join(format!("builder-{cmd}.txt"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &out).unwrap();
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+        assert_eq!(out, want, "{} differs", path.display());
+    }
+}
+
+/// A `docker-registry` with htpasswd auth (user `kubeslot`, password
+/// `s3cret`, testdata/registry-auth), killed when dropped.
+struct AuthRegistry {
+    child: std::process::Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl AuthRegistry {
+    fn start() -> AuthRegistry {
+        let bin = require_tool("docker-registry", "docker-registry");
+        let dir = tempfile::tempdir().unwrap();
+        let htpasswd =
+            kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
+        let port = kubeslot_test_support::free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
+                 auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n\
+                 http:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("storage").display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "auth registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        AuthRegistry {
+            child,
+            host: format!("127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for AuthRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn credentials_refused_and_accepted_from_each_source() {
+    let reg = AuthRegistry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let (index, _) = write_image(&src, "v1", 6, &[1000]);
+    let image = format!("{}/kube/private:v1", reg.host);
+    let push = |envs: &[(&str, &str)], extra: &[&str]| {
+        let mut c = builder();
+        c.env_remove("KUBESLOT_REGISTRY_USER")
+            .env_remove("KUBESLOT_REGISTRY_PASSWORD")
+            .env("DOCKER_CONFIG", tmp.path().join("no-docker-config"))
+            .args(["push", &format!("oci:{}", p(&src)), &image])
+            .args(extra);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // Anonymous and wrong passwords are refused, in one line naming the registry.
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "kubeslot:nope\n").unwrap();
+    for out in [push(&[], &[]), push(&[], &["--creds-file", p(&wrong)])] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(&reg.host), "{err}");
+        assert!(
+            err.contains(&format!("registry {}: authentication refused", reg.host)),
+            "{err}"
+        );
+    }
+    // A creds file, the environment, a docker config: each is accepted.
+    let good = tmp.path().join("good");
+    std::fs::write(&good, "kubeslot:s3cret\n").unwrap();
+    check("creds file", push(&[], &["--creds-file", p(&good)]));
+    check(
+        "env",
+        push(
+            &[
+                ("KUBESLOT_REGISTRY_USER", "kubeslot"),
+                ("KUBESLOT_REGISTRY_PASSWORD", "s3cret"),
+            ],
+            &[],
+        ),
+    );
+    let docker = tmp.path().join("docker");
+    std::fs::create_dir(&docker).unwrap();
+    std::fs::write(
+        docker.join("config.json"),
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}}}}"#,
+            reg.host
+        ),
+    )
+    .unwrap();
+    check("docker config", push(&[("DOCKER_CONFIG", p(&docker))], &[]));
+    // A --creds-file in docker config format, and one naming only another registry.
+    let config = docker.join("config.json");
+    check(
+        "creds file (docker config)",
+        push(&[], &["--creds-file", p(&config)]),
+    );
+    let other = tmp.path().join("other.json");
+    std::fs::write(
+        &other,
+        r#"{"auths":{"elsewhere.example":{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}"#,
+    )
+    .unwrap();
+    let out = push(&[], &["--creds-file", p(&other)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("no auths entry for registry {}", reg.host)),
+        "{err}"
+    );
+    // The registry holds our index, byte for byte, behind those credentials.
+    let out = Command::new("skopeo")
+        .args([
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            "--creds",
+            "kubeslot:s3cret",
+        ])
+        .arg(format!("docker://{image}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(Digest::of(&out.stdout), index);
+}
