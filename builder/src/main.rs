@@ -40,11 +40,7 @@ enum Command {
     BenchLayer(cmd::build::BenchLayerArgs),
     /// Print the version and exit.
     Version,
-    /// Resolve a Debian-family package base with apt into RECIPE.lock
-    /// (every .deb pinned by sha256), or check that the lock is current.
     Lock(cmd::lock::LockArgs),
-    /// Build one platform's Debian-family package base from its lock into a
-    /// normalised rootfs tar (the step `build` runs for such a base).
     Base(cmd::base::BaseArgs),
     Push(cmd::push::PushArgs),
     Keygen(cmd::keygen::KeygenArgs),

@@ -1,8 +1,10 @@
-//! Black-box tests of the Debian package base: `lock`, `lock --check` and
-//! `base` against Debian bookworm from this machine's configured mirror.
-//! `.deb`s reach the machine only through apt (`lock --download`) and are
-//! then served by a loopback `python3 -m http.server`, which the builder's
-//! own fetch uses; they are cached under /var/cache/kubeslot-test/ by sha256.
+//! Black-box tests of the Debian package base: `lock`, `lock --check`,
+//! `build` (and `base`) of `testdata/recipes/bookworm-base.toml` against
+//! Debian bookworm from this machine's configured mirror. `.deb`s reach the
+//! machine only through apt (`lock --download`) and are then served by a
+//! loopback `python3 -m http.server`, which the builder's own fetch uses;
+//! apt's downloads are cached under /var/cache/kubeslot-test/apt-debs/ by
+//! sha256, so only the first run on a machine downloads them.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -100,6 +102,7 @@ struct Deb {
     version: String,
     architecture: String,
     path: String,
+    size: u64,
     sha256: String,
 }
 
@@ -186,26 +189,74 @@ fn fixture() -> &'static Fixture {
     })
 }
 
+/// A temp copy of the recipe and its lock, building amd64 only (the host:
+/// arm64 is locked but installing it needs qemu-user). `platforms` is outside
+/// `[base]`, so the lock stays current.
 fn copy_recipe(f: &Fixture, dir: &Path) -> PathBuf {
     let recipe = dir.join("bookworm-base.toml");
-    std::fs::copy(&f.recipe, &recipe).unwrap();
+    let text = std::fs::read_to_string(&f.recipe).unwrap().replace(
+        "platforms = [\"linux/amd64\", \"linux/arm64\"]",
+        "platforms = [\"linux/amd64\"]",
+    );
+    assert!(text.contains("platforms = [\"linux/amd64\"]"));
+    std::fs::write(&recipe, text).unwrap();
     std::fs::write(recipe.with_extension("lock"), &f.lock_text).unwrap();
     recipe
 }
 
+/// `build RECIPE --mirror MIRROR --cache CACHE --output oci:OUT --json`.
 fn build(recipe: &Path, mirror: &str, cache: &Path, out: &Path) -> Output {
     builder(&[
-        "base",
+        "build",
         recipe.to_str().unwrap(),
-        "--platform",
-        "amd64",
         "--mirror",
         mirror,
         "--cache",
         cache.to_str().unwrap(),
+        "--progress",
+        "quiet",
+        "--json",
         "--output",
-        out.to_str().unwrap(),
+        &format!("oci:{}", out.display()),
     ])
+}
+
+/// (group, layer digest) of the single manifest of a `build --json` summary.
+fn layers(summary: &str) -> Vec<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(summary).unwrap();
+    let manifests = v["manifests"].as_array().unwrap();
+    assert_eq!(manifests.len(), 1, "{summary}");
+    manifests[0]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["group"].as_str().unwrap().to_string(),
+                l["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Unpacks the layer of `group` from the layout `out` into `dest`.
+fn unpack_layer(out: &Path, summary: &str, group: &str, dest: &Path) {
+    let (_, digest) = layers(summary)
+        .into_iter()
+        .find(|(g, _)| g == group)
+        .unwrap_or_else(|| panic!("no layer {group}: {summary}"));
+    let blob = out
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap());
+    std::fs::create_dir_all(dest).unwrap();
+    let st = Command::new("tar")
+        .arg("-xzf")
+        .arg(&blob)
+        .arg("-C")
+        .arg(dest)
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar -xzf {}", blob.display());
 }
 
 #[test]
@@ -220,6 +271,7 @@ fn lock_pins_both_platforms_and_names_no_mirror() {
     assert_eq!(arches, ["amd64", "arm64"]);
     for p in &f.lock.platform {
         let names: BTreeSet<&str> = p.package.iter().map(|d| d.name.as_str()).collect();
+        // The recipe's packages and the minbase (Essential + required).
         for want in [
             "systemd",
             "dbus",
@@ -227,51 +279,50 @@ fn lock_pins_both_platforms_and_names_no_mirror() {
             "iproute2",
             "dpkg",
             "base-files",
+            "apt",
+            "mawk",
         ] {
             assert!(names.contains(want), "{} lock lacks {want}", p.arch);
         }
+        assert_eq!(names.len(), p.package.len(), "a package is locked twice");
         for d in &p.package {
             assert!(d.path.starts_with("pool/"), "{}", d.path);
             assert!(d.architecture == p.arch || d.architecture == "all");
+            assert_eq!(d.sha256.len(), 64);
+            assert!(d.size > 0);
         }
     }
-    ok(builder(&["lock", f.recipe.to_str().unwrap(), "--check"]));
+    let out = ok(builder(&["lock", f.recipe.to_str().unwrap(), "--check"]));
+    assert!(out.contains("up to date"), "{out}");
 }
 
 #[test]
-fn build_twice_from_the_lock_is_identical_and_runs_systemctl() {
+fn build_twice_from_the_lock_is_identical_runs_systemctl_and_lists_every_package() {
     require_tool("chroot", "coreutils");
+    require_tool("tar", "tar");
     let f = fixture();
     let mirror = Mirror::serve(&f.mirror_dir);
     let dir = tempfile::tempdir().unwrap();
     let recipe = copy_recipe(f, dir.path());
     let cache = dir.path().join("cache");
-    let a = dir.path().join("a.tar");
-    let b = dir.path().join("b.tar");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     // First build: every .deb through the builder's fetch from the loopback mirror.
     let first = ok(build(&recipe, &mirror.url, &cache, &a));
     drop(mirror);
     // Second build: offline (nothing listens on port 1), from the cache only.
     let second = ok(build(&recipe, "http://127.0.0.1:1/debian", &cache, &b));
-    let digest = |s: &str| s.split_whitespace().next().unwrap().to_string();
-    assert!(digest(&first).starts_with("sha256:"), "{first}");
+    let (la, lb) = (layers(&first), layers(&second));
+    assert_eq!(la[0].0, "base");
     assert_eq!(
-        digest(&first),
-        digest(&second),
-        "two builds of one lock differ"
+        la[0], lb[0],
+        "two builds of one lock give different base layers"
     );
-    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+    assert_eq!(la, lb);
+    let index = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap()["index"].clone();
+    assert_eq!(index(&first), index(&second));
 
     let root = dir.path().join("rootfs");
-    std::fs::create_dir(&root).unwrap();
-    let st = Command::new("tar")
-        .arg("-xf")
-        .arg(&a)
-        .arg("-C")
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    unpack_layer(&a, &first, "base", &root);
     let out = Command::new("chroot")
         .arg(&root)
         .args(["systemctl", "--version"])
@@ -291,37 +342,72 @@ fn build_twice_from_the_lock_is_identical_and_runs_systemctl() {
             "dpkg-query",
             "-W",
             "-f",
-            "${Package} ${Version} ${Architecture}\\n",
+            "${Package} ${Version} ${Architecture} ${db:Status-Abbrev}\\n",
         ])
         .output()
         .unwrap();
     assert!(out.status.success());
     let installed: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(str::to_string)
+        .map(|l| l.trim_end().to_string())
         .collect();
     let locked: BTreeSet<String> = f
         .amd64()
         .package
         .iter()
-        .map(|d| format!("{} {} {}", d.name, d.version, d.architecture))
+        .map(|d| format!("{} {} {} ii", d.name, d.version, d.architecture))
         .collect();
     assert_eq!(installed, locked);
     // Normalised: no logs, no machine identity, no build paths.
-    assert_eq!(
-        std::fs::metadata(root.join("etc/machine-id"))
-            .unwrap()
-            .len(),
-        0
-    );
+    let len = |p: &str| std::fs::metadata(root.join(p)).unwrap().len();
+    assert_eq!(len("etc/machine-id"), 0);
+    assert_eq!(len("etc/apt/sources.list"), 0);
     assert!(!root.join("var/log/dpkg.log").exists());
     assert!(!root.join("etc/hostname").exists());
-    assert_eq!(
-        std::fs::metadata(root.join("etc/apt/sources.list"))
-            .unwrap()
-            .len(),
-        0
-    );
+    assert!(!root.join("var/cache/ldconfig/aux-cache").exists());
+
+    // The SBOM embedded in the image lists every locked package.
+    let sbom_root = dir.path().join("sbom");
+    unpack_layer(&a, &first, "sbom", &sbom_root);
+    let text =
+        std::fs::read_to_string(sbom_root.join("usr/share/kubeslot/sbom.spdx.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let listed: BTreeSet<(String, String, String)> = doc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            let purl = p["externalRefs"]
+                .as_array()?
+                .iter()
+                .find(|r| r["referenceType"] == "purl")?["referenceLocator"]
+                .as_str()?
+                .to_string();
+            Some((
+                p["name"].as_str()?.to_string(),
+                p["checksums"][0]["checksumValue"].as_str()?.to_string(),
+                purl,
+            ))
+        })
+        .filter(|(_, _, purl)| purl.starts_with("pkg:deb/"))
+        .collect();
+    let want: BTreeSet<(String, String, String)> = f
+        .amd64()
+        .package
+        .iter()
+        .map(|d| {
+            let version = d.version.replace(':', "%3A").replace('+', "%2B");
+            (
+                d.name.clone(),
+                d.sha256.clone(),
+                format!(
+                    "pkg:deb/debian/{}@{version}?arch={}",
+                    d.name, d.architecture
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(listed, want, "the SBOM's .debs differ from the lock");
 }
 
 #[test]
@@ -338,6 +424,7 @@ fn a_deb_whose_bytes_differ_from_the_lock_is_refused() {
         .unwrap()
         .clone();
     let bad = dir.path().join("mirror");
+    let mut actual = String::new();
     for d in &f.amd64().package {
         let target = bad.join("debian").join(&d.path);
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
@@ -345,33 +432,48 @@ fn a_deb_whose_bytes_differ_from_the_lock_is_refused() {
         if d.name == victim.name {
             let n = bytes.len();
             bytes[n / 2] ^= 0xff;
+            assert_eq!(bytes.len() as u64, victim.size);
+            actual = sha256_hex(&bytes);
         }
         std::fs::write(&target, bytes).unwrap();
     }
     let mirror = Mirror::serve(&bad);
     let cache = dir.path().join("cache");
-    let out_tar = dir.path().join("out.tar");
-    let err = failed(build(&recipe, &mirror.url, &cache, &out_tar));
+    let out = dir.path().join("out");
+    let err = failed(build(&recipe, &mirror.url, &cache, &out));
     assert!(
-        err.contains(&format!("{} {}", victim.name, victim.version)),
-        "{err}"
+        err.contains(&format!("deb {} {}", victim.name, victim.version)),
+        "the error does not name the package: {err}"
     );
     assert!(
-        err.contains(&victim.sha256) && err.contains("has sha256"),
-        "{err}"
+        err.contains(&format!("expected sha256:{}", victim.sha256)),
+        "the error does not name the expected digest: {err}"
     );
-    assert!(!out_tar.exists(), "a failed build wrote its output");
-    assert!(!cache.join("sha256").join(&victim.sha256).exists());
-    let leftovers: Vec<_> = std::fs::read_dir(cache.join("sha256"))
+    assert!(
+        err.contains(&format!("got sha256:{actual}")),
+        "the error does not name the actual digest: {err}"
+    );
+    assert!(!out.exists(), "a failed build wrote its output");
+    let cached: Vec<String> = std::fs::read_dir(cache.join("sha256"))
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.file_name().to_string_lossy().to_string())
         .collect();
-    assert!(leftovers.is_empty(), "temp files left in the cache");
+    assert!(!cached.contains(&victim.sha256));
+    assert!(!cached.contains(&actual));
+    assert!(
+        cached.iter().all(|n| n.len() == 64 && !n.starts_with('.')),
+        "temp files left in the cache: {cached:?}"
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 #[test]
-fn a_lock_older_than_the_recipe_is_refused() {
+fn a_lock_older_than_the_recipe_or_none_is_refused() {
     let f = fixture();
     let dir = tempfile::tempdir().unwrap();
     let recipe = copy_recipe(f, dir.path());
@@ -387,26 +489,31 @@ fn a_lock_older_than_the_recipe_is_refused() {
         err.contains("is stale") && err.contains(&f.lock.base_sha256),
         "{err}"
     );
-    let out_tar = dir.path().join("out.tar");
+    let out = dir.path().join("out");
     let cache = dir.path().join("c");
-    let err = failed(build(
-        &recipe,
-        "http://127.0.0.1:1/debian",
-        &cache,
-        &out_tar,
-    ));
+    let offline = "http://127.0.0.1:1/debian";
+    let err = failed(build(&recipe, offline, &cache, &out));
     assert!(err.contains("is stale"), "{err}");
-    assert!(!out_tar.exists());
+    assert!(!out.exists());
+    assert!(!cache.exists(), "a refused build fetched something");
+    let tar = dir.path().join("base.tar");
+    let err = failed(builder(&[
+        "base",
+        r,
+        "--mirror",
+        offline,
+        "--output",
+        tar.to_str().unwrap(),
+    ]));
+    assert!(err.contains("is stale"), "{err}");
+    assert!(!tar.exists());
     // No lock at all: the build refuses to run.
     std::fs::remove_file(recipe.with_extension("lock")).unwrap();
-    let err = failed(build(
-        &recipe,
-        "http://127.0.0.1:1/debian",
-        &cache,
-        &out_tar,
-    ));
+    let err = failed(build(&recipe, offline, &cache, &out));
     assert!(err.contains("has a package base but no lock"), "{err}");
-    assert!(!out_tar.exists());
+    assert!(!out.exists());
+    let err = failed(builder(&["lock", r, "--check"]));
+    assert!(err.contains("has a package base but no lock"), "{err}");
 }
 
 #[test]
@@ -441,4 +548,25 @@ fn a_package_that_does_not_resolve_is_a_clear_error() {
         !recipe.with_extension("lock").exists(),
         "a failed lock wrote a lock"
     );
+}
+
+/// What users read: `lock --help` and `base --help` (golden files under
+/// testdata/help; `UPDATE_GOLDEN=1` rewrites them).
+#[test]
+fn help_snapshots() {
+    for cmd in ["lock", "base"] {
+        let out = Command::new(BIN)
+            .args([cmd, "--help"])
+            .env("COLUMNS", "100")
+            .output()
+            .unwrap();
+        let text = ok(out);
+        let path = workspace_root().join(format!("testdata/help/builder-{cmd}.txt"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &text).unwrap();
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
+        assert_eq!(text, want, "{} differs (UPDATE_GOLDEN=1)", path.display());
+    }
 }

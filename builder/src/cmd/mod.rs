@@ -6,9 +6,9 @@
 pub mod base;
 pub mod build;
 pub mod check;
-pub mod lock;
 pub mod copy;
 pub mod keygen;
+pub mod lock;
 pub mod push;
 pub mod sbom;
 pub mod sign;

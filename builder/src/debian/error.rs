@@ -59,22 +59,6 @@ pub enum DebianError {
     LockInvalid { path: PathBuf, reason: String },
     #[error("lock {lock} has no packages for platform {arch}: run `kubeslot-builder lock` again")]
     LockPlatformMissing { lock: PathBuf, arch: String },
-    #[error("{package} {version}: {url} has sha256 {actual}, the lock pins {expected}")]
-    DebMismatch {
-        package: String,
-        version: String,
-        url: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("{package} {version}: {url} has {actual} bytes, the lock pins {expected}")]
-    DebSize {
-        package: String,
-        version: String,
-        url: String,
-        expected: u64,
-        actual: u64,
-    },
     #[error("{package} {version}: fetching {url}: {reason}")]
     Fetch {
         package: String,

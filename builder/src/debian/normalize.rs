@@ -120,10 +120,10 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
             .map_err(io_err(raw))?
             .map(|l| l.to_string_lossy().to_string());
         let rule = rule(&path, kind);
-        if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
-            if rule != Rule::Drop {
-                return Err(bad(format!("{path}: device node or fifo outside /dev")));
-            }
+        if (kind.is_character_special() || kind.is_block_special() || kind.is_fifo())
+            && rule != Rule::Drop
+        {
+            return Err(bad(format!("{path}: device node or fifo outside /dev")));
         }
         items.push(Item {
             path,
