@@ -46,7 +46,13 @@ pub struct DebianBase {
     pub components: Vec<String>,
     /// The archive URL (for Ubuntu a `snapshot.ubuntu.com` timestamp URL).
     /// `lock --mirror` / `build --mirror` replace it; the lock never names it.
+    /// `$(ARCH)` is replaced by the Debian architecture (as apt does).
     pub mirror: String,
+    /// The archive URL of one architecture where it differs from `mirror`
+    /// (Ubuntu's arm64 lives in `ubuntu-ports`), e.g.
+    /// `arch_mirrors.arm64 = "https://…/ubuntu-ports/…"`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arch_mirrors: BTreeMap<String, String>,
     /// Keyring that signs the archive's InRelease (a file on the build machine,
     /// or relative to the recipe).
     pub keyring: PathBuf,
@@ -66,7 +72,8 @@ pub struct DebianBase {
 pub struct ExtraRepository {
     /// A short name, used in the lock and in `--mirror NAME=URL` overrides.
     pub name: String,
-    /// Repository URL.
+    /// Repository URL (`$(ARCH)` is replaced by the architecture, as apt
+    /// does in sources.list).
     pub url: String,
     /// Suite, e.g. `noble` or `/` for a flat repository.
     pub suite: String,
@@ -86,18 +93,20 @@ impl DebianBase {
         kubeslot_activator::Digest::of(&json).hex()
     }
 
-    /// The repositories apt resolves against: the main archive first.
-    pub fn repositories(&self) -> Vec<Repository> {
+    /// The repositories apt resolves against for `arch` (URLs with
+    /// `$(ARCH)` filled in): the main archive first.
+    pub fn repositories(&self, arch: &str) -> Vec<Repository> {
+        let mirror = self.arch_mirrors.get(arch).unwrap_or(&self.mirror);
         let mut out = vec![Repository {
             name: BASE_REPO.to_string(),
-            url: self.mirror.clone(),
+            url: mirror.replace("$(ARCH)", arch),
             suite: self.suite.clone(),
             components: self.components.clone(),
             keyring: self.keyring.clone(),
         }];
         out.extend(self.extra_repositories.iter().map(|r| Repository {
             name: r.name.clone(),
-            url: r.url.clone(),
+            url: r.url.replace("$(ARCH)", arch),
             suite: r.suite.clone(),
             components: r.components.clone(),
             keyring: r.keyring.clone(),
@@ -118,10 +127,15 @@ impl DebianBase {
     }
 
     fn validate(&self, path: &Path) -> Result<(), DebianError> {
-        let bad = |reason: String| DebianError::Recipe {
+        self.check().map_err(|reason| DebianError::Recipe {
             path: path.to_path_buf(),
             reason,
-        };
+        })
+    }
+
+    /// The rules of the section beyond its schema (what `check` reports).
+    pub fn check(&self) -> Result<(), String> {
+        let bad = |reason: String| reason;
         if self.suite.is_empty() {
             return Err(bad("[base] suite is empty".into()));
         }
@@ -138,10 +152,15 @@ impl DebianBase {
             }
             seen.push(&r.name);
         }
-        for arch in self.arch_packages.keys() {
+        for (table, arch) in self
+            .arch_packages
+            .keys()
+            .map(|a| ("arch_packages", a))
+            .chain(self.arch_mirrors.keys().map(|a| ("arch_mirrors", a)))
+        {
             if !SUPPORTED_ARCHES.contains(&arch.as_str()) {
                 return Err(bad(format!(
-                    "[base.arch_packages] names `{arch}`; supported: {}",
+                    "[base.{table}] names `{arch}`; supported: {}",
                     SUPPORTED_ARCHES.join(", ")
                 )));
             }
@@ -149,9 +168,10 @@ impl DebianBase {
         Ok(())
     }
 
-    /// Applies `--mirror URL` (the main archive) and `--mirror NAME=URL`
-    /// (an extra repository) overrides; the lock does not change, since it
-    /// names pool paths only.
+    /// Applies `--mirror URL` (the main archive, every architecture),
+    /// `--mirror base.ARCH=URL` (the main archive of one architecture) and
+    /// `--mirror NAME=URL` (an extra repository) overrides; the lock does
+    /// not change, since it names pool paths only.
     pub fn apply_mirrors(&mut self, overrides: &[String]) -> Result<(), DebianError> {
         for value in overrides {
             let bad = |reason: &str| DebianError::MirrorOverride {
@@ -170,6 +190,12 @@ impl DebianBase {
             }
             if name == BASE_REPO {
                 self.mirror = url.to_string();
+                self.arch_mirrors.clear();
+            } else if let Some(arch) = name.strip_prefix("base.") {
+                if !SUPPORTED_ARCHES.contains(&arch) {
+                    return Err(bad("base.ARCH names amd64 or arm64"));
+                }
+                self.arch_mirrors.insert(arch.to_string(), url.to_string());
             } else if let Some(r) = self.extra_repositories.iter_mut().find(|r| r.name == name) {
                 r.url = url.to_string();
             } else {
@@ -307,7 +333,7 @@ pub fn lock_path_for(recipe: &Path) -> PathBuf {
 /// package, so a mismatch reads `deb dbus 1.14.10-1~deb12u1 (amd64): URL:
 /// sha256 mismatch: expected …, got …`.
 pub fn pinned(base: &DebianBase, platform: &PlatformLock) -> Result<Vec<Pinned>, DebianError> {
-    let repos = base.repositories();
+    let repos = base.repositories(&platform.arch);
     platform
         .packages
         .iter()
@@ -362,4 +388,85 @@ pub fn sbom_packages(platform: &PlatformLock) -> Result<Vec<SbomPackage>, Debian
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> DebianBase {
+        toml::from_str(
+            r#"
+suite = "noble"
+components = ["main"]
+mirror = "https://archive.invalid/ubuntu/20261101T000000Z"
+keyring = "k.gpg"
+packages = ["systemd"]
+arch_mirrors.arm64 = "https://archive.invalid/ubuntu-ports/20261101T000000Z"
+[[extra_repositories]]
+name = "nvidia"
+url = "https://nvidia.invalid/stable/deb/$(ARCH)"
+suite = "/"
+keyring = "n.gpg"
+packages = ["nvidia-container-toolkit"]
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn repositories_are_per_architecture() {
+        let b = base();
+        let urls =
+            |arch: &str| -> Vec<String> { b.repositories(arch).iter().map(|r| r.root()).collect() };
+        assert_eq!(
+            urls("amd64"),
+            [
+                "https://archive.invalid/ubuntu/20261101T000000Z/",
+                "https://nvidia.invalid/stable/deb/amd64/"
+            ]
+        );
+        assert_eq!(
+            urls("arm64"),
+            [
+                "https://archive.invalid/ubuntu-ports/20261101T000000Z/",
+                "https://nvidia.invalid/stable/deb/arm64/"
+            ]
+        );
+        assert_eq!(
+            b.requested("amd64"),
+            ["nvidia-container-toolkit", "systemd"]
+        );
+    }
+
+    #[test]
+    fn mirror_overrides() {
+        let mut b = base();
+        b.apply_mirrors(&["base.arm64=http://127.0.0.1:9/ports".into()])
+            .unwrap();
+        assert_eq!(b.repositories("arm64")[0].url, "http://127.0.0.1:9/ports");
+        b.apply_mirrors(&[
+            "http://127.0.0.1:9/all".into(),
+            "nvidia=file:///srv/nv/$(ARCH)".into(),
+        ])
+        .unwrap();
+        assert_eq!(b.repositories("arm64")[0].url, "http://127.0.0.1:9/all");
+        assert_eq!(b.repositories("arm64")[1].url, "file:///srv/nv/arm64");
+        let err = b.apply_mirrors(&["other=http://x/".into()]).unwrap_err();
+        assert!(err.to_string().contains("no extra repository"), "{err}");
+        let err = b
+            .apply_mirrors(&["base.s390x=http://x/".into()])
+            .unwrap_err();
+        assert!(err.to_string().contains("amd64 or arm64"), "{err}");
+        assert!(b.apply_mirrors(&["ftp://x/".into()]).is_err());
+    }
+
+    #[test]
+    fn the_base_digest_ignores_formatting_but_not_values() {
+        let a = base();
+        let mut b = base();
+        assert_eq!(a.sha256(), b.sha256());
+        b.packages.push("dbus".into());
+        assert_ne!(a.sha256(), b.sha256());
+    }
 }

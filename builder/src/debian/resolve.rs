@@ -37,7 +37,7 @@ fn resolve_platform(
     arch: &str,
     root: &Path,
 ) -> Result<(PlatformLock, AptRoot), DebianError> {
-    let repos = recipe.base.repositories();
+    let repos = recipe.base.repositories(arch);
     let apt = AptRoot::create(root, arch, &repos)?;
     tracing::info!("apt-get update");
     apt.update()?;
@@ -122,12 +122,14 @@ fn match_uris(
             .iter()
             .find_map(|r| u.url.strip_prefix(&r.root()).map(|p| (r, p)))
             .ok_or_else(|| DebianError::UriOutsideRepos { url: u.url.clone() })?;
-        // apt percent-encodes `:` and `+` in URLs; the index does not.
+        // apt percent-encodes `:` and `+` in URLs; the index does not. A
+        // flat repository's index may say `./name.deb`.
         let path = percent_decode(path);
+        let path = path.trim_start_matches("./");
         let entry = indexes[&repo.name]
             .iter()
             .find(|e| {
-                e.filename == path
+                e.filename.trim_start_matches("./") == path
                     && e.size == u.size
                     && u.sha256.as_ref().is_none_or(|h| *h == e.sha256)
             })
@@ -140,7 +142,7 @@ fn match_uris(
             version: entry.version.clone(),
             architecture: entry.architecture.clone(),
             repository: repo.name.clone(),
-            path: entry.filename.clone(),
+            path: entry.filename.trim_start_matches("./").to_string(),
             size: entry.size,
             sha256: entry.sha256.clone(),
         });
