@@ -25,7 +25,7 @@ fn main() {
         Cli::Unpack(args) => cli::unpack::run(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -83,7 +83,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
