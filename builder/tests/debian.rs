@@ -570,3 +570,171 @@ fn help_snapshots() {
         assert_eq!(text, want, "{} differs (UPDATE_GOLDEN=1)", path.display());
     }
 }
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A flat extra repository (like NVIDIA's: `suite = "/"`, `$(ARCH)` in its
+/// URL, its own keyring) is resolved into the same lock: a throwaway-signed
+/// loopback repository with one package built here with dpkg-deb.
+#[test]
+fn an_extra_flat_repository_is_locked_with_its_own_keyring() {
+    require_tool("gpg", "gpg");
+    require_tool("dpkg-deb", "dpkg");
+    require_tool("apt-ftparchive", "apt-utils");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The package.
+    let pkg = d.join("pkg");
+    std::fs::create_dir_all(pkg.join("DEBIAN")).unwrap();
+    std::fs::create_dir_all(pkg.join("usr/share/kubeslot-test-extra")).unwrap();
+    std::fs::write(
+        pkg.join("DEBIAN/control"),
+        "Package: kubeslot-test-extra\nVersion: 1.0-1\nArchitecture: all\n\
+         Maintainer: kubeslot tests <tests@kubeslot.invalid>\n\
+         Description: a package of an extra repository\n",
+    )
+    .unwrap();
+    std::fs::write(pkg.join("usr/share/kubeslot-test-extra/hello"), "hello\n").unwrap();
+    let repo = d.join("serve/extra/amd64");
+    std::fs::create_dir_all(&repo).unwrap();
+    let deb_path = repo.join("kubeslot-test-extra_1.0-1_all.deb");
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zgzip", "--build"])
+        .arg(&pkg)
+        .arg(&deb_path));
+    // The flat repository, signed with a throwaway key.
+    let packages = Command::new("apt-ftparchive")
+        .args(["packages", "."])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(packages.status.success());
+    std::fs::write(repo.join("Packages"), &packages.stdout).unwrap();
+    let release = Command::new("apt-ftparchive")
+        .args(["release", "."])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(release.status.success());
+    std::fs::write(repo.join("Release"), &release.stdout).unwrap();
+    let home = d.join("gnupg");
+    std::fs::create_dir(&home).unwrap();
+    let gpg = || {
+        let mut c = Command::new("gpg");
+        c.arg("--homedir").arg(&home).args(["--batch", "--yes"]);
+        c
+    };
+    run(gpg().args([
+        "--passphrase",
+        "",
+        "--quick-gen-key",
+        "kubeslot test extra repository",
+        "ed25519",
+        "sign",
+        "never",
+    ]));
+    run(gpg()
+        .arg("--clearsign")
+        .arg("--output")
+        .arg(repo.join("InRelease"))
+        .arg(repo.join("Release")));
+    let keyring = d.join("extra.gpg");
+    run(gpg().arg("--output").arg(&keyring).arg("--export"));
+    let mirror = Mirror::serve(&d.join("serve"));
+    let extra_url = format!("{}/extra/$(ARCH)", mirror.url.trim_end_matches("/debian"));
+
+    let recipe = d.join("r.toml");
+    let text =
+        std::fs::read_to_string(workspace_root().join("testdata/recipes/bookworm-base.toml"))
+            .unwrap()
+            .replace(
+                "platforms = [\"linux/amd64\", \"linux/arm64\"]",
+                "platforms = [\"linux/amd64\"]",
+            );
+    let text = format!(
+        "{text}\n[[base.extra_repositories]]\nname = \"extra\"\nurl = \"{extra_url}\"\n\
+         suite = \"/\"\nkeyring = \"extra.gpg\"\npackages = [\"kubeslot-test-extra\"]\n"
+    );
+    std::fs::write(&recipe, text).unwrap();
+    ok(builder(&[
+        "lock",
+        recipe.to_str().unwrap(),
+        "--mirror",
+        &debian_mirror(),
+    ]));
+    let lock_text = std::fs::read_to_string(recipe.with_extension("lock")).unwrap();
+    assert!(
+        !lock_text.contains("127.0.0.1"),
+        "the lock names the mirror"
+    );
+    let lock: toml::Value = toml::from_str(&lock_text).unwrap();
+    let platform = &lock["platform"][0];
+    let releases: Vec<&str> = platform["release"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["repository"].as_str().unwrap())
+        .collect();
+    assert_eq!(releases, ["base", "extra"]);
+    let inrelease = sha256_hex(&std::fs::read(repo.join("InRelease")).unwrap());
+    assert_eq!(
+        platform["release"][1]["inrelease_sha256"].as_str(),
+        Some(inrelease.as_str())
+    );
+    let extra: Vec<&toml::Value> = platform["package"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["repository"].as_str() == Some("extra"))
+        .collect();
+    assert_eq!(extra.len(), 1, "{lock_text}");
+    let deb = std::fs::read(&deb_path).unwrap();
+    assert_eq!(extra[0]["name"].as_str(), Some("kubeslot-test-extra"));
+    assert_eq!(
+        extra[0]["path"].as_str(),
+        Some("kubeslot-test-extra_1.0-1_all.deb")
+    );
+    assert_eq!(extra[0]["sha256"].as_str(), Some(sha256_hex(&deb).as_str()));
+    assert_eq!(extra[0]["size"].as_integer(), Some(deb.len() as i64));
+
+    // A repository signed by another key than the recipe names: refused.
+    let other = d.join("gnupg2");
+    std::fs::create_dir(&other).unwrap();
+    run(Command::new("gpg").arg("--homedir").arg(&other).args([
+        "--batch",
+        "--passphrase",
+        "",
+        "--quick-gen-key",
+        "someone else",
+        "ed25519",
+        "sign",
+        "never",
+    ]));
+    run(Command::new("gpg")
+        .arg("--homedir")
+        .arg(&other)
+        .arg("--batch")
+        .arg("--yes")
+        .arg("--output")
+        .arg(&keyring)
+        .arg("--export"));
+    std::fs::remove_file(recipe.with_extension("lock")).unwrap();
+    let err = failed(builder(&[
+        "lock",
+        recipe.to_str().unwrap(),
+        "--mirror",
+        &debian_mirror(),
+    ]));
+    assert!(
+        err.contains("apt-get update") && err.contains("NO_PUBKEY"),
+        "{err}"
+    );
+    assert!(!recipe.with_extension("lock").exists());
+}

@@ -677,6 +677,7 @@ fn base_packages(
         return Ok(Vec::new());
     };
     Ok(crate::debian::sbom_packages(
+        &d.base.base,
         d.lock.platform(&platform.architecture)?,
     )?)
 }

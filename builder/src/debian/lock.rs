@@ -62,10 +62,11 @@ pub struct LockedDeb {
 }
 
 impl LockedDeb {
-    /// `pkg:deb/debian/NAME@VERSION?arch=ARCH` (the purl an SBOM lists).
-    pub fn purl(&self) -> String {
+    /// `pkg:deb/VENDOR/NAME@VERSION?arch=ARCH` (the purl an SBOM lists;
+    /// VENDOR is `debian` or `ubuntu`, see [`super::DebianBase::vendor`]).
+    pub fn purl(&self, vendor: &str) -> String {
         format!(
-            "pkg:deb/debian/{}@{}?arch={}",
+            "pkg:deb/{vendor}/{}@{}?arch={}",
             self.name,
             purl_escape(&self.version),
             self.architecture
@@ -202,7 +203,7 @@ mod tests {
     fn purl_escapes_epoch_and_plus() {
         let p = &sample().platforms[0].packages[0];
         assert_eq!(
-            p.purl(),
+            p.purl("debian"),
             "pkg:deb/debian/libacl1@1%3A2.3.1-3%2Bb1?arch=amd64"
         );
     }

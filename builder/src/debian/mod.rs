@@ -61,6 +61,10 @@ pub struct DebianBase {
     /// Extra package names per architecture (`amd64`, `arm64`).
     #[serde(default)]
     pub arch_packages: BTreeMap<String, Vec<String>>,
+    /// The distribution, for package URLs in the SBOM
+    /// (`pkg:deb/VENDOR/…`): `debian` (the default) or `ubuntu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
     /// Additional apt repositories (e.g. NVIDIA's), pinned by the same lock.
     #[serde(default)]
     pub extra_repositories: Vec<ExtraRepository>,
@@ -141,6 +145,13 @@ impl DebianBase {
         }
         if self.packages.is_empty() {
             return Err(bad("[base] packages is empty".into()));
+        }
+        if let Some(v) = &self.vendor {
+            if !matches!(v.as_str(), "debian" | "ubuntu") {
+                return Err(bad(format!(
+                    "[base] vendor is `{v}`; known: debian, ubuntu"
+                )));
+            }
         }
         let mut seen = vec![BASE_REPO];
         for r in &self.extra_repositories {
@@ -364,10 +375,14 @@ pub fn pinned(base: &DebianBase, platform: &PlatformLock) -> Result<Vec<Pinned>,
 }
 
 /// The SBOM entries of one platform's package base: every locked `.deb`
-/// with its version, sha256, `pkg:deb/debian/NAME@VERSION?arch=ARCH` purl
+/// with its version, sha256, `pkg:deb/VENDOR/NAME@VERSION?arch=ARCH` purl
 /// and its pool path (the lock names no mirror, so neither does the SBOM:
 /// the same lock from any mirror gives the same image).
-pub fn sbom_packages(platform: &PlatformLock) -> Result<Vec<SbomPackage>, DebianError> {
+pub fn sbom_packages(
+    base: &DebianBase,
+    platform: &PlatformLock,
+) -> Result<Vec<SbomPackage>, DebianError> {
+    let vendor = base.vendor.as_deref().unwrap_or("debian");
     platform
         .packages
         .iter()
@@ -384,7 +399,7 @@ pub fn sbom_packages(platform: &PlatformLock) -> Result<Vec<SbomPackage>, Debian
                 download_location: "NOASSERTION".into(),
                 sha256,
                 kind: PackageKind::DebianPackage,
-                purl: Some(deb.purl()),
+                purl: Some(deb.purl(vendor)),
             })
         })
         .collect()
@@ -402,6 +417,7 @@ components = ["main"]
 mirror = "https://archive.invalid/ubuntu/20261101T000000Z"
 keyring = "k.gpg"
 packages = ["systemd"]
+vendor = "ubuntu"
 arch_mirrors.arm64 = "https://archive.invalid/ubuntu-ports/20261101T000000Z"
 [[extra_repositories]]
 name = "nvidia"
@@ -459,6 +475,49 @@ packages = ["nvidia-container-toolkit"]
             .unwrap_err();
         assert!(err.to_string().contains("amd64 or arm64"), "{err}");
         assert!(b.apply_mirrors(&["ftp://x/".into()]).is_err());
+    }
+
+    #[test]
+    fn pins_are_mirror_plus_pool_path_per_architecture() {
+        let deb = |repo: &str, path: &str| lock::LockedDeb {
+            name: "p".into(),
+            version: "1:2+b1".into(),
+            architecture: "arm64".into(),
+            repository: repo.into(),
+            path: path.into(),
+            size: 3,
+            sha256: "ab".repeat(32),
+        };
+        let platform = PlatformLock {
+            arch: "arm64".into(),
+            releases: vec![],
+            packages: vec![
+                deb("base", "pool/main/p/p/p_2_arm64.deb"),
+                deb("nvidia", "p_2_arm64.deb"),
+            ],
+        };
+        let pins = pinned(&base(), &platform).unwrap();
+        assert_eq!(
+            pins[0].url,
+            "https://archive.invalid/ubuntu-ports/20261101T000000Z/pool/main/p/p/p_2_arm64.deb"
+        );
+        assert_eq!(
+            pins[1].url,
+            "https://nvidia.invalid/stable/deb/arm64/p_2_arm64.deb"
+        );
+        assert_eq!(pins[0].size, Some(3));
+        assert_eq!(pins[0].label, "deb p 1:2+b1 (arm64)");
+        let sbom = sbom_packages(&base(), &platform).unwrap();
+        assert_eq!(
+            sbom[0].purl.as_deref(),
+            Some("pkg:deb/ubuntu/p@1%3A2%2Bb1?arch=arm64")
+        );
+        assert_eq!(sbom[0].kind, PackageKind::DebianPackage);
+
+        let mut stray = platform.clone();
+        stray.packages[1].repository = "gone".into();
+        let err = pinned(&base(), &stray).unwrap_err().to_string();
+        assert!(err.contains("repository `gone`"), "{err}");
     }
 
     #[test]
