@@ -157,10 +157,23 @@ fn fixture() -> &'static Fixture {
             .iter()
             .any(|d| !cache.join(&d.sha256).is_file())
         {
+            // apt downloads the amd64 set only (an amd64-only copy of the
+            // recipe, in its own directory: its lock is thrown away).
             let dl = dir.path().join("download");
+            let only = dir.path().join("amd64-only");
+            std::fs::create_dir(&only).unwrap();
+            let only_recipe = only.join("bookworm-base.toml");
+            std::fs::write(
+                &only_recipe,
+                std::fs::read_to_string(&recipe).unwrap().replace(
+                    "platforms = [\"linux/amd64\", \"linux/arm64\"]",
+                    "platforms = [\"linux/amd64\"]",
+                ),
+            )
+            .unwrap();
             ok(builder(&[
                 "lock",
-                r,
+                only_recipe.to_str().unwrap(),
                 "--mirror",
                 &debian_mirror(),
                 "--download",
@@ -465,6 +478,41 @@ fn a_deb_whose_bytes_differ_from_the_lock_is_refused() {
         cached.iter().all(|n| n.len() == 64 && !n.starts_with('.')),
         "temp files left in the cache: {cached:?}"
     );
+}
+
+/// A locked package the mirror no longer has: the build names it and the
+/// URL's status, and writes nothing.
+#[test]
+fn a_locked_deb_missing_from_the_mirror_is_named() {
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = copy_recipe(f, dir.path());
+    let gone = f
+        .amd64()
+        .package
+        .iter()
+        .find(|d| d.name == "iproute2")
+        .unwrap();
+    let partial = dir.path().join("mirror");
+    for d in f.amd64().package.iter().filter(|d| d.name != gone.name) {
+        let target = partial.join("debian").join(&d.path);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::hard_link(f.mirror_dir.join("debian").join(&d.path), &target)
+            .or_else(|_| {
+                std::fs::copy(f.mirror_dir.join("debian").join(&d.path), &target).map(drop)
+            })
+            .unwrap();
+    }
+    let mirror = Mirror::serve(&partial);
+    let out = dir.path().join("out");
+    let err = failed(build(&recipe, &mirror.url, &dir.path().join("cache"), &out));
+    assert!(
+        err.contains(&format!("deb {} {}", gone.name, gone.version))
+            && err.contains(&gone.path)
+            && err.contains("404"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
