@@ -378,6 +378,8 @@ fn build_twice_from_the_lock_is_identical_runs_systemctl_and_lists_every_package
     assert!(!root.join("var/log/dpkg.log").exists());
     assert!(!root.join("etc/hostname").exists());
     assert!(!root.join("var/cache/ldconfig/aux-cache").exists());
+    assert!(!root.join("etc/dpkg/dpkg.cfg.d/99mmdebstrap").exists());
+    assert!(!root.join("etc/apt/apt.conf.d/99mmdebstrap").exists());
 
     // The SBOM embedded in the image lists every locked package.
     let sbom_root = dir.path().join("sbom");

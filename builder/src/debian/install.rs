@@ -96,6 +96,8 @@ pub fn build_rootfs(platform: &PlatformLock, opts: &BuildBase<'_>) -> Result<Str
             &format!("--include={}", names.join(",")),
             "--aptopt=APT::Install-Recommends \"false\"",
             "--aptopt=Acquire::Languages \"none\"",
+            // No fsync per file: the tar is what persists (about 25% faster).
+            "--dpkgopt=force-unsafe-io",
             "--format=tar",
             suite,
         ])

@@ -335,7 +335,11 @@ impl RecipeBase {
 
 /// The lock file of `recipe`: `<recipe-stem>.lock` beside it.
 pub fn lock_path_for(recipe: &Path) -> PathBuf {
-    recipe.with_extension("lock")
+    // `r.toml` → `./r.lock`: an empty parent is the working directory.
+    match recipe.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new(".").join(recipe.with_extension("lock")),
+        _ => recipe.with_extension("lock"),
+    }
 }
 
 /// The builder fetcher's pins of every locked `.deb` of `platform`, in lock
@@ -518,6 +522,12 @@ packages = ["nvidia-container-toolkit"]
         stray.packages[1].repository = "gone".into();
         let err = pinned(&base(), &stray).unwrap_err().to_string();
         assert!(err.contains("repository `gone`"), "{err}");
+    }
+
+    #[test]
+    fn a_relative_recipe_has_its_lock_beside_it() {
+        assert_eq!(lock_path_for(Path::new("r.toml")), Path::new("./r.lock"));
+        assert_eq!(lock_path_for(Path::new("a/r.toml")), Path::new("a/r.lock"));
     }
 
     #[test]

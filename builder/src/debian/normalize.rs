@@ -4,7 +4,8 @@
 //! that differ between otherwise identical installs removed or emptied
 //! (logs, apt lists and caches, ldconfig aux cache, `*-old` dpkg/debconf
 //! files, machine-id, random seeds, man-db caches, resolv.conf, hostname,
-//! device nodes: the activator and systemd-nspawn provide those). Given the
+//! device nodes: the activator and systemd-nspawn provide those; and
+//! mmdebstrap's own apt/dpkg settings, which belong to the build). Given the
 //! raw tar; writes the output atomically and returns its sha256. It keeps
 //! `SCHILY.xattr.*` records (file capabilities) and drops other PAX records.
 
@@ -47,6 +48,10 @@ fn rule(path: &str, kind: tar::EntryType) -> Rule {
             | "var/lib/dpkg/lock-frontend"
             | "var/lib/dpkg/triggers/Lock"
             | "var/cache/debconf/passwords.dat"
+            // mmdebstrap's --aptopt/--dpkgopt: build settings, not the image's
+            // (force-unsafe-io must not stay in a node's dpkg).
+            | "etc/apt/apt.conf.d/99mmdebstrap"
+            | "etc/dpkg/dpkg.cfg.d/99mmdebstrap"
     ) {
         return Rule::Drop;
     }
@@ -256,5 +261,10 @@ mod tests {
         assert_eq!(rule("var/lib/dpkg/status", Regular), Rule::Keep);
         assert_eq!(rule("dev/null", tar::EntryType::Char), Rule::Drop);
         assert_eq!(rule("usr/bin/systemctl", Regular), Rule::Keep);
+        assert_eq!(
+            rule("etc/dpkg/dpkg.cfg.d/99mmdebstrap", Regular),
+            Rule::Drop
+        );
+        assert_eq!(rule("etc/apt/sources.list", Regular), Rule::Empty);
     }
 }
