@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# The README's offline demo, with the binaries the tests just built.
+KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >/dev/null
 if [ -x ci/e2e/run.sh ]; then
   ci/e2e/run.sh
 fi

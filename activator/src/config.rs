@@ -187,6 +187,19 @@ pub struct Health {
     /// Consecutive healthy kubelet probes required.
     #[serde(default = "default_health_successes")]
     pub successes: u32,
+    /// The kubelet health endpoint probed from the host.
+    #[serde(default = "default_healthz_url")]
+    pub kubelet_healthz_url: String,
+    /// Pause between probes.
+    #[serde(default = "default_health_interval_ms")]
+    pub interval_ms: u64,
+}
+
+fn default_healthz_url() -> String {
+    "http://127.0.0.1:10248/healthz".into()
+}
+fn default_health_interval_ms() -> u64 {
+    2000
 }
 
 fn default_health_timeout() -> u64 {
@@ -201,6 +214,8 @@ impl Default for Health {
         Health {
             timeout_secs: default_health_timeout(),
             successes: default_health_successes(),
+            kubelet_healthz_url: default_healthz_url(),
+            interval_ms: default_health_interval_ms(),
         }
     }
 }

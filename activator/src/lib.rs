@@ -5,13 +5,18 @@
 //! over its own output; nothing here knows about recipes, signing keys or the
 //! builder (see ARCHITECTURE.md, "Invariants").
 
+pub mod activate;
 pub mod archive;
 pub mod config;
 pub mod digest;
+pub mod failpoint;
 pub mod gpu;
+pub mod health;
 pub mod layout;
+pub mod lock;
 pub mod oci;
 pub mod paths;
+pub mod plan;
 pub mod reference;
 pub mod registry;
 pub mod render;
@@ -32,13 +37,13 @@ pub use reference::{ImageRef, ImageSource};
 ///
 /// Some errors already print their cause in their own message (so that
 /// `to_string()` alone is complete); a cause whose text the line already
-/// ends with is not repeated.
+/// contains is not repeated.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
         let text = c.to_string();
-        if !line.ends_with(&text) {
+        if !line.contains(&text) {
             line.push_str(": ");
             line.push_str(&text);
         }

@@ -14,6 +14,14 @@ enum Cli {
     Version,
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
+    // host side: flip, plan, status, rollback, wait (about text: each Args)
+    Activate(cli::activate::Args),
+    Plan(cli::plan::Args),
+    Status(cli::status::Args),
+    Rollback(cli::rollback::Args),
+    Wait(cli::wait::Args),
+    // about text: the doc comment of `cli::render::Args`
+    Render(cli::render::Args),
 }
 
 fn main() {
@@ -23,9 +31,18 @@ fn main() {
             Ok(())
         }
         Cli::Unpack(args) => cli::unpack::run(args),
+        Cli::Activate(args) => cli::activate::run(args),
+        Cli::Plan(args) => cli::plan::run(args),
+        Cli::Status(args) => cli::status::run(args),
+        Cli::Rollback(args) => cli::rollback::run(args),
+        Cli::Wait(args) => cli::wait::run(args),
+        Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
-        std::process::exit(1);
+        // Commands that end with a specific code (rolled back, bad image,
+        // busy, ...) say so; anything else is a plain failure.
+        let code = e.downcast_ref::<cli::Failed>().map_or(1, |f| f.code);
+        std::process::exit(code);
     }
 }

@@ -95,6 +95,127 @@ impl Root {
     pub fn host_files(&self, machine: &str) -> PathBuf {
         self.join("etc/kubeslot/host").join(machine)
     }
+
+    /// `/var/lib/kubeslot/slots/<machine>.json`: the config a slot was
+    /// activated with, so `render <machine>` re-renders device binds at every
+    /// start without depending on the (possibly newer, possibly broken) config.
+    pub fn slot_inputs(&self, machine: &str) -> PathBuf {
+        self.state_dir()
+            .join("slots")
+            .join(format!("{machine}.json"))
+    }
+
+    /// `/var/lib/machines/.kubeslot-staging-<machine>`: where a slot tree is
+    /// unpacked before it is renamed into place (same filesystem).
+    pub fn machine_staging(&self, machine: &str) -> PathBuf {
+        self.machines_dir()
+            .join(format!(".kubeslot-staging-{machine}"))
+    }
+
+    /// `/dev`: device discovery (GPU nodes, extra devices).
+    pub fn dev(&self) -> PathBuf {
+        self.join("dev")
+    }
+
+    /// `/run/systemd/resolve/resolv.conf`: the host's real upstream DNS
+    /// servers (systemd-resolved), never the 127.0.0.53 stub.
+    pub fn resolved_upstream(&self) -> PathBuf {
+        self.join("run/systemd/resolve/resolv.conf")
+    }
+
+    /// `/etc/resolv.conf`: the host's resolver file, used when it does not
+    /// point at the resolved stub.
+    pub fn etc_resolv_conf(&self) -> PathBuf {
+        self.join("etc/resolv.conf")
+    }
+
+    /// `/sbin/ldconfig`: run as `ldconfig -p` to find the NVIDIA driver
+    /// libraries (a process boundary; its output is parsed by `gpu`).
+    pub fn ldconfig(&self) -> PathBuf {
+        self.join("sbin/ldconfig")
+    }
+
+    /// `/lib/modules`: kernel modules, bound read-only into the machine when
+    /// the host has them (a bind of a missing source stops nspawn).
+    pub fn lib_modules(&self) -> PathBuf {
+        self.join(host::LIB_MODULES)
+    }
+
+    /// `/etc/hostname`: the default node name.
+    pub fn etc_hostname(&self) -> PathBuf {
+        self.join("etc/hostname")
+    }
+
+    /// `/proc/sys/kernel/hostname`: the kernel's (possibly transient) host
+    /// name, the node name of last resort when `/etc/hostname` is missing.
+    pub fn kernel_hostname(&self) -> PathBuf {
+        self.join("proc/sys/kernel/hostname")
+    }
+
+    /// `/etc/systemd/system/kubeslot-render@.service`: the oneshot that
+    /// re-renders a machine's host files before every start.
+    pub fn render_unit(&self) -> PathBuf {
+        self.join("etc/systemd/system").join(RENDER_UNIT)
+    }
+
+    /// `/etc/systemd/system`: where a change means `daemon-reload`.
+    pub fn systemd_system_dir(&self) -> PathBuf {
+        self.join("etc/systemd/system")
+    }
+}
+
+/// Absolute host paths as they appear *inside rendered files* (the `.nspawn`
+/// file and drop-ins name real host paths, whatever root we write them under).
+pub mod host {
+    /// Kernel modules, bound read-only into every machine.
+    pub const LIB_MODULES: &str = "/lib/modules";
+    /// The host-rendered files of a machine (`<dir>/<machine>`).
+    pub const HOST_FILES_DIR: &str = "/etc/kubeslot/host";
+    /// Node state kept across flips, bound read-write.
+    pub const NODE_KUBELET: &str = "/var/lib/kubeslot/node/kubelet";
+    pub const NODE_CONTAINERD: &str = "/var/lib/kubeslot/node/containerd";
+    /// Where `machinectl` lives (the drop-in's `ExecStartPre=`).
+    pub const MACHINECTL: &str = "/usr/bin/machinectl";
+    /// Where the activator binary is installed (units call it).
+    pub const ACTIVATOR_BIN: &str = "/usr/local/bin/kubeslot-activator";
+}
+
+/// The template unit file name of the render oneshot.
+pub const RENDER_UNIT: &str = "kubeslot-render@.service";
+
+/// The render oneshot's instance for a machine (`kubeslot-render@kube1.service`).
+pub fn render_unit_instance(machine: &str) -> String {
+    format!("kubeslot-render@{machine}.service")
+}
+
+/// File names inside a machine's host-files dir (`/etc/kubeslot/host/<machine>/`).
+pub mod host_files {
+    /// A kubeconfig with the bootstrap token (TLS bootstrap), mode 0600.
+    pub const BOOTSTRAP_KUBECONFIG: &str = "bootstrap-kubeconfig";
+    /// A kubeconfig with an exec credential plugin, mode 0600.
+    pub const EXEC_KUBECONFIG: &str = "kubeconfig";
+    /// The cluster CA certificate.
+    pub const CLIENT_CA: &str = "apiserver-client-ca.crt";
+    /// The kubelet.service drop-in (node name, labels, taints, cluster DNS).
+    pub const KUBELET_DROPIN: &str = "20-kubeslot.conf";
+    pub const RESOLV_CONF: &str = "resolv.conf";
+    pub const HOSTNAME: &str = "hostname";
+}
+
+/// Paths inside a node machine (the targets of binds).
+pub mod machine {
+    /// The host files dir appears here, read-only.
+    pub const HOST_FILES: &str = "/etc/kubeslot/host";
+    pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+    pub const HOSTNAME: &str = "/etc/hostname";
+    pub const CLIENT_CA: &str = "/etc/kubernetes/pki/apiserver-client-ca.crt";
+    pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/20-kubeslot.conf";
+    pub const KUBELET_STATE: &str = "/var/lib/kubelet";
+    pub const CONTAINERD_STATE: &str = "/var/lib/containerd";
+    /// NVIDIA library directories are bound at `<this>/<i>`.
+    pub const HOST_NVIDIA: &str = "/run/host-nvidia";
+    /// The kubelet's own kubeconfig, written by TLS bootstrap into its state.
+    pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
 }
 
 #[cfg(test)]

@@ -1,1 +1,1055 @@
-//! Rendering of the host files (nspawn, drop-in, kubelet files). (owner: host-side)
+//! The host files of a node machine: the `.nspawn` file, the
+//! `systemd-nspawn@<machine>.service.d/override.conf` drop-in, the render
+//! oneshot unit, and the kubelet per-host files (kubeconfig, cluster CA,
+//! kubelet drop-in, resolv.conf, hostname) bound read-only into the machine.
+//!
+//! Three steps, each separately testable: [`gather`] reads everything the
+//! files depend on from the host once (through the root handle: CA file,
+//! upstream DNS servers, host name, GPU and extra devices); [`render`] is a
+//! pure function of the config, the slot and those facts (golden-file
+//! tested); [`write`] puts the files in place, each atomically (temp, fsync,
+//! rename, fsync dir), rewriting only what changed and removing stale files of
+//! the machine's host-files dir. [`diff`] shows what `write` would change.
+//!
+//! It never touches a slot tree (the kubelet files are bound in, not written
+//! into the verified tree), never fetches anything, never runs image content,
+//! and does not talk to systemd: callers `daemon-reload` when
+//! [`WriteOutcome::dropin_changed`] says so. It does not take the run lock: the render
+//! oneshot runs while `activate` (which holds the lock) starts a machine;
+//! two writes of one machine take turns on an flock of its host-files dir.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::config::{Config, ExecCredential, NetworkMode};
+use crate::gpu::{self, GpuBinds, GpuError};
+use crate::paths::{self, host, host_files, machine as inside, Root};
+use crate::state::Slot;
+
+/// The render oneshot template unit, installed by [`render`] so the drop-in
+/// never requires a unit that does not exist.
+pub const RENDER_UNIT_FILE: &str = include_str!("../units/kubeslot-render@.service");
+
+/// resolv.conf resolvers beyond this many are ignored by glibc (MAXNS).
+const MAX_NAMESERVERS: usize = 3;
+
+/// Everything rendering reads from the host, gathered once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostFacts {
+    /// The host name, the node name when `kubelet.node_name` is unset.
+    pub hostname: String,
+    /// Real upstream DNS servers, never the 127.0.0.53 stub.
+    pub nameservers: Vec<String>,
+    /// The cluster CA (from `kubelet.ca_data` or the `ca_file`).
+    pub ca_pem: String,
+    pub gpu: GpuBinds,
+    /// Extra host devices from `config.devices` (all exist).
+    pub devices: Vec<String>,
+    /// The host has `/lib/modules` (every real host does; a container used
+    /// as a test host may not). nspawn refuses to start with a bind whose
+    /// source is missing, so the bind is rendered only when it exists.
+    pub lib_modules: bool,
+}
+
+/// One rendered file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedFile {
+    /// Relative to the root, e.g. `etc/systemd/nspawn/kube1.nspawn`.
+    pub path: PathBuf,
+    pub contents: String,
+    pub mode: u32,
+}
+
+/// All host files of one machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostFiles {
+    /// Sorted by path.
+    pub files: Vec<RenderedFile>,
+}
+
+/// What [`write`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Paths relative to the root that were written or removed.
+    pub changed: Vec<PathBuf>,
+    /// A unit file or drop-in changed: systemd needs a `daemon-reload`.
+    pub dropin_changed: bool,
+}
+
+/// The difference between a rendered file and the one on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileDiff {
+    pub path: PathBuf,
+    /// Unified-style, `""` when equal.
+    pub diff: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("cluster CA {path} (kubelet.ca_file): cannot read: {source}")]
+    CaRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cluster CA {origin}: not a PEM certificate (no \"-----BEGIN CERTIFICATE-----\")")]
+    CaNotPem { origin: String },
+    #[error("node name: kubelet.node_name is unset and no host name was found in {tried}")]
+    NoHostname { tried: String },
+    #[error("{field}: {value:?} {reason}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("{path}: cannot read the host's DNS servers: {source}")]
+    ResolvRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no upstream DNS server in {path} (found: {found}; loopback resolvers such as the 127.0.0.53 stub are unreachable from pods): set \"nameservers\" in the config")]
+    OnlyStub { path: PathBuf, found: String },
+    #[error("no upstream DNS server: neither {upstream} nor {etc} exists; set \"nameservers\" in the config")]
+    NoResolv { upstream: PathBuf, etc: PathBuf },
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+// ---------------------------------------------------------------------------
+// gather
+
+/// Reads the host facts rendering needs, and checks the parts of the config
+/// that end up in rendered files (labels, taints, node name, DNS addresses).
+/// Errors: an unreadable or non-PEM CA, `gpu: "on"` without GPUs, a missing
+/// extra device, only stub resolvers.
+pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
+    check_kubelet(config)?;
+    let hostname = match &config.kubelet.node_name {
+        Some(_) => read_hostname(root).unwrap_or_default(),
+        None => read_hostname(root)?,
+    };
+    if config.kubelet.node_name.is_none() {
+        check_node_name(
+            "host name (set kubelet.node_name instead)",
+            &hostname.to_lowercase(),
+        )?;
+    }
+    let nameservers = nameservers(root, config)?;
+    let ca_pem = read_ca(root, config)?;
+    let gpu = gpu::discover(root, config.gpu, gpu::Arch::host(), || {
+        gpu::run_ldconfig(root)
+    })?;
+    let devices = gpu::extra_devices(root, &config.devices)?;
+    for d in gpu.devices.iter().chain(&devices) {
+        check_device_path(d)?;
+    }
+    for d in &gpu.library_dirs {
+        check_bind_path("gpu library directory", d)?;
+    }
+    Ok(HostFacts {
+        hostname,
+        nameservers,
+        ca_pem,
+        gpu,
+        devices,
+        lib_modules: root.lib_modules().is_dir(),
+    })
+}
+
+fn read_hostname(root: &Root) -> Result<String, RenderError> {
+    let candidates = [root.etc_hostname(), root.kernel_hostname()];
+    for p in &candidates {
+        if let Ok(s) = std::fs::read_to_string(p) {
+            let name = s
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty() && !l.starts_with('#'));
+            if let Some(name) = name {
+                return Ok(name.to_string());
+            }
+        }
+    }
+    Err(RenderError::NoHostname {
+        tried: candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
+    })
+}
+
+fn read_ca(root: &Root, config: &Config) -> Result<String, RenderError> {
+    let k = &config.kubelet;
+    let (pem, origin) = match (&k.ca_data, &k.ca_file) {
+        (Some(pem), _) => (pem.clone(), "kubelet.ca_data".to_string()),
+        (None, Some(file)) => {
+            let path = root.join(&file.to_string_lossy());
+            let pem = std::fs::read_to_string(&path)
+                .map_err(|source| RenderError::CaRead { path, source })?;
+            (pem, file.display().to_string())
+        }
+        // Config::validate refuses this; render an empty CA rather than panic.
+        (None, None) => (String::new(), "kubelet.ca_data".to_string()),
+    };
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(RenderError::CaNotPem { origin });
+    }
+    Ok(ensure_newline(pem))
+}
+
+fn is_loopback(ip: &str) -> bool {
+    ip.parse::<IpAddr>().is_ok_and(|a| a.is_loopback())
+}
+
+/// `config.nameservers`, else the `nameserver` lines of the host's real
+/// upstream list (systemd-resolved's), else of `/etc/resolv.conf`; loopback
+/// resolvers (the 127.0.0.53 stub) are dropped, since pods cannot reach them.
+fn nameservers(root: &Root, config: &Config) -> Result<Vec<String>, RenderError> {
+    if !config.nameservers.is_empty() {
+        for ns in &config.nameservers {
+            match ns.parse::<IpAddr>() {
+                Err(_) => return Err(invalid("nameservers", ns, "is not an IP address")),
+                Ok(a) if a.is_loopback() => {
+                    return Err(invalid(
+                        "nameservers",
+                        ns,
+                        "is a loopback address, which pods cannot reach",
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
+        return Ok(config.nameservers.clone());
+    }
+    let upstream = root.resolved_upstream();
+    let etc = root.etc_resolv_conf();
+    let path = if upstream.exists() {
+        upstream
+    } else if etc.exists() {
+        etc
+    } else {
+        return Err(RenderError::NoResolv { upstream, etc });
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| RenderError::ResolvRead {
+        path: path.clone(),
+        source,
+    })?;
+    let all: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("nameserver"))
+                .then(|| words.next())
+                .flatten()
+                .map(str::to_string)
+        })
+        .filter(|ns| ns.parse::<IpAddr>().is_ok())
+        .collect();
+    let real: Vec<String> = all.iter().filter(|ns| !is_loopback(ns)).cloned().collect();
+    if real.is_empty() {
+        return Err(RenderError::OnlyStub {
+            path,
+            found: if all.is_empty() {
+                "none".into()
+            } else {
+                all.join(", ")
+            },
+        });
+    }
+    Ok(real)
+}
+
+fn invalid(field: &'static str, value: &str, reason: &str) -> RenderError {
+    RenderError::Invalid {
+        field,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Node name rule: a lowercase DNS subdomain (what the API server accepts).
+fn check_node_name(field: &'static str, name: &str) -> Result<(), RenderError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            name,
+            "is not a lowercase DNS name (a-z, 0-9, '-', '.')",
+        ))
+    }
+}
+
+/// Label keys/values and taint parts end up in a systemd `Environment=`
+/// line, so they are held to the Kubernetes character set (no spaces,
+/// quotes, `%` or `$`).
+fn is_label_text(s: &str, allow_slash: bool) -> bool {
+    s.len() <= 316
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || b == b'-'
+                || b == b'_'
+                || b == b'.'
+                || (allow_slash && b == b'/')
+        })
+}
+
+/// Labels in the `kubernetes.io`/`k8s.io` namespaces that a kubelet may set
+/// on its own node (`k8s.io/kubelet/pkg/apis`, `IsKubeletLabel`); any other
+/// label there makes the kubelet refuse to start, which would only show as a
+/// failed health gate.
+const KUBELET_LABELS: &[&str] = &[
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "beta.kubernetes.io/os",
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+];
+const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kubernetes.io"];
+
+fn kubelet_may_set(key: &str) -> bool {
+    let Some((ns, _)) = key.split_once('/') else {
+        return true;
+    };
+    let in_ns = |n: &str| ns == n || ns.ends_with(&format!(".{n}"));
+    if !in_ns("kubernetes.io") && !in_ns("k8s.io") {
+        return true;
+    }
+    KUBELET_LABELS.contains(&key) || KUBELET_LABEL_NAMESPACES.iter().any(|n| in_ns(n))
+}
+
+fn check_kubelet(config: &Config) -> Result<(), RenderError> {
+    let k = &config.kubelet;
+    if let Some(name) = &k.node_name {
+        check_node_name("kubelet.node_name", name)?;
+    }
+    for (key, value) in &k.labels {
+        if key.is_empty() || !is_label_text(key, true) {
+            return Err(invalid(
+                "kubelet.labels",
+                key,
+                "is not a label key (a-z, A-Z, 0-9, '-', '_', '.', '/')",
+            ));
+        }
+        if !kubelet_may_set(key) {
+            return Err(invalid(
+                "kubelet.labels",
+                key,
+                "is in the kubernetes.io/k8s.io namespace, which a kubelet may not set on its node \
+                 (allowed there: node.kubernetes.io/*, kubelet.kubernetes.io/*, topology.kubernetes.io/zone|region, ...)",
+            ));
+        }
+        if !is_label_text(value, false) {
+            return Err(invalid(
+                "kubelet.labels",
+                value,
+                "is not a label value (a-z, A-Z, 0-9, '-', '_', '.')",
+            ));
+        }
+    }
+    for taint in &k.taints {
+        let ok = taint.rsplit_once(':').is_some_and(|(kv, effect)| {
+            let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+            matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute")
+                && !key.is_empty()
+                && is_label_text(key, true)
+                && is_label_text(value, false)
+        });
+        if !ok {
+            return Err(invalid(
+                "kubelet.taints",
+                taint,
+                "is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute",
+            ));
+        }
+    }
+    for dns in &k.cluster_dns {
+        if dns.parse::<IpAddr>().is_err() {
+            return Err(invalid("kubelet.cluster_dns", dns, "is not an IP address"));
+        }
+    }
+    Ok(())
+}
+
+/// Paths go into `Bind=`/`DeviceAllow=` lines unquoted: no `:` (the bind
+/// separator), whitespace, quotes or specifier characters.
+fn check_bind_path(field: &'static str, path: &str) -> Result<(), RenderError> {
+    let ok = path.starts_with('/')
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'+'))
+        && !path.split('/').any(|c| c == "..");
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            path,
+            "cannot be bound: only a-z, A-Z, 0-9, '/', '-', '_', '.', '+' are allowed",
+        ))
+    }
+}
+
+fn check_device_path(path: &str) -> Result<(), RenderError> {
+    check_bind_path("devices", path)
+}
+
+// ---------------------------------------------------------------------------
+// render
+
+/// Renders every host file of `slot`'s machine. Pure: same inputs, same bytes.
+pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
+    let machine = slot.machine();
+    let rel = Root::new("");
+    let dir = rel.host_files(machine);
+    let node_name = node_name(config, facts);
+    let mut files = vec![
+        RenderedFile {
+            path: rel.nspawn_file(machine),
+            contents: nspawn_file(config, machine, facts),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: rel.dropin_file(machine),
+            contents: dropin_file(machine, &devices(facts)),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: rel.render_unit(),
+            contents: RENDER_UNIT_FILE.to_string(),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: dir.join(host_files::CLIENT_CA),
+            contents: ensure_newline(facts.ca_pem.clone()),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: dir.join(host_files::KUBELET_DROPIN),
+            contents: kubelet_dropin(config, &node_name),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: dir.join(host_files::RESOLV_CONF),
+            contents: resolv_conf(&facts.nameservers),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: dir.join(host_files::HOSTNAME),
+            contents: format!("{node_name}\n"),
+            mode: 0o644,
+        },
+    ];
+    let (name, contents) = match (
+        &config.kubelet.bootstrap_token,
+        &config.kubelet.exec_credential,
+    ) {
+        (_, Some(exec)) => (
+            host_files::EXEC_KUBECONFIG,
+            kubeconfig(&config.kubelet.api_server, User::Exec(exec)),
+        ),
+        (token, None) => (
+            host_files::BOOTSTRAP_KUBECONFIG,
+            kubeconfig(
+                &config.kubelet.api_server,
+                User::Token(token.as_deref().unwrap_or_default()),
+            ),
+        ),
+    };
+    // the credential: readable by root only
+    files.push(RenderedFile {
+        path: dir.join(name),
+        contents,
+        mode: 0o600,
+    });
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    HostFiles { files }
+}
+
+fn node_name(config: &Config, facts: &HostFacts) -> String {
+    config
+        .kubelet
+        .node_name
+        .clone()
+        .unwrap_or_else(|| facts.hostname.to_lowercase())
+}
+
+/// GPU devices then extra devices, each once.
+fn devices(facts: &HostFacts) -> Vec<&str> {
+    let mut seen = BTreeSet::new();
+    facts
+        .gpu
+        .devices
+        .iter()
+        .chain(&facts.devices)
+        .map(String::as_str)
+        .filter(|d| seen.insert(*d))
+        .collect()
+}
+
+const HEADER: &str =
+    "# Rendered by kubeslot-activator before every start of the machine; edits are overwritten.\n";
+
+fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
+    let mut s = String::from(HEADER);
+    s.push_str("[Exec]\nBoot=yes\nCapability=all\nPrivateUsers=no\n");
+    s.push_str("SystemCallFilter=@keyring bpf perf_event_open\n");
+    // resolv.conf is ours (bound below); nspawn must not copy the host's stub over it
+    s.push_str("ResolvConf=off\n");
+    s.push_str("\n[Network]\n");
+    s.push_str(match config.network {
+        NetworkMode::Host => "VirtualEthernet=no\n",
+        NetworkMode::Veth => "VirtualEthernet=yes\n",
+    });
+    s.push_str("\n[Files]\n");
+    if facts.lib_modules {
+        let _ = writeln!(s, "BindReadOnly={}", host::LIB_MODULES);
+    }
+    for d in devices(facts) {
+        let _ = writeln!(s, "Bind={d}");
+    }
+    for (i, lib) in facts.gpu.library_dirs.iter().enumerate() {
+        let _ = writeln!(s, "BindReadOnly={lib}:{}/{i}", inside::HOST_NVIDIA);
+    }
+    let dir = Root::host().host_files(machine);
+    let d = dir.display();
+    let _ = writeln!(s, "BindReadOnly={d}:{}", inside::HOST_FILES);
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::CLIENT_CA,
+        inside::CLIENT_CA
+    );
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::KUBELET_DROPIN,
+        inside::KUBELET_DROPIN
+    );
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::RESOLV_CONF,
+        inside::RESOLV_CONF
+    );
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::HOSTNAME,
+        inside::HOSTNAME
+    );
+    let _ = writeln!(s, "Bind={}:{}", host::NODE_KUBELET, inside::KUBELET_STATE);
+    let _ = writeln!(
+        s,
+        "Bind={}:{}",
+        host::NODE_CONTAINERD,
+        inside::CONTAINERD_STATE
+    );
+    s
+}
+
+fn dropin_file(machine: &str, devices: &[&str]) -> String {
+    let render_unit = paths::render_unit_instance(machine);
+    let mut s = String::from(HEADER);
+    s.push_str("[Unit]\n");
+    // StartLimitIntervalSec= is a [Unit] setting; in [Service] systemd
+    // ignores it with a warning and the restart loop hits the start limit
+    s.push_str("StartLimitIntervalSec=0\n");
+    let _ = writeln!(s, "Requires={render_unit}");
+    let _ = writeln!(s, "After={render_unit}");
+    s.push_str("\n[Service]\nRestart=on-failure\nRestartSec=10s\n");
+    let _ = writeln!(s, "ExecStartPre=-{} terminate {machine}", host::MACHINECTL);
+    s.push_str("Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1\n");
+    s.push_str("Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network\n");
+    for d in devices {
+        let _ = writeln!(s, "DeviceAllow={d} rwm");
+    }
+    s
+}
+
+fn kubelet_dropin(config: &Config, node_name: &str) -> String {
+    let k = &config.kubelet;
+    let host_dir = inside::HOST_FILES;
+    let mut args = vec![format!("--hostname-override={node_name}")];
+    if k.exec_credential.is_some() {
+        args.push(format!(
+            "--kubeconfig={host_dir}/{}",
+            host_files::EXEC_KUBECONFIG
+        ));
+    } else {
+        args.push(format!(
+            "--bootstrap-kubeconfig={host_dir}/{}",
+            host_files::BOOTSTRAP_KUBECONFIG
+        ));
+        args.push(format!("--kubeconfig={}", inside::KUBELET_KUBECONFIG));
+    }
+    if !k.labels.is_empty() {
+        let labels: Vec<String> = k.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        args.push(format!("--node-labels={}", labels.join(",")));
+    }
+    if !k.taints.is_empty() {
+        args.push(format!("--register-with-taints={}", k.taints.join(",")));
+    }
+    if !k.cluster_dns.is_empty() {
+        args.push(format!("--cluster-dns={}", k.cluster_dns.join(",")));
+    }
+    // pods get the file we rendered, whatever the image does with its own
+    // /etc/resolv.conf (often a symlink to systemd-resolved's stub)
+    args.push(format!(
+        "--resolv-conf={host_dir}/{}",
+        host_files::RESOLV_CONF
+    ));
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator on the host and bound read-only; the\n\
+         # image's kubelet.service passes $KUBELET_ARGS to the kubelet.\n",
+    );
+    s.push_str("[Service]\n");
+    // every value was checked against a character set without quotes, '%',
+    // '$', '\\' or spaces, so no systemd escaping is needed
+    let _ = writeln!(s, "Environment=\"KUBELET_ARGS={}\"", args.join(" "));
+    s
+}
+
+fn resolv_conf(nameservers: &[String]) -> String {
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator: the host's upstream servers, not its local stub.\n",
+    );
+    for ns in nameservers.iter().take(MAX_NAMESERVERS) {
+        let _ = writeln!(s, "nameserver {ns}");
+    }
+    s
+}
+
+enum User<'a> {
+    Token(&'a str),
+    Exec(&'a ExecCredential),
+}
+
+/// YAML double-quoted scalar: JSON string syntax is a subset of it.
+fn q(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serialises")
+}
+
+fn kubeconfig(server: &str, user: User<'_>) -> String {
+    let user_name = match user {
+        User::Token(_) => "kubelet-bootstrap",
+        User::Exec(_) => "kubelet",
+    };
+    let mut s = String::from("# Rendered by kubeslot-activator; secret, mode 0600.\n");
+    s.push_str("apiVersion: v1\nkind: Config\nclusters:\n- name: kubeslot\n  cluster:\n");
+    let _ = writeln!(s, "    server: {}", q(server));
+    let _ = writeln!(s, "    certificate-authority: {}", q(inside::CLIENT_CA));
+    s.push_str("contexts:\n- name: kubeslot\n  context:\n    cluster: kubeslot\n");
+    let _ = writeln!(s, "    user: {user_name}");
+    s.push_str("current-context: kubeslot\nusers:\n");
+    let _ = writeln!(s, "- name: {user_name}\n  user:");
+    match user {
+        User::Token(token) => {
+            let _ = writeln!(s, "    token: {}", q(token));
+        }
+        User::Exec(e) => {
+            s.push_str("    exec:\n");
+            let _ = writeln!(s, "      apiVersion: {}", q(&e.api_version));
+            let _ = writeln!(s, "      command: {}", q(&e.command));
+            if !e.args.is_empty() {
+                s.push_str("      args:\n");
+                for a in &e.args {
+                    let _ = writeln!(s, "      - {}", q(a));
+                }
+            }
+            if !e.env.is_empty() {
+                s.push_str("      env:\n");
+                for (k, v) in &e.env {
+                    let _ = writeln!(s, "      - name: {}\n        value: {}", q(k), q(v));
+                }
+            }
+            s.push_str("      interactiveMode: Never\n      provideClusterInfo: false\n");
+        }
+    }
+    s
+}
+
+fn ensure_newline(mut s: String) -> String {
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// write / diff
+
+fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> RenderError + '_ {
+    move |source| RenderError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The host-files dirs (relative) the rendered files live in.
+fn host_file_dirs(files: &HostFiles) -> BTreeSet<PathBuf> {
+    let base = Root::new("").join(host::HOST_FILES_DIR);
+    files
+        .files
+        .iter()
+        .filter_map(|f| f.path.parent())
+        .filter(|p| p.parent() == Some(base.as_path()))
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// Names in a host-files dir that no rendered file claims (including temp
+/// files of a write that died).
+fn stale_files(root: &Root, files: &HostFiles) -> Vec<PathBuf> {
+    let wanted: BTreeSet<&Path> = files.files.iter().map(|f| f.path.as_path()).collect();
+    let mut stale = Vec::new();
+    for dir in host_file_dirs(files) {
+        let Ok(entries) = std::fs::read_dir(root.dir().join(&dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let rel = dir.join(e.file_name());
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if !is_dir && !wanted.contains(rel.as_path()) {
+                stale.push(rel);
+            }
+        }
+    }
+    stale.sort();
+    stale
+}
+
+fn is_current(path: &Path, file: &RenderedFile) -> bool {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    meta.is_file()
+        && meta.permissions().mode() & 0o7777 == file.mode
+        && std::fs::read(path).is_ok_and(|b| b == file.contents.as_bytes())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), RenderError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(write_err(dir))
+}
+
+/// Creates `dir` (and missing parents, mode 0755) with `mode`, fsyncing each
+/// parent that gained an entry. An existing `dir` is left as it is.
+fn create_dir(dir: &Path, mode: u32) -> Result<(), RenderError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            create_dir(parent, 0o755)?;
+        }
+    }
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(write_err(dir)(e)),
+    }
+    // the umask may have narrowed the mode
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(write_err(dir))?;
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => Ok(()),
+    }
+}
+
+/// Temp file in the same directory with the final mode set before any byte
+/// is written (a token is never world-readable), fsync, rename, fsync dir.
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), RenderError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(write_err(dir))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(write_err(path))?;
+    tmp.write_all(contents).map_err(write_err(path))?;
+    tmp.as_file().sync_all().map_err(write_err(path))?;
+    tmp.persist(path).map_err(|e| write_err(path)(e.error))?;
+    sync_dir(dir)
+}
+
+/// Writes the files that differ from what is on disk (content or mode), each
+/// atomically, in path order (host files, then the `.nspawn` file, then the
+/// units, so the drop-in never refers to a missing render unit), removes
+/// stale files of the machine's host-files dir, and makes sure the node state
+/// directories bound read-write exist.
+pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError> {
+    let mut outcome = WriteOutcome::default();
+    // Bind= sources must exist or the machine does not start.
+    create_dir(&root.node_state().join("kubelet"), 0o700)?;
+    create_dir(&root.node_state().join("containerd"), 0o711)?;
+    // Held until the end: two renders of one machine (a manual run beside the
+    // oneshot) take turns, so neither removes the other's temp file as stale.
+    let mut _locks = Vec::new();
+    for dir in host_file_dirs(files) {
+        // holds the credential: root only, also when an older dir drifted
+        let dir = root.dir().join(dir);
+        create_dir(&dir, 0o700)?;
+        let handle = std::fs::File::open(&dir).map_err(write_err(&dir))?;
+        rustix::fs::flock(&handle, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| write_err(&dir)(e.into()))?;
+        _locks.push(handle);
+        if std::fs::metadata(&dir)
+            .map_err(write_err(&dir))?
+            .permissions()
+            .mode()
+            & 0o7777
+            != 0o700
+        {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(write_err(&dir))?;
+        }
+    }
+    for file in &files.files {
+        let path = root.dir().join(&file.path);
+        if is_current(&path, file) {
+            continue;
+        }
+        if let Some(parent) = path.parent() {
+            create_dir(parent, 0o755)?;
+        }
+        write_file(&path, file.contents.as_bytes(), file.mode)?;
+        outcome.changed.push(file.path.clone());
+    }
+    let stale = stale_files(root, files);
+    let mut dirs = BTreeSet::new();
+    for rel in stale {
+        let path = root.dir().join(&rel);
+        std::fs::remove_file(&path).map_err(write_err(&path))?;
+        if let Some(parent) = path.parent() {
+            dirs.insert(parent.to_path_buf());
+        }
+        outcome.changed.push(rel);
+    }
+    for dir in dirs {
+        sync_dir(&dir)?;
+    }
+    let units = Root::new("").systemd_system_dir();
+    outcome.dropin_changed = outcome.changed.iter().any(|p| p.starts_with(&units));
+    Ok(outcome)
+}
+
+/// Records the config `slot` was activated with at
+/// `/var/lib/kubeslot/slots/<machine>.json` (mode 0600: it holds the
+/// credential), atomically. `render <machine>` prefers it over the current
+/// config, so a machine (re)start never depends on a newer, possibly broken
+/// config. Called by `activate` when it renders a slot.
+pub fn save_inputs(root: &Root, slot: Slot, config: &Config) -> Result<PathBuf, RenderError> {
+    let path = root.slot_inputs(slot.machine());
+    if let Some(parent) = path.parent() {
+        create_dir(parent, 0o700)?;
+    }
+    let mut bytes = serde_json::to_vec_pretty(config).expect("a config serialises");
+    bytes.push(b'\n');
+    write_file(&path, &bytes, 0o600)?;
+    Ok(path)
+}
+
+/// What [`write`] would change: one entry per rendered file (diff `""` when
+/// equal) and one per stale file it would remove.
+pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
+    let mut out = Vec::new();
+    for file in &files.files {
+        let path = root.dir().join(&file.path);
+        let old = std::fs::read_to_string(&path).ok();
+        let old_mode = std::fs::symlink_metadata(&path)
+            .ok()
+            .map(|m| m.permissions().mode() & 0o7777);
+        let shown = file.path.display().to_string();
+        let mut d = match &old {
+            Some(old) => unified(
+                old,
+                &file.contents,
+                &format!("a/{shown}"),
+                &format!("b/{shown}"),
+            ),
+            None => unified("", &file.contents, "/dev/null", &format!("b/{shown}")),
+        };
+        if let Some(m) = old_mode.filter(|m| *m != file.mode) {
+            d.insert_str(0, &format!("mode {m:04o} -> {:04o} {shown}\n", file.mode));
+        }
+        out.push(FileDiff {
+            path: file.path.clone(),
+            diff: d,
+        });
+    }
+    for rel in stale_files(root, files) {
+        let old = std::fs::read_to_string(root.dir().join(&rel)).unwrap_or_default();
+        let shown = rel.display().to_string();
+        let mut d = unified(&old, "", &format!("a/{shown}"), "/dev/null");
+        if d.is_empty() {
+            d = format!("--- a/{shown}\n+++ /dev/null\n");
+        }
+        out.push(FileDiff { path: rel, diff: d });
+    }
+    out
+}
+
+/// A unified diff of two texts by lines (longest common subsequence; the
+/// files are small), 3 lines of context; `""` when equal.
+pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
+    if old == new {
+        return String::new();
+    }
+    let a: Vec<&str> = old.lines().collect();
+    let b: Vec<&str> = new.lines().collect();
+    // lcs[i][j]: length of the LCS of a[i..] and b[j..]
+    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    // the edit script: (tag, old index, new index, line)
+    let mut ops: Vec<(char, usize, usize, &str)> = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            ops.push((' ', i, j, a[i]));
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            ops.push(('-', i, j, a[i]));
+            i += 1;
+        } else {
+            ops.push(('+', i, j, b[j]));
+            j += 1;
+        }
+    }
+    const CONTEXT: usize = 3;
+    let changed: Vec<usize> = (0..ops.len()).filter(|&k| ops[k].0 != ' ').collect();
+    let mut out = format!("--- {old_name}\n+++ {new_name}\n");
+    if changed.is_empty() {
+        // only a difference the line split hides (a missing final newline)
+        out.push_str("\\ no newline at end of file\n");
+        return out;
+    }
+    let mut k = 0;
+    while k < changed.len() {
+        let start = changed[k].saturating_sub(CONTEXT);
+        let mut end = changed[k];
+        while k < changed.len() && changed[k] <= end + 2 * CONTEXT + 1 {
+            end = changed[k];
+            k += 1;
+        }
+        let end = (end + CONTEXT + 1).min(ops.len());
+        let hunk = &ops[start..end];
+        let old_len = hunk.iter().filter(|o| o.0 != '+').count();
+        let new_len = hunk.iter().filter(|o| o.0 != '-').count();
+        let old_start = hunk[0].1 + usize::from(old_len > 0);
+        let new_start = hunk[0].2 + usize::from(new_len > 0);
+        let _ = writeln!(out, "@@ -{old_start},{old_len} +{new_start},{new_len} @@");
+        for (tag, _, _, line) in hunk {
+            let _ = writeln!(out, "{tag}{line}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unified_diff_shows_changes_with_context() {
+        let old = "a\nb\nc\nd\ne\nf\ng\nh\n";
+        let new = "a\nb\nc\nD\ne\nf\ng\nh\ni\n";
+        let d = unified(old, new, "a/x", "b/x");
+        assert_eq!(
+            d,
+            "--- a/x\n+++ b/x\n@@ -1,8 +1,9 @@\n a\n b\n c\n-d\n+D\n e\n f\n g\n h\n+i\n"
+        );
+        assert_eq!(unified(old, old, "a", "b"), "");
+        let d = unified("", "x\n", "/dev/null", "b/x");
+        assert_eq!(d, "--- /dev/null\n+++ b/x\n@@ -0,0 +1,1 @@\n+x\n");
+    }
+
+    #[test]
+    fn far_apart_changes_make_two_hunks() {
+        let old: String = (0..20).map(|i| format!("{i}\n")).collect();
+        let new = old.replace("2\n", "two\n").replace("17\n", "seventeen\n");
+        let d = unified(&old, &new, "a", "b");
+        assert_eq!(d.matches("@@ -").count(), 2, "{d}");
+        assert!(d.contains("-17\n+seventeen\n"), "{d}");
+    }
+
+    #[test]
+    fn render_unit_runs_the_installed_binary() {
+        assert!(
+            RENDER_UNIT_FILE.contains(&format!("ExecStart={} render %i\n", host::ACTIVATOR_BIN))
+        );
+        // it must run again before every start
+        assert!(!RENDER_UNIT_FILE
+            .lines()
+            .any(|l| l.starts_with("RemainAfterExit")));
+    }
+
+    #[test]
+    fn label_and_taint_syntax() {
+        assert!(is_label_text("node.kubernetes.io/role", true));
+        assert!(!is_label_text("a b", true));
+        assert!(!is_label_text("50%", false));
+        assert!(check_node_name("n", "Node-1").is_err());
+        assert!(check_node_name("n", "node-1.example").is_ok());
+        assert!(check_bind_path("d", "/dev/a:b").is_err());
+        assert!(check_bind_path("d", "/dev/nvidia-caps/nvidia-cap1").is_ok());
+        assert!(check_bind_path("d", "/dev/../etc").is_err());
+    }
+
+    #[test]
+    fn kubelet_restricted_labels() {
+        for ok in [
+            "pool",
+            "example.com/team",
+            "node.kubernetes.io/pool",
+            "topology.kubernetes.io/zone",
+            "kubelet.kubernetes.io/x",
+            "sub.node.kubernetes.io/y",
+        ] {
+            assert!(kubelet_may_set(ok), "{ok}");
+        }
+        for refused in [
+            "node-role.kubernetes.io/worker",
+            "kubernetes.io/role",
+            "k8s.io/x",
+            "foo.k8s.io/y",
+        ] {
+            assert!(!kubelet_may_set(refused), "{refused}");
+        }
+    }
+}

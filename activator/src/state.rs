@@ -1,1 +1,445 @@
-//! state.json and the slot model. (owner: host-side)
+//! The slot state machine's persistent record: `/var/lib/kubeslot/state.json`
+//! plus a `state.json.sha256` sidecar.
+//!
+//! Owns the [`Slot`] names, the [`State`] document and its atomic load/save.
+//! It is given the root handle; it does not decide transitions (that is
+//! `plan`/`activate`) and does not lock (callers hold `lock::Lock`).
+//!
+//! Why a sidecar: a state file that is torn or edited by hand must not be
+//! trusted silently. The writes are ordered so that a crash between them is
+//! recognisable: the state is written (temp, fsync, rename, fsync dir) and then
+//! its digest; a state whose digest does not match is reported, never guessed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::layout::{write_atomic, LayoutError};
+use crate::paths::Root;
+
+/// The two node machines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Slot {
+    Kube1,
+    Kube2,
+}
+
+impl Slot {
+    pub const ALL: [Slot; 2] = [Slot::Kube1, Slot::Kube2];
+
+    /// The machine name (`kube1`), also the directory under
+    /// `/var/lib/machines`.
+    pub fn machine(self) -> &'static str {
+        match self {
+            Slot::Kube1 => "kube1",
+            Slot::Kube2 => "kube2",
+        }
+    }
+
+    /// The systemd unit that runs the machine.
+    pub fn unit(self) -> String {
+        format!("systemd-nspawn@{}.service", self.machine())
+    }
+
+    pub fn other(self) -> Slot {
+        match self {
+            Slot::Kube1 => Slot::Kube2,
+            Slot::Kube2 => Slot::Kube1,
+        }
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.machine())
+    }
+}
+
+impl FromStr for Slot {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kube1" => Ok(Slot::Kube1),
+            "kube2" => Ok(Slot::Kube2),
+            other => Err(format!(
+                "unknown machine {other:?}: expected kube1 or kube2"
+            )),
+        }
+    }
+}
+
+/// What a slot's tree holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotStatus {
+    /// Nothing usable (never staged, or given up).
+    #[default]
+    Empty,
+    /// Being replaced: the tree may be partial. Never started in this state.
+    Dirty,
+    /// A complete verified tree and rendered files, not yet run.
+    Staged,
+    /// The committed, running node.
+    Active,
+    /// The previously committed node, kept for rollback.
+    Previous,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotState {
+    pub status: SlotStatus,
+    /// The manifest digest of the tree (absent when empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Digest>,
+    /// The hash of the host files rendered for this slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
+}
+
+/// Why a flip is under way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlipKind {
+    /// A new image (or new host files) from `activate`.
+    Activate,
+    /// Back to the previous slot, from `rollback`.
+    Rollback,
+}
+
+/// How far a flip got; recorded before each irreversible step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PendingPhase {
+    /// The target is staged and rendered; no machine was touched yet.
+    Prepared,
+    /// The one try is under way: the old machine may be stopped, the new one
+    /// starting or being health-checked. A run that finds this phase rolls
+    /// back and marks the digest bad (the try was used up).
+    Trying,
+}
+
+/// A flip that has not been committed or rolled back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pending {
+    pub kind: FlipKind,
+    pub phase: PendingPhase,
+    /// The slot being switched to.
+    pub to: Slot,
+    pub digest: Digest,
+    /// The slot that was active (restarted on rollback), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Slot>,
+    /// The host-file inputs hash of the target (what a bad mark records).
+    #[serde(default)]
+    pub inputs: String,
+}
+
+/// A digest that failed its health gate (or was rolled away from), with the
+/// rendered-inputs hash it failed with: the same image with changed host
+/// files may be tried again, the same pair is not retried automatically.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BadImage {
+    pub digest: Digest,
+    pub inputs: String,
+    pub reason: String,
+    pub at: String,
+}
+
+/// `state.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct State {
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<Slot>,
+    pub slots: BTreeMap<Slot, SlotState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
+    #[serde(default)]
+    pub bad: Vec<BadImage>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            version: 1,
+            active: None,
+            slots: Slot::ALL
+                .iter()
+                .map(|s| (*s, SlotState::default()))
+                .collect(),
+            pending: None,
+            bad: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: LayoutError,
+    },
+    #[error("state {path}: invalid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("state {path}: content hashes to {actual} but the sidecar {sidecar} says {expected} (torn write or edited by hand; inspect and remove both files to start over)")]
+    Sidecar {
+        path: PathBuf,
+        sidecar: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("state {path}: unsupported version {version}")]
+    Version { path: PathBuf, version: u32 },
+}
+
+fn sidecar_path(root: &Root) -> PathBuf {
+    let mut p = root.state_file().into_os_string();
+    p.push(".sha256");
+    PathBuf::from(p)
+}
+
+impl State {
+    pub fn slot(&self, slot: Slot) -> &SlotState {
+        self.slots.get(&slot).unwrap_or(&EMPTY)
+    }
+
+    pub fn slot_mut(&mut self, slot: Slot) -> &mut SlotState {
+        self.slots.entry(slot).or_default()
+    }
+
+    /// The digest committed in the active slot.
+    pub fn active_digest(&self) -> Option<Digest> {
+        self.active.and_then(|s| self.slot(s).digest)
+    }
+
+    pub fn is_bad(&self, digest: &Digest, inputs: &str) -> Option<&BadImage> {
+        self.bad
+            .iter()
+            .find(|b| &b.digest == digest && b.inputs == inputs)
+    }
+
+    pub fn mark_bad(&mut self, digest: Digest, inputs: String, reason: String) {
+        self.bad
+            .retain(|b| !(b.digest == digest && b.inputs == inputs));
+        self.bad.push(BadImage {
+            digest,
+            inputs,
+            reason,
+            at: crate::report::now_rfc3339(),
+        });
+    }
+
+    /// Reads the state; a missing file is the empty state of a fresh host.
+    pub fn load(root: &Root) -> Result<State, StateError> {
+        let path = root.state_file();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let sidecar = sidecar_path(root);
+        let expected = match std::fs::read_to_string(&sidecar) {
+            Ok(s) => s.trim().to_string(),
+            Err(source) => {
+                return Err(StateError::Read {
+                    path: sidecar,
+                    source,
+                })
+            }
+        };
+        let actual = Digest::of(&bytes).hex();
+        if expected != actual {
+            return Err(StateError::Sidecar {
+                path,
+                sidecar,
+                expected,
+                actual,
+            });
+        }
+        let state: State = serde_json::from_slice(&bytes).map_err(|source| StateError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        if state.version != 1 {
+            return Err(StateError::Version {
+                path,
+                version: state.version,
+            });
+        }
+        Ok(state)
+    }
+
+    /// Writes the state, then its sidecar, each atomically.
+    ///
+    /// A crash between the two leaves a state whose sidecar names the
+    /// previous content; `load` then refuses it. To make that window
+    /// harmless the sidecar is written first under a second name and the
+    /// state file is only trusted when one of the two matches.
+    pub fn save(&self, root: &Root) -> Result<(), StateError> {
+        let path = root.state_file();
+        let dir = root.state_dir();
+        std::fs::create_dir_all(&dir).map_err(|source| StateError::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut bytes = serde_json::to_vec_pretty(self).expect("state serialises");
+        bytes.push(b'\n');
+        let hex = Digest::of(&bytes).hex();
+        let sidecar = sidecar_path(root);
+        let next = next_sidecar_path(root);
+        // 1. the digest of what we are about to write, under `.next`
+        write_atomic(&next, format!("{hex}\n").as_bytes()).map_err(|source| StateError::Write {
+            path: next.clone(),
+            source,
+        })?;
+        // 2. the state itself
+        write_atomic(&path, &bytes).map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        // A crash here leaves a state only `.next` vouches for.
+        crate::failpoint::hit("state-between-writes");
+        // 3. the sidecar proper
+        write_atomic(&sidecar, format!("{hex}\n").as_bytes()).map_err(|source| {
+            StateError::Write {
+                path: sidecar.clone(),
+                source,
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Like [`State::load`], but also accepts a state matching the `.next`
+    /// sidecar (a save that died between its writes), then repairs the
+    /// sidecar.
+    pub fn load_repairing(root: &Root) -> Result<State, StateError> {
+        match State::load(root) {
+            Err(StateError::Sidecar {
+                path,
+                sidecar,
+                expected,
+                actual,
+            }) => {
+                let next = next_sidecar_path(root);
+                let next_hex = std::fs::read_to_string(&next)
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default();
+                if next_hex != actual {
+                    return Err(StateError::Sidecar {
+                        path,
+                        sidecar,
+                        expected,
+                        actual,
+                    });
+                }
+                write_atomic(&sidecar, format!("{actual}\n").as_bytes()).map_err(|source| {
+                    StateError::Write {
+                        path: sidecar.clone(),
+                        source,
+                    }
+                })?;
+                State::load(root)
+            }
+            other => other,
+        }
+    }
+}
+
+fn next_sidecar_path(root: &Root) -> PathBuf {
+    let mut p = root.state_file().into_os_string();
+    p.push(".sha256.next");
+    PathBuf::from(p)
+}
+
+static EMPTY: SlotState = SlotState {
+    status: SlotStatus::Empty,
+    digest: None,
+    inputs: None,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_sidecar() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        assert_eq!(State::load(&root).unwrap(), State::default());
+        let mut s = State {
+            active: Some(Slot::Kube2),
+            ..State::default()
+        };
+        s.slot_mut(Slot::Kube2).status = SlotStatus::Active;
+        s.slot_mut(Slot::Kube2).digest = Some(Digest::of(b"x"));
+        s.save(&root).unwrap();
+        assert_eq!(State::load(&root).unwrap(), s);
+
+        // a torn or edited state is refused, naming both files
+        std::fs::write(root.state_file(), b"{}").unwrap();
+        let e = State::load(&root).unwrap_err().to_string();
+        assert!(e.contains("state.json") && e.contains("sidecar"), "{e}");
+        assert!(State::load_repairing(&root).is_err());
+    }
+
+    #[test]
+    fn a_save_that_died_between_writes_is_repaired() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let s = State::default();
+        s.save(&root).unwrap();
+        // simulate: `.next` and state written, sidecar not yet
+        let t = State {
+            active: Some(Slot::Kube1),
+            ..State::default()
+        };
+        let mut bytes = serde_json::to_vec_pretty(&t).unwrap();
+        bytes.push(b'\n');
+        let hex = Digest::of(&bytes).hex();
+        std::fs::write(next_sidecar_path(&root), format!("{hex}\n")).unwrap();
+        std::fs::write(root.state_file(), &bytes).unwrap();
+        assert!(State::load(&root).is_err());
+        assert_eq!(State::load_repairing(&root).unwrap(), t);
+        assert_eq!(State::load(&root).unwrap(), t);
+    }
+
+    #[test]
+    fn bad_marks_are_per_digest_and_inputs() {
+        let mut s = State::default();
+        let d = Digest::of(b"img");
+        s.mark_bad(d, "a".into(), "health".into());
+        assert!(s.is_bad(&d, "a").is_some());
+        assert!(s.is_bad(&d, "b").is_none());
+        s.mark_bad(d, "a".into(), "again".into());
+        assert_eq!(s.bad.len(), 1);
+    }
+
+    #[test]
+    fn slot_names() {
+        assert_eq!("kube2".parse::<Slot>().unwrap(), Slot::Kube2);
+        assert!("kube3".parse::<Slot>().is_err());
+        assert_eq!(Slot::Kube1.unit(), "systemd-nspawn@kube1.service");
+        assert_eq!(Slot::Kube1.other(), Slot::Kube2);
+    }
+}

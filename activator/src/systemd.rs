@@ -1,1 +1,101 @@
-//! The systemd boundary trait. (owner: host-side)
+//! The systemd boundary: the few things the activator asks of the host's
+//! service manager, as one small trait, and the real implementation that runs
+//! `systemctl`, `systemd-run -M` found on `PATH`.
+//!
+//! Given unit and machine names (never paths). It does not decide when to
+//! start or stop anything (that is `activate`), and it does not parse unit
+//! files. Tests of the library use a recording fake (`activate`'s unit
+//! tests); black-box tests of the binary put fake `systemctl`/`systemd-run`
+//! scripts first on `PATH`, so this real code runs against them.
+
+use std::process::{Command, Stdio};
+
+/// What the activator needs from systemd.
+pub trait Systemd {
+    fn daemon_reload(&self) -> Result<(), SystemdError>;
+    /// Starts a unit and waits for the start job to finish.
+    fn start(&self, unit: &str) -> Result<(), SystemdError>;
+    /// Stops a unit (a no-op when it is not running).
+    fn stop(&self, unit: &str) -> Result<(), SystemdError>;
+    fn is_active(&self, unit: &str) -> Result<bool, SystemdError>;
+    /// Runs a command inside a running machine; `Ok(true)` when it exited 0.
+    fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    #[error("{command}: cannot run: {source} (is systemd installed and on PATH?)")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command}: exited with {status}: {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+}
+
+/// The host's systemd, through its command-line tools.
+#[derive(Clone, Debug, Default)]
+pub struct SystemCtl;
+
+fn run(program: &str, args: &[&str]) -> Result<std::process::Output, SystemdError> {
+    let command = std::iter::once(program)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| SystemdError::Spawn {
+            command: command.clone(),
+            source,
+        })
+}
+
+fn run_ok(program: &str, args: &[&str]) -> Result<(), SystemdError> {
+    let out = run(program, args)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(SystemdError::Failed {
+        command: std::iter::once(program)
+            .chain(args.iter().copied())
+            .collect::<Vec<_>>()
+            .join(" "),
+        status: out.status.to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    })
+}
+
+impl Systemd for SystemCtl {
+    fn daemon_reload(&self) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["daemon-reload"])
+    }
+
+    fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["start", unit])
+    }
+
+    fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["stop", unit])
+    }
+
+    fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+        // `is-active` answers through its exit code; any non-zero is "not
+        // active" (inactive, failed, activating, unknown unit).
+        Ok(run("systemctl", &["is-active", "--quiet", unit])?
+            .status
+            .success())
+    }
+
+    fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
+        let mut args = vec!["-M", machine, "--wait", "--pipe", "--quiet", "--"];
+        args.extend_from_slice(argv);
+        Ok(run("systemd-run", &args)?.status.success())
+    }
+}

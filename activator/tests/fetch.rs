@@ -814,22 +814,8 @@ fn stage_replaces_the_slot_tree_only_after_success() {
     assert!(stage(&root, &cfg, "../etc").is_err());
 }
 
-/// A `docker-registry` with htpasswd (basic) auth, killed on drop.
-struct AuthRegistry {
-    child: std::process::Child,
-    host: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for AuthRegistry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn auth_registry(user: &str, password: &str) -> AuthRegistry {
-    let bin = require_tool("docker-registry", "docker-registry");
+/// A `docker-registry` with htpasswd (basic) auth for one user.
+fn auth_registry(user: &str, password: &str) -> (Registry, tempfile::TempDir) {
     let python = require_tool("python3", "python3");
     let dir = tempfile::tempdir().unwrap();
     // bcrypt at cost 4 (rounds=16): the registry checks it on every request.
@@ -849,45 +835,19 @@ fn auth_registry(user: &str, password: &str) -> AuthRegistry {
         String::from_utf8_lossy(&out.stderr)
     );
     let hash = String::from_utf8(out.stdout).unwrap();
-    fs::write(
-        dir.path().join("htpasswd"),
-        format!("{user}:{}\n", hash.trim()),
-    )
-    .unwrap();
-    let port = free_port();
-    let config = dir.path().join("config.yml");
-    fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-             auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("storage").display(),
-            dir.path().join("htpasswd").display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(bin)
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "auth registry did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    AuthRegistry {
-        child,
-        host: format!("127.0.0.1:{port}"),
-        _dir: dir,
-    }
+    let htpasswd = dir.path().join("htpasswd");
+    fs::write(&htpasswd, format!("{user}:{}\n", hash.trim())).unwrap();
+    // The registry reads htpasswd on every request: the dir lives as long as it.
+    let reg = Registry::start_with(&format!(
+        "auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n",
+        htpasswd.display()
+    ));
+    (reg, dir)
 }
 
 #[test]
 fn basic_auth_with_a_password_file() {
-    let reg = auth_registry("node", "s3cret");
+    let (reg, _htpasswd) = auth_registry("node", "s3cret");
     let work = tempfile::tempdir().unwrap();
     let k = key(5);
     let (layout, built) = small_image(&work.path().join("l"), "v1", b"auth\n", Some(&k));
@@ -904,7 +864,7 @@ fn basic_auth_with_a_password_file() {
             ])
             .args(["--dest-creds", "node:s3cret"])
             .arg(format!("oci:{}:{tag}", layout.dir().display()))
-            .arg(format!("docker://{}/test/node:{tag}", reg.host))
+            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
             .output()
             .unwrap();
         assert!(
@@ -913,7 +873,7 @@ fn basic_auth_with_a_password_file() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let image = format!("{}/test/node:v1", reg.host);
+    let image = format!("{}/test/node:v1", reg.host());
 
     let anonymous = Host::new(&[&k], false, no_registries());
     let err = anonymous.unpack_err(&image, &anonymous.target("t"));
@@ -922,7 +882,7 @@ fn basic_auth_with_a_password_file() {
     let host = Host::new(
         &[&k],
         false,
-        serde_json::json!({ reg.host.clone(): {"credentials": {
+        serde_json::json!({ reg.host(): {"credentials": {
             "username": "node", "password_file": "/etc/kubeslot/registry-password"}}}),
     );
     fs::write(host.root.join("etc/kubeslot/registry-password"), "s3cret\n").unwrap();
@@ -1227,38 +1187,12 @@ fn bearer_token_auth_against_a_token_registry() {
         .join(":");
     let tokens = token_service(signer, kid);
 
-    let bin = require_tool("docker-registry", "docker-registry");
-    let port = free_port();
-    let config = work.path().join("registry.yml");
-    fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-             auth:\n  token:\n    realm: {}\n    service: kubeslot-test\n    issuer: kubeslot-test-issuer\n    rootcertbundle: {}\n\
-             http:\n  addr: 127.0.0.1:{port}\n",
-            work.path().join("storage").display(),
-            tokens.realm,
-            cert_pem.display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(bin)
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _reg = AuthRegistry {
-        child,
-        host: format!("127.0.0.1:{port}"),
-        _dir: tempfile::tempdir().unwrap(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "token registry did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let reg = Registry::start_with(&format!(
+        "auth:\n  token:\n    realm: {}\n    service: kubeslot-test\n    issuer: kubeslot-test-issuer\n    rootcertbundle: {}\n",
+        tokens.realm,
+        cert_pem.display()
+    ));
+    let port = reg.port();
 
     let k = key(7);
     let (layout, built) = small_image(&work.path().join("l"), "v1", b"bearer\n", Some(&k));

@@ -82,18 +82,65 @@ impl Target {
     }
 }
 
-/// A temp sibling of `target` (same filesystem, so renames are atomic).
+/// A temp sibling of `target` (same filesystem, so renames are atomic),
+/// named `.NAME.kubeslot-<pid>-XXXXXX` and removed by its guard on every exit
+/// path a process survives. A builder that was killed cannot clean up, so
+/// staging dirs and temp archives of `target` whose process is gone are
+/// removed first.
 pub fn staging_dir(target: &Path) -> Result<tempfile::TempDir, OutputError> {
     let parent = parent_of(target);
     fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+    let prefix = staging_prefix(target);
+    sweep_stale(&parent, &prefix);
+    tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}-", std::process::id()))
+        .tempdir_in(&parent)
+        .map_err(io_err(&parent))
+}
+
+/// `.NAME.kubeslot-`: what every temp sibling of `target` starts with.
+fn staging_prefix(target: &Path) -> String {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into());
-    tempfile::Builder::new()
-        .prefix(&format!(".{name}.kubeslot-"))
-        .tempdir_in(&parent)
-        .map_err(io_err(&parent))
+    format!(".{name}.kubeslot-")
+}
+
+/// Removes `<parent>/<prefix><pid>-*` entries whose process no longer runs
+/// (a build killed by SIGKILL, an OOM kill, a cancelled CI job). Entries of
+/// live processes, including concurrent builds, are left alone; failures to
+/// remove are ignored (the next run tries again).
+fn sweep_stale(parent: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        if removed.is_ok() {
+            eprintln!(
+                "removed {}: left by a build (pid {pid}) that did not finish",
+                path.display()
+            );
+        }
+    }
 }
 
 fn parent_of(p: &Path) -> PathBuf {
@@ -191,8 +238,10 @@ fn copy_blobs(from: &BlobDir, to: &BlobDir) -> Result<(), OutputError> {
 pub fn write_archive(layout_dir: &Path, file: &Path) -> Result<(), OutputError> {
     let parent = parent_of(file);
     fs::create_dir_all(&parent).map_err(io_err(&parent))?;
+    let prefix = staging_prefix(file);
+    sweep_stale(&parent, &prefix);
     let tmp = tempfile::Builder::new()
-        .prefix(".oci-archive-")
+        .prefix(&format!("{prefix}{}-", std::process::id()))
         .tempfile_in(&parent)
         .map_err(io_err(&parent))?;
     {

@@ -13,6 +13,7 @@
 //! [`crate::transfer`]) and does not retry: a failed push is resumed by
 //! running it again, which re-sends only the blobs the registry lacks.
 
+use kubeslot_activator::error_chain;
 use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt as _;
@@ -101,22 +102,6 @@ pub enum RegistryError {
         reference: String,
         reason: String,
     },
-}
-
-/// One line from an error and its sources (oci-client and reqwest nest the
-/// useful part, e.g. "connection reset", a few levels down).
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
 }
 
 fn is_not_found(e: &OciDistributionError) -> bool {
@@ -214,12 +199,12 @@ impl Remote {
             .map_err(|e| match e {
                 OciDistributionError::RequestError(_) => RegistryError::Unreachable {
                     registry: image.registry.clone(),
-                    reason: chain(&e),
+                    reason: error_chain(&e),
                 },
                 _ => RegistryError::Auth {
                     registry: image.registry.clone(),
                     repository: image.name(),
-                    reason: chain(&e),
+                    reason: error_chain(&e),
                 },
             })?;
         Ok(remote)
@@ -249,10 +234,10 @@ impl Remote {
             RegistryError::Auth {
                 registry: self.image.registry.clone(),
                 repository: self.name(),
-                reason: chain(&e),
+                reason: error_chain(&e),
             }
         } else {
-            other(chain(&e))
+            other(error_chain(&e))
         }
     }
 
@@ -457,7 +442,7 @@ impl Remote {
             .stream;
         let mut hasher = Hasher::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| download(chain(&e)))?;
+            let chunk = chunk.map_err(|e| download(error_chain(&e)))?;
             hasher.update(&chunk);
             if hasher.len() > size {
                 return Err(download(format!("more than the {size} bytes announced")));

@@ -18,6 +18,7 @@ use kubeslot_activator::oci::{
 use kubeslot_activator::Digest;
 use serde_json::{json, Value};
 
+use crate::assemble::rfc3339;
 use crate::sign::{Artifact, EMPTY_CONFIG};
 
 /// Where the SBOM lives inside the image.
@@ -76,28 +77,6 @@ impl PackageKind {
             PackageKind::BaseImage => "CONTAINER",
         }
     }
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (UTC, proleptic
-/// Gregorian; Howard Hinnant's days-to-civil).
-pub fn rfc3339(epoch: u64) -> String {
-    let days = (epoch / 86_400) as i64;
-    let secs = epoch % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    )
 }
 
 /// An SPDX identifier from free text: `SPDXRef-` + `[A-Za-z0-9.-]`.

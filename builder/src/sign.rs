@@ -15,6 +15,7 @@
 //! layout: [`crate::transfer`]).
 
 use std::io::Write as _;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -62,6 +63,17 @@ pub fn keygen(prefix: &Path) -> Result<KeyPair, KeyError> {
         if p.symlink_metadata().is_ok() {
             return Err(KeyError::Exists { path: p.clone() });
         }
+    }
+    if let Some(dir) = private_key.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // A fresh key directory is private: only the owner lists it.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|error| KeyError::Io {
+                path: dir.to_path_buf(),
+                error,
+            })?;
     }
     let key = SigningKey::random(&mut rand_core::OsRng);
     let pem = key
@@ -227,7 +239,7 @@ mod tests {
     #[test]
     fn keygen_writes_0600_and_never_overwrites() {
         let dir = tempfile::tempdir().unwrap();
-        let prefix = dir.path().join("release");
+        let prefix = dir.path().join("keys/release");
         let pair = keygen(&prefix).unwrap();
         let mode = std::fs::metadata(&pair.private_key)
             .unwrap()

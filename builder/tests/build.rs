@@ -821,3 +821,65 @@ fn zstd_layers_are_reproducible_and_readable_by_skopeo() {
         String::from_utf8_lossy(&inspect.stderr)
     );
 }
+
+#[test]
+fn leftovers_of_a_killed_build_are_swept_and_live_ones_kept() {
+    let t = tempfile::tempdir().unwrap();
+    // A pid that certainly ran and is gone, and one that runs.
+    let mut dead = Command::new("true").spawn().unwrap();
+    dead.wait().unwrap();
+    let mut live = Command::new("sleep").arg("60").spawn().unwrap();
+    let stale_dir = t
+        .path()
+        .join(format!(".node.kubeslot-{}-AbC123", dead.id()));
+    let stale_tmp = t
+        .path()
+        .join(format!(".node.tar.kubeslot-{}-XyZ789", dead.id()));
+    let busy_dir = t
+        .path()
+        .join(format!(".node.kubeslot-{}-Busy00", live.id()));
+    let other = t
+        .path()
+        .join(format!(".other.kubeslot-{}-AbC123", dead.id()));
+    for d in [&stale_dir, &busy_dir, &other] {
+        std::fs::create_dir_all(d.join("blobs/sha256")).unwrap();
+        std::fs::write(d.join("blobs/sha256/partial"), b"half a layer").unwrap();
+    }
+    std::fs::write(&stale_tmp, b"half an archive").unwrap();
+
+    let out = run(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci:{}", t.path().join("node").display())));
+    let _ = live.kill();
+    let _ = live.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stale_dir.exists(), "stale staging dir kept: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: left by a build (pid {})",
+            stale_dir.display(),
+            dead.id()
+        )),
+        "{stderr}"
+    );
+    assert!(busy_dir.exists(), "a live build's staging dir was removed");
+    assert!(other.exists(), "another output's staging dir was removed");
+    // The archive's temp file is swept by a build that writes that archive.
+    assert!(stale_tmp.exists());
+    ok(bin()
+        .arg("--cache")
+        .arg(t.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!(
+            "oci-archive:{}",
+            t.path().join("node.tar").display()
+        )));
+    assert!(!stale_tmp.exists(), "stale archive temp file kept");
+}

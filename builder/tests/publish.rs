@@ -780,67 +780,22 @@ fn publishing_help_snapshots() {
 }
 
 /// A `docker-registry` with htpasswd auth (user `kubeslot`, password
-/// `s3cret`, testdata/registry-auth), killed when dropped.
-struct AuthRegistry {
-    child: std::process::Child,
-    host: String,
-    _dir: tempfile::TempDir,
-}
-
-impl AuthRegistry {
-    fn start() -> AuthRegistry {
-        let bin = require_tool("docker-registry", "docker-registry");
-        let dir = tempfile::tempdir().unwrap();
-        let htpasswd =
-            kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
-        let port = kubeslot_test_support::free_port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {}\n\
-                 auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n\
-                 http:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("storage").display(),
-                htpasswd.display()
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.path().join("log")).unwrap();
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(&config)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "auth registry did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        AuthRegistry {
-            child,
-            host: format!("127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for AuthRegistry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `s3cret`, testdata/registry-auth).
+fn auth_registry() -> Registry {
+    let htpasswd = kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
+    Registry::start_with(&format!(
+        "auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n",
+        htpasswd.display()
+    ))
 }
 
 #[test]
 fn credentials_refused_and_accepted_from_each_source() {
-    let reg = AuthRegistry::start();
+    let reg = auth_registry();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     let (index, _) = write_image(&src, "v1", 6, &[1000]);
-    let image = format!("{}/kube/private:v1", reg.host);
+    let image = format!("{}/kube/private:v1", reg.host());
     let push = |envs: &[(&str, &str)], extra: &[&str]| {
         let mut c = builder();
         c.env_remove("KUBESLOT_REGISTRY_USER")
@@ -861,9 +816,9 @@ fn credentials_refused_and_accepted_from_each_source() {
         eprintln!("refused: {}", err.trim());
         assert!(!out.status.success(), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
-        assert!(err.contains(&reg.host), "{err}");
+        assert!(err.contains(&reg.host()), "{err}");
         assert!(
-            err.contains(&format!("registry {}: authentication refused", reg.host)),
+            err.contains(&format!("registry {}: authentication refused", reg.host())),
             "{err}"
         );
     }
@@ -887,7 +842,7 @@ fn credentials_refused_and_accepted_from_each_source() {
         docker.join("config.json"),
         format!(
             r#"{{"auths":{{"{}":{{"auth":"a3ViZXNsb3Q6czNjcmV0"}}}}}}"#,
-            reg.host
+            reg.host()
         ),
     )
     .unwrap();
@@ -908,7 +863,7 @@ fn credentials_refused_and_accepted_from_each_source() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains(&format!("no auths entry for registry {}", reg.host)),
+        err.contains(&format!("no auths entry for registry {}", reg.host())),
         "{err}"
     );
     // The registry holds our index, byte for byte, behind those credentials.

@@ -43,6 +43,7 @@ pub struct Registry {
     port: u16,
     storage: PathBuf,
     log: PathBuf,
+    extra: String,
     _dir: tempfile::TempDir,
 }
 
@@ -53,7 +54,17 @@ impl Registry {
         let dir = tempfile::tempdir().expect("temp dir");
         let storage = dir.path().join("storage");
         std::fs::create_dir_all(&storage).unwrap();
-        Self::start_with_storage(bin, dir, storage)
+        Self::start_with_storage(bin, dir, storage, "")
+    }
+
+    /// Starts a registry whose config gets `extra` (top-level YAML sections,
+    /// e.g. an `auth:` block with htpasswd or token settings) appended.
+    pub fn start_with(extra: &str) -> Registry {
+        let bin = require_tool("docker-registry", "docker-registry");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let storage = dir.path().join("storage");
+        std::fs::create_dir_all(&storage).unwrap();
+        Self::start_with_storage(bin, dir, storage, extra)
     }
 
     /// Starts a registry over existing `storage` (to restart one that was
@@ -63,10 +74,16 @@ impl Registry {
         let dir = std::mem::replace(&mut self._dir, tempfile::tempdir().expect("temp dir"));
         let storage = self.storage.clone();
         let bin = require_tool("docker-registry", "docker-registry");
-        Self::start_with_storage(bin, dir, storage)
+        let extra = std::mem::take(&mut self.extra);
+        Self::start_with_storage(bin, dir, storage, &extra)
     }
 
-    fn start_with_storage(bin: PathBuf, dir: tempfile::TempDir, storage: PathBuf) -> Registry {
+    fn start_with_storage(
+        bin: PathBuf,
+        dir: tempfile::TempDir,
+        storage: PathBuf,
+        extra: &str,
+    ) -> Registry {
         for _attempt in 0..5 {
             let port = free_port();
             let config = dir.path().join("config.yml");
@@ -75,7 +92,7 @@ impl Registry {
                 format!(
                     "version: 0.1\nlog:\n  level: info\n  accesslog:\n    disabled: false\n\
                      storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                     http:\n  addr: 127.0.0.1:{port}\n",
+                     http:\n  addr: 127.0.0.1:{port}\n{extra}",
                     storage.display()
                 ),
             )
@@ -102,6 +119,7 @@ impl Registry {
                         port,
                         storage,
                         log,
+                        extra: extra.to_string(),
                         _dir: dir,
                     };
                 }

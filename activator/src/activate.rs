@@ -1,0 +1,1043 @@
+//! The flip engine: `activate` and `rollback` as library calls, each ending
+//! in a [`Report`] that is written to `report.json` while the run lock is
+//! still held.
+//!
+//! Given the root handle, the config path and a [`Systemd`]. The order
+//! (DESIGN.md §4), and why each step is where it is:
+//!
+//! 1. lock (`lock`): two runs never interleave;
+//! 2. load the state, repairing a save that died between its writes, and
+//!    recover a dead run ([`recover`]): a flip "prepared" but not tried is
+//!    set aside (its slot stays staged), a flip "trying" is finished when its
+//!    machine is up and passes the gate, otherwise rolled back and its image
+//!    marked bad (the one try was used); a slot left dirty is emptied. This
+//!    uses the config each slot was activated with (saved beside the state),
+//!    so a broken new config cannot block recovery;
+//! 3. read the config, gather the host facts, resolve the reference once and
+//!    verify it (fail closed);
+//! 4. [`plan::activate`]: up to date (no machine is touched), refused (the
+//!    image failed with these host-file inputs before), or a flip;
+//! 5. mark the inactive slot dirty, stage into it (the reference pinned to
+//!    the digest resolved in 3), render and write its host files (a
+//!    daemon-reload when its drop-in changed), record it staged, record
+//!    "pending, prepared", then "pending, trying": from here the try counts;
+//! 6. stop the old machine, start the new one, health gate ([`health`]);
+//! 7. commit (the old slot is kept as `previous` for `rollback`) or roll back
+//!    (stop the new machine, start the old one, check it, mark the image bad
+//!    with the name of the failed check).
+//!
+//! Every state change is one atomic [`State::save`]; the active slot's tree
+//! and host files are never written by a flip (only the inactive slot's), so
+//! the old machine stays bootable whatever point a crash hits. The failpoint
+//! boundaries are listed in [`crate::failpoint`].
+//!
+//! It does not parse arguments or print (the `cli` modules do), and it runs
+//! nothing from an image.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{Config, ConfigError, Health};
+use crate::digest::Digest;
+use crate::failpoint;
+use crate::health::{self, Check, Failure, Gate};
+use crate::layout::LayoutError;
+use crate::lock::{Lock, LockError};
+use crate::oci::Platform;
+use crate::paths::Root;
+use crate::plan::{self, Flip, Plan, PlanError};
+use crate::reference::ImageSource;
+use crate::render::{self, HostFacts, HostFiles, RenderError};
+use crate::report::{exit, Downloads, Outcome, Report};
+use crate::source::{Source, SourceError};
+use crate::stage::{self, StageError};
+use crate::state::{
+    FlipKind, Pending, PendingPhase, Slot, SlotState, SlotStatus, State, StateError,
+};
+use crate::systemd::{Systemd, SystemdError};
+use crate::verify::{Policy, VerifyError};
+
+/// Why a run did not end with the desired slot committed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// The config names host facts that cannot be gathered (CA file,
+    /// devices, DNS, GPUs).
+    #[error("config {config}: {source}")]
+    Facts {
+        config: PathBuf,
+        #[source]
+        source: RenderError,
+    },
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error(transparent)]
+    Source(#[from] Box<SourceError>),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error("slot config {path}: {reason}")]
+    SlotConfig { path: PathBuf, reason: String },
+    #[error("image {digest}: failed on this host at {at} ({reason}); not retried automatically (publish a new image, change the host settings, or pass --force)")]
+    Bad {
+        digest: Digest,
+        reason: String,
+        at: String,
+    },
+    #[error("staged {got} into {slot}, but the reference resolved to {want} at the start of this run (it moved); the slot stays unused")]
+    Moved {
+        slot: Slot,
+        want: Digest,
+        got: Digest,
+    },
+    #[error("rollback: slot {slot}: {reason}")]
+    NotIntact { slot: Slot, reason: String },
+    /// The new machine failed its gate; the old one runs again (or, with
+    /// `old_failure`, was started but is not healthy either).
+    #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]
+    RolledBack {
+        failure: Failure,
+        from: Option<Slot>,
+        old_failure: Option<Failure>,
+    },
+}
+
+impl From<SourceError> for ActivateError {
+    fn from(e: SourceError) -> Self {
+        ActivateError::Source(Box::new(e))
+    }
+}
+
+impl ActivateError {
+    /// The process exit code (see [`crate::report::exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ActivateError::Config(_) | ActivateError::Facts { .. } => exit::CONFIG,
+            ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
+            ActivateError::Bad { .. } => exit::BAD_IMAGE,
+            ActivateError::RolledBack {
+                old_failure: None, ..
+            } => exit::ROLLED_BACK,
+            _ => exit::FAILED,
+        }
+    }
+}
+
+/// Flags of `activate`.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Try an image even when it failed with the same inputs before.
+    pub force: bool,
+}
+
+/// What a run left: its report, and whether `report.json` could be written.
+#[derive(Debug)]
+pub struct Ran {
+    pub report: Report,
+    pub saved: Result<(), LayoutError>,
+}
+
+/// The whole `activate` flow. Never fails as a function: the outcome, the
+/// error and its exit code are in the report.
+pub fn activate(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &Options) -> Ran {
+    let mut report = Report::new("activate");
+    let lock = match Lock::try_exclusive(root) {
+        Ok(l) => l,
+        // The report belongs to the run holding the lock; do not clobber it.
+        Err(e) => return busy(report, e),
+    };
+    failpoint::hit("after-lock");
+    let result = run_activate(root, config_path, systemd, opts, &mut report);
+    finish(root, report, result, lock)
+}
+
+/// `rollback`: back to the previous slot, without downloading, through the
+/// same gate; the image rolled away from is marked bad.
+pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
+    let mut report = Report::new("rollback");
+    let lock = match Lock::try_exclusive(root) {
+        Ok(l) => l,
+        Err(e) => return busy(report, e),
+    };
+    failpoint::hit("after-lock");
+    let result = run_rollback(root, systemd, &mut report);
+    finish(root, report, result, lock)
+}
+
+fn busy(mut report: Report, e: LockError) -> Ran {
+    let e = ActivateError::from(e);
+    report.finish(e.exit_code(), Some(e.to_string()));
+    Ran {
+        report,
+        saved: Ok(()),
+    }
+}
+
+fn finish(root: &Root, mut report: Report, result: Result<(), ActivateError>, lock: Lock) -> Ran {
+    match result {
+        Ok(()) => report.finish(exit::OK, None),
+        Err(e) => {
+            if matches!(e, ActivateError::RolledBack { .. }) {
+                report.outcome = Some(Outcome::RolledBack);
+            }
+            report.finish(e.exit_code(), Some(crate::error_chain(&e)));
+        }
+    }
+    let saved = report.save(root);
+    drop(lock);
+    Ran { report, saved }
+}
+
+/// What a run acts on: the root and the service manager.
+struct Host<'a> {
+    root: &'a Root,
+    systemd: &'a dyn Systemd,
+}
+
+fn run_activate(
+    root: &Root,
+    config_path: &Path,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    report.phase("recover");
+    let mut state = State::load_repairing(root)?;
+    report.previous_slot = state.active;
+    report.recovered = host.recover(&mut state)?;
+    failpoint::hit("after-recover");
+
+    report.phase("config");
+    let config = Config::load(config_path)?;
+    report.image = Some(config.image.to_string());
+    let facts = gather(root, config_path, &config)?;
+
+    report.phase("resolve");
+    let digest = resolve(root, &config)?;
+    report.digest = Some(digest);
+    let inputs = inputs_hash(&config, &facts);
+    let current = state
+        .active
+        .is_some_and(|a| files_current(root, &config, a, &facts));
+    let flip = match plan::activate(&state, digest, &inputs, current, opts.force) {
+        Plan::UpToDate { slot, .. } => {
+            if state.slot(slot).inputs.as_deref() != Some(inputs.as_str()) {
+                // host facts changed and the render oneshot already applied
+                // them: record what the slot now runs with
+                state.slot_mut(slot).inputs = Some(inputs);
+                state.save(root)?;
+            }
+            report.slot = Some(slot);
+            report.outcome = Some(Outcome::UpToDate);
+            return Ok(());
+        }
+        Plan::Refused(bad) => {
+            report.slot = state.active;
+            return Err(ActivateError::Bad {
+                digest: bad.digest,
+                reason: bad.reason,
+                at: bad.at,
+            });
+        }
+        Plan::Flip(f) => f,
+    };
+    report.slot = Some(flip.to);
+    host.prepare(&mut state, &flip, &config, &facts, &inputs, report)?;
+    let gate = Gate::from(&config.health);
+    host.try_flip(&mut state, &gate, &facts.gpu.devices, report)?;
+    report.outcome = Some(Outcome::Committed);
+    Ok(())
+}
+
+fn run_rollback(
+    root: &Root,
+    systemd: &dyn Systemd,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let host = Host { root, systemd };
+    report.phase("recover");
+    let mut state = State::load_repairing(root)?;
+    report.previous_slot = state.active;
+    report.recovered = host.recover(&mut state)?;
+    failpoint::hit("after-recover");
+
+    report.phase("plan");
+    let flip = plan::rollback(&state)?;
+    report.slot = Some(flip.to);
+    report.digest = Some(flip.digest);
+    let tree = root.machine_tree(flip.to.machine());
+    let intact = std::fs::read_dir(&tree).map(|mut d| d.next().is_some());
+    if !matches!(intact, Ok(true)) {
+        return Err(ActivateError::NotIntact {
+            slot: flip.to,
+            reason: format!("{} is missing or empty", tree.display()),
+        });
+    }
+    // The slot runs with the config it was activated with; only the device
+    // binds may differ, so its files are re-rendered from that config.
+    report.phase("render");
+    let config = load_slot_config(root, flip.to)?;
+    report.image = Some(config.image.to_string());
+    let facts = render::gather(root, &config)?;
+    let files = render::render(&config, flip.to, &facts);
+    host.write_files(&files)?;
+    state.pending = Some(Pending {
+        kind: FlipKind::Rollback,
+        phase: PendingPhase::Prepared,
+        to: flip.to,
+        digest: flip.digest,
+        from: flip.from,
+        inputs: state.slot(flip.to).inputs.clone().unwrap_or_default(),
+    });
+    state.save(root)?;
+    failpoint::hit("after-pending");
+    host.try_flip(
+        &mut state,
+        &Gate::from(&config.health),
+        &facts.gpu.devices,
+        report,
+    )?;
+    report.outcome = Some(Outcome::Committed);
+    Ok(())
+}
+
+fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts, ActivateError> {
+    render::gather(root, config).map_err(|source| ActivateError::Facts {
+        config: config_path.to_path_buf(),
+        source,
+    })
+}
+
+/// Resolves the configured reference once and checks the trust policy.
+pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
+    let policy = Policy::load(&config.trust, root)?;
+    let scratch = root.machines_dir();
+    let source = Source::open(&config.image, &config.registries, root, &scratch)?;
+    let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
+    Ok(verified.image.image_digest())
+}
+
+/// The hash that names a set of host-file inputs (the files rendered for
+/// kube1, so the value does not depend on the slot): what a bad mark and a
+/// slot record.
+pub fn inputs_hash(config: &Config, facts: &HostFacts) -> String {
+    hash_files(&render::render(config, Slot::Kube1, facts))
+}
+
+fn hash_files(files: &HostFiles) -> String {
+    let mut text = String::new();
+    for f in &files.files {
+        text += &format!(
+            "{}\0{:o}\0{}\0{}\0",
+            f.path.display(),
+            f.mode,
+            f.contents.len(),
+            f.contents
+        );
+    }
+    Digest::of(text.as_bytes()).hex()
+}
+
+/// Whether `slot`'s host files on disk are what rendering gives now.
+pub fn files_current(root: &Root, config: &Config, slot: Slot, facts: &HostFacts) -> bool {
+    render::diff(root, &render::render(config, slot, facts))
+        .iter()
+        .all(|d| d.diff.is_empty())
+}
+
+/// The config `slot` was last activated with (`render <machine>` and
+/// `rollback` use it, never the possibly newer one).
+pub fn load_slot_config(root: &Root, slot: Slot) -> Result<Config, ActivateError> {
+    let path = root.slot_inputs(slot.machine());
+    Config::load(&path).map_err(|e| ActivateError::SlotConfig {
+        path,
+        reason: crate::error_chain(&e),
+    })
+}
+
+impl Host<'_> {
+    fn save(&self, state: &State) -> Result<(), ActivateError> {
+        Ok(state.save(self.root)?)
+    }
+
+    /// Writes rendered files; a changed drop-in needs a daemon-reload
+    /// before the unit starts.
+    fn write_files(&self, files: &HostFiles) -> Result<(), ActivateError> {
+        let outcome = render::write(self.root, files)?;
+        if outcome.dropin_changed {
+            self.systemd.daemon_reload()?;
+        }
+        Ok(())
+    }
+
+    /// Step 5: the target slot staged and rendered, "pending, prepared".
+    fn prepare(
+        &self,
+        state: &mut State,
+        flip: &Flip,
+        config: &Config,
+        facts: &HostFacts,
+        inputs: &str,
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
+        let to = flip.to;
+        report.phase("stage");
+        if !flip.reuse_staged {
+            // Dirty first: a crash from here on leaves a slot recovery
+            // empties, never one that could be started half-written.
+            *state.slot_mut(to) = SlotState {
+                status: SlotStatus::Dirty,
+                digest: None,
+                inputs: None,
+            };
+            self.save(state)?;
+            failpoint::hit("after-mark-dirty");
+            let staged = stage::stage(self.root, &pinned(config, flip.digest), to.machine())?;
+            failpoint::hit("after-stage");
+            report.downloads = Some(Downloads {
+                blobs_fetched: staged.report.downloaded_blobs,
+                bytes_fetched: staged.report.downloaded_bytes,
+                blobs_reused: staged.report.reused_blobs,
+            });
+            if staged.image_digest != flip.digest {
+                return Err(ActivateError::Moved {
+                    slot: to,
+                    want: flip.digest,
+                    got: staged.image_digest,
+                });
+            }
+        }
+        report.phase("render");
+        render::save_inputs(self.root, to, config)?;
+        self.write_files(&render::render(config, to, facts))?;
+        failpoint::hit("after-render");
+        *state.slot_mut(to) = SlotState {
+            status: SlotStatus::Staged,
+            digest: Some(flip.digest),
+            inputs: Some(inputs.to_string()),
+        };
+        self.save(state)?;
+        failpoint::hit("after-staged");
+        state.pending = Some(Pending {
+            kind: FlipKind::Activate,
+            phase: PendingPhase::Prepared,
+            to,
+            digest: flip.digest,
+            from: flip.from,
+            inputs: inputs.to_string(),
+        });
+        self.save(state)?;
+        failpoint::hit("after-pending");
+        Ok(())
+    }
+
+    /// Steps 6 and 7 for the pending flip in `state`.
+    fn try_flip(
+        &self,
+        state: &mut State,
+        gate: &Gate,
+        gpu_devices: &[String],
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
+        let mut pending = state.pending.clone().expect("a prepared flip");
+        pending.phase = PendingPhase::Trying;
+        state.pending = Some(pending.clone());
+        self.save(state)?;
+        failpoint::hit("after-trying");
+
+        report.phase("stop");
+        if let Some(from) = pending.from {
+            if let Err(e) = self.systemd.stop(&from.unit()) {
+                // Nothing was started: the try is not used up. The old
+                // machine may still run; the target stays staged.
+                state.pending = None;
+                self.save(state)?;
+                return Err(e.into());
+            }
+        }
+        failpoint::hit("after-stop-old");
+
+        report.phase("start");
+        let started = self.systemd.start(&pending.to.unit());
+        failpoint::hit("after-start-new");
+
+        report.phase("health");
+        let verdict = match started {
+            Err(e) => Err(Failure {
+                machine: pending.to.machine().to_string(),
+                check: Check::UnitStart,
+                detail: e.to_string(),
+            }),
+            Ok(()) => health::wait_healthy(self.systemd, pending.to, gate, gpu_devices),
+        };
+        match verdict {
+            Ok(()) => {
+                failpoint::hit("after-health");
+                report.phase("commit");
+                self.commit(state, &pending)
+            }
+            Err(failure) => {
+                report.phase("rollback");
+                self.roll_back(state, &pending, failure)
+            }
+        }
+    }
+
+    fn commit(&self, state: &mut State, p: &Pending) -> Result<(), ActivateError> {
+        if let Some(from) = p.from {
+            let old = state.slot_mut(from);
+            old.status = SlotStatus::Previous;
+            if p.kind == FlipKind::Rollback {
+                // The operator rolled away from this image: do not bring it
+                // back automatically.
+                let (digest, inputs) = (old.digest, old.inputs.clone().unwrap_or_default());
+                if let Some(d) = digest {
+                    state.mark_bad(d, inputs, "rolled back by the operator".into());
+                }
+            }
+        }
+        let new = state.slot_mut(p.to);
+        new.status = SlotStatus::Active;
+        state.active = Some(p.to);
+        state.pending = None;
+        self.save(state)?;
+        failpoint::hit("after-commit");
+        Ok(())
+    }
+
+    /// The new machine failed: stop it, start the old one again, check it,
+    /// and record the failure.
+    fn roll_back(
+        &self,
+        state: &mut State,
+        p: &Pending,
+        failure: Failure,
+    ) -> Result<(), ActivateError> {
+        // Never start the old machine while the new one may still run: they
+        // share the host network and the node state.
+        self.systemd.stop(&p.to.unit())?;
+        failpoint::hit("after-rollback-stop");
+        let mut old_failure = None;
+        if let Some(from) = p.from {
+            let gate = load_slot_config(self.root, from)
+                .map(|c| Gate::from(&c.health))
+                .unwrap_or_else(|_| Gate::from(&Health::default()));
+            old_failure = match self.systemd.start(&from.unit()) {
+                Err(e) => Some(Failure {
+                    machine: from.machine().to_string(),
+                    check: Check::UnitStart,
+                    detail: e.to_string(),
+                }),
+                Ok(()) => {
+                    failpoint::hit("after-rollback-start");
+                    health::wait_healthy(self.systemd, from, &gate, &[]).err()
+                }
+            };
+        }
+        match p.kind {
+            FlipKind::Activate => {
+                state.mark_bad(
+                    p.digest,
+                    p.inputs.clone(),
+                    format!("{}: {}", failure.check.name(), failure.detail),
+                );
+                // The tree is complete and verified, just not wanted.
+                state.slot_mut(p.to).status = SlotStatus::Staged;
+            }
+            FlipKind::Rollback => {}
+        }
+        state.pending = None;
+        self.save(state)?;
+        Err(ActivateError::RolledBack {
+            failure,
+            from: p.from,
+            old_failure,
+        })
+    }
+
+    /// Finishes or undoes what a dead run left; returns what it did.
+    fn recover(&self, state: &mut State) -> Result<Option<String>, ActivateError> {
+        let mut done = Vec::new();
+        if let Some(p) = state.pending.clone() {
+            match p.phase {
+                PendingPhase::Prepared => {
+                    // No machine was touched: set it aside. The slot stays
+                    // staged and the plan reuses it.
+                    state.pending = None;
+                    self.save(state)?;
+                    done.push(format!(
+                        "set aside a prepared flip to {} ({}) of a dead run",
+                        p.to, p.digest
+                    ));
+                }
+                PendingPhase::Trying => done.push(self.recover_try(state, &p)?),
+            }
+        }
+        for slot in Slot::ALL {
+            if state.slot(slot).status == SlotStatus::Dirty {
+                *state.slot_mut(slot) = SlotState::default();
+                self.save(state)?;
+                done.push(format!(
+                    "{slot} was left dirty by a dead run; emptied (restaged when needed)"
+                ));
+            }
+        }
+        Ok((!done.is_empty()).then(|| done.join("; ")))
+    }
+
+    /// A dead run was trying `p`: commit it when its machine is up and
+    /// healthy now, otherwise roll back (the try is used up).
+    fn recover_try(&self, state: &mut State, p: &Pending) -> Result<String, ActivateError> {
+        let (gate, gpu) = match load_slot_config(self.root, p.to) {
+            Ok(c) => {
+                let gpu = render::gather(self.root, &c)
+                    .map(|f| f.gpu.devices)
+                    .unwrap_or_default();
+                (Gate::from(&c.health), gpu)
+            }
+            Err(_) => (Gate::from(&Health::default()), Vec::new()),
+        };
+        let verdict = if self.systemd.is_active(&p.to.unit())? {
+            health::wait_healthy(self.systemd, p.to, &gate, &gpu)
+        } else {
+            Err(Failure {
+                machine: p.to.machine().to_string(),
+                check: Check::UnitActive,
+                detail: "not running after the run trying it died".into(),
+            })
+        };
+        match verdict {
+            Ok(()) => {
+                self.commit(state, p)?;
+                Ok(format!(
+                    "finished a dead run's flip to {} ({}): healthy, committed",
+                    p.to, p.digest
+                ))
+            }
+            Err(failure) => {
+                let what = format!(
+                    "rolled back a dead run's flip to {} ({}): {failure}",
+                    p.to, p.digest
+                );
+                match self.roll_back(state, p, failure) {
+                    Err(ActivateError::RolledBack {
+                        old_failure: Some(f),
+                        ..
+                    }) => Ok(format!("{what}; the old machine is not healthy: {f}")),
+                    Err(ActivateError::RolledBack { .. }) => Ok(what),
+                    Err(e) => Err(e),
+                    Ok(()) => Ok(what),
+                }
+            }
+        }
+    }
+}
+
+/// The config with its registry reference pinned to `digest`, so staging
+/// does not ask for the tag a second time.
+fn pinned(config: &Config, digest: Digest) -> Config {
+    let mut c = config.clone();
+    if let ImageSource::Registry(r) = &config.image {
+        c.image = ImageSource::Registry(r.with_digest(digest));
+    }
+    c
+}
+
+/// What `plan` and `activate --dry-run` show, computed without the lock and
+/// without writing anything.
+pub struct Preview {
+    pub state: State,
+    pub image: String,
+    pub plan: Plan,
+    /// Diffs of the target slot's host files (empty when up to date).
+    pub diffs: Vec<render::FileDiff>,
+}
+
+pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, ActivateError> {
+    let state = State::load(root)?;
+    let config = Config::load(config_path)?;
+    let facts = gather(root, config_path, &config)?;
+    let digest = resolve(root, &config)?;
+    let inputs = inputs_hash(&config, &facts);
+    let current = state
+        .active
+        .is_some_and(|a| files_current(root, &config, a, &facts));
+    let plan = plan::activate(&state, digest, &inputs, current, force);
+    let diffs = match &plan {
+        Plan::Flip(f) => render::diff(root, &render::render(&config, f.to, &facts))
+            .into_iter()
+            .filter(|d| !d.diff.is_empty())
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Preview {
+        state,
+        image: config.image.to_string(),
+        plan,
+        diffs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The flip engine against a recording fake of the systemd trait; the
+    //! black-box tests (`tests/host.rs`) run the binary with fake tools.
+
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use crate::layout::Layout;
+    use crate::oci::{
+        Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
+        MEDIA_TYPE_MANIFEST,
+    };
+
+    /// Records every call; a started machine is healthy unless its tree's
+    /// `etc/fixture-health` says otherwise; the kubelet endpoint is served
+    /// by a thread answering from `healthy`.
+    struct Fake {
+        root: Root,
+        calls: RefCell<Vec<String>>,
+        active: RefCell<BTreeSet<String>>,
+        healthy: Arc<AtomicBool>,
+        fail_stop: bool,
+        fail_start: bool,
+        gpu_visible: bool,
+    }
+
+    impl Fake {
+        fn new(root: &Root) -> (Fake, String) {
+            let healthy = Arc::new(AtomicBool::new(false));
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}/healthz", l.local_addr().unwrap());
+            let h = healthy.clone();
+            std::thread::spawn(move || {
+                for s in l.incoming() {
+                    let Ok(mut s) = s else { continue };
+                    let mut buf = [0u8; 512];
+                    let _ = s.read(&mut buf);
+                    let answer: &[u8] = if h.load(Ordering::SeqCst) {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    } else {
+                        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+                    };
+                    let _ = s.write_all(answer);
+                }
+            });
+            let fake = Fake {
+                root: root.clone(),
+                calls: RefCell::default(),
+                active: RefCell::default(),
+                healthy,
+                fail_stop: false,
+                fail_start: false,
+                gpu_visible: true,
+            };
+            (fake, url)
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.borrow().clone()
+        }
+
+        fn failed(&self, command: &str) -> SystemdError {
+            SystemdError::Failed {
+                command: command.into(),
+                status: "exit status: 1".into(),
+                stderr: "fake failure".into(),
+            }
+        }
+    }
+
+    impl Systemd for Fake {
+        fn daemon_reload(&self) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push("daemon-reload".into());
+            Ok(())
+        }
+
+        fn start(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("start {unit}"));
+            if self.fail_start {
+                return Err(self.failed(&format!("systemctl start {unit}")));
+            }
+            let machine = unit
+                .trim_start_matches("systemd-nspawn@")
+                .trim_end_matches(".service");
+            let health =
+                std::fs::read_to_string(self.root.machine_tree(machine).join("etc/fixture-health"))
+                    .unwrap_or_default();
+            self.healthy.store(health == "healthy", Ordering::SeqCst);
+            self.active.borrow_mut().insert(unit.into());
+            Ok(())
+        }
+
+        fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("stop {unit}"));
+            if self.fail_stop {
+                return Err(self.failed(&format!("systemctl stop {unit}")));
+            }
+            if self.active.borrow_mut().remove(unit) {
+                self.healthy.store(false, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+
+        fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+            Ok(self.active.borrow().contains(unit))
+        }
+
+        fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
+            self.calls
+                .borrow_mut()
+                .push(format!("run {machine} {}", argv.join(" ")));
+            Ok(self.gpu_visible)
+        }
+    }
+
+    fn tar_gz(files: &[(&str, &[u8])]) -> (Vec<u8>, Digest) {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
+            h.set_size(data.len() as u64);
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        let tar = b.into_inner().unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar).unwrap();
+        (gz.finish().unwrap(), Digest::of(&tar))
+    }
+
+    /// A one-layer image in a new layout; its machine is `health`.
+    fn image(dir: &Path, health: &str) -> Digest {
+        let layout = Layout::create(dir).unwrap();
+        let (blob, diff_id) = tar_gz(&[("etc/fixture-health", health.as_bytes())]);
+        let layer = layout.blobs().put_bytes(&blob).unwrap();
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": Platform::host().architecture, "os": "linux", "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }))
+        .unwrap();
+        let cd = layout.blobs().put_bytes(&config).unwrap();
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
+            "config": Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
+            "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
+        }))
+        .unwrap();
+        let md = layout.blobs().put_bytes(&manifest).unwrap();
+        let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, md, manifest.len() as u64);
+        desc.annotations
+            .insert(ANNOTATION_REF_NAME.into(), "t".into());
+        layout
+            .write_index(&Index {
+                schema_version: 2,
+                media_type: Some(MEDIA_TYPE_INDEX.into()),
+                manifests: vec![desc],
+                annotations: Default::default(),
+            })
+            .unwrap();
+        md
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        root: Root,
+        config: PathBuf,
+    }
+
+    fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake, Digest) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("root"));
+        let digest = image(&dir.path().join("img"), health);
+        let (fake, served) = Fake::new(&root);
+        let config = dir.path().join("activator.json");
+        std::fs::write(
+            &config,
+            serde_json::to_vec(&serde_json::json!({
+                "image": format!("oci:{}", dir.path().join("img").display()),
+                "trust": {"allow_unsigned": true},
+                "kubelet": {
+                    "api_server": "https://10.0.0.1:6443",
+                    "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                    "bootstrap_token": "abcdef.0123456789abcdef",
+                    "node_name": "node-a",
+                },
+                "gpu": gpu,
+                "nameservers": ["192.0.2.53"],
+                "health": {"timeout_secs": 1, "successes": 2, "interval_ms": 20,
+                           "kubelet_healthz_url": url.unwrap_or(&served)},
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        (
+            Setup {
+                _dir: dir,
+                root,
+                config,
+            },
+            fake,
+            digest,
+        )
+    }
+
+    fn run(s: &Setup, fake: &Fake) -> Report {
+        let ran = activate(&s.root, &s.config, fake, &Options::default());
+        ran.saved.unwrap();
+        ran.report
+    }
+
+    #[test]
+    fn first_activation_commits_and_records_every_step() {
+        let (s, fake, digest) = setup("healthy", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(
+            (r.exit_code, r.outcome),
+            (0, Some(Outcome::Committed)),
+            "{r:?}"
+        );
+        assert_eq!(
+            fake.calls(),
+            ["daemon-reload", "start systemd-nspawn@kube1.service"]
+        );
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube1).digest, Some(digest));
+        assert!(files_current(
+            &s.root,
+            &load_slot_config(&s.root, Slot::Kube1).unwrap(),
+            Slot::Kube1,
+            &render::gather(&s.root, &Config::load(&s.config).unwrap()).unwrap()
+        ));
+        // again: nothing to do, nothing called
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::UpToDate));
+        assert_eq!(fake.calls().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_start_rolls_back_with_the_check_named() {
+        let (s, mut fake, digest) = setup("healthy", None, "off");
+        fake.fail_start = true;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK);
+        assert!(r.error.as_deref().unwrap().contains("unit-start"), "{r:?}");
+        let st = State::load(&s.root).unwrap();
+        assert_eq!(st.active, None);
+        assert!(st.bad[0].reason.starts_with("unit-start"));
+        assert_eq!(st.bad[0].digest, digest);
+        // --force tries it again
+        fake.fail_start = false;
+        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    }
+
+    #[test]
+    fn a_failed_stop_of_the_old_machine_does_not_use_up_the_try() {
+        let (s, mut fake, digest) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).exit_code, 0);
+        // new host settings (a label) make a flip with the same image
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["kubelet"]["labels"] = serde_json::json!({"pool": "b"});
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+        fake.fail_stop = true;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::FAILED);
+        assert!(r
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("systemctl stop systemd-nspawn@kube1.service"));
+        let st = State::load(&s.root).unwrap();
+        assert!(st.pending.is_none() && st.bad.is_empty(), "{st:?}");
+        assert_eq!(st.active, Some(Slot::Kube1));
+        assert_eq!(st.slot(Slot::Kube2).status, SlotStatus::Staged);
+        // the next run reuses the staged slot: no download, no restage
+        fake.fail_stop = false;
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(r.downloads.is_none());
+        assert_eq!(
+            State::load(&s.root).unwrap().slot(Slot::Kube2).digest,
+            Some(digest)
+        );
+    }
+
+    #[test]
+    fn bound_gpus_must_be_visible_inside_the_machine() {
+        let (s, mut fake, _) = setup("healthy", None, "on");
+        crate::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
+        crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
+        let ldconfig = s.root.ldconfig();
+        std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+        let marker = match std::env::consts::ARCH {
+            "aarch64" => "AArch64",
+            _ => "x86-64",
+        };
+        std::fs::write(
+            &ldconfig,
+            format!("#!/bin/sh\nprintf '1 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+        )
+        .unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        fake.gpu_visible = false;
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");
+        assert!(r.error.as_deref().unwrap().contains("gpu-devices"), "{r:?}");
+        assert!(fake
+            .calls()
+            .contains(&"run kube1 test -c /dev/nvidia0".to_string()));
+
+        fake.gpu_visible = true;
+        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    }
+
+    #[test]
+    fn a_second_run_is_refused_while_one_holds_the_lock() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        let held = Lock::try_exclusive(&s.root).unwrap();
+        let ran = activate(&s.root, &s.config, &fake, &Options::default());
+        assert_eq!(ran.report.exit_code, exit::BUSY);
+        assert!(!s.root.report_file().exists());
+        assert!(fake.calls().is_empty());
+        drop(held);
+    }
+
+    #[test]
+    fn an_unhealthy_first_machine_leaves_nothing_running() {
+        let (s, fake, _) = setup("never", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK);
+        let e = r.error.unwrap();
+        assert!(
+            e.contains("kubelet-healthz") && e.contains("no machine"),
+            "{e}"
+        );
+        assert!(fake.active.borrow().is_empty());
+    }
+}

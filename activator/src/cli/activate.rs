@@ -1,0 +1,52 @@
+//! `kubeslot-activator activate`: the whole flow (see
+//! [`kubeslot_activator::activate`]), or with `--dry-run` only its plan.
+//! Given the arguments; runs the real systemd tools.
+
+use kubeslot_activator::activate::{self, Options};
+use kubeslot_activator::systemd::SystemCtl;
+
+use super::HostArgs;
+
+/// Flip the node machine to the configured image, with a health gate.
+///
+/// Resolves and verifies the image, stages it into the inactive slot
+/// (kube1/kube2), renders its host files, stops the running machine, starts
+/// the new one and waits for it to be healthy (unit active, kubelet
+/// /healthz, GPU devices): then commits, or starts the old machine again and
+/// marks the image bad. A run that finds the leftovers of a run that died
+/// finishes or undoes them first. Writes report.json in every case.
+///
+/// Exit codes: 0 committed or already up to date; 1 error (nothing was
+/// flipped, or recovery could not finish, or the old machine did not pass
+/// its gate either after a rollback); 2 the new machine failed its health
+/// gate and the old one runs again; 3 the config cannot be read, is
+/// invalid, or names what this host lacks (CA file, device); 4 the image failed on this host before and is not retried
+/// (see --force); 5 another run holds the lock.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Only print what would change (as `plan`); touch nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Try the image even if it failed its health gate on this host before
+    /// with the same host settings.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.dry_run {
+        return super::plan::show(&args.host, args.force, args.json);
+    }
+    let ran = activate::activate(
+        &args.host.root(),
+        &args.host.config_path(),
+        &SystemCtl,
+        &Options { force: args.force },
+    );
+    super::conclude(ran, args.json)
+}

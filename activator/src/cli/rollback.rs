@@ -1,0 +1,30 @@
+//! `kubeslot-activator rollback`: flip back to the previous slot (see
+//! [`kubeslot_activator::activate::rollback`]). Runs the real systemd tools.
+
+use kubeslot_activator::activate;
+use kubeslot_activator::systemd::SystemCtl;
+
+use super::HostArgs;
+
+/// Flip back to the slot that ran before, without downloading anything.
+///
+/// The previous slot must hold a committed former node (its tree is kept
+/// after every flip). Its host files are re-rendered from the config it was
+/// activated with, the running machine is stopped, the previous one started
+/// and health-checked: on success it is committed and the image rolled away
+/// from is marked bad (so `activate` does not bring it back); on failure the
+/// machine that ran before the rollback runs again. --config is ignored.
+/// Exit codes as `activate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let ran = activate::rollback(&args.host.root(), &SystemCtl);
+    super::conclude(ran, args.json)
+}

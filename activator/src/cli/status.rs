@@ -1,0 +1,65 @@
+//! `kubeslot-activator status`: the slot state and the last report, read
+//! without the lock and without writing.
+
+use kubeslot_activator::report::Report;
+use kubeslot_activator::state::{Slot, State};
+
+use super::HostArgs;
+
+/// Show the active slot, each slot's image digest and status, a pending
+/// flip, the images marked bad, and the last run's report.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Print {"state": ..., "report": ...} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let root = args.host.root();
+    let report = Report::load(&root);
+    // A state that cannot be trusted is an error, but the last report still
+    // tells the operator what happened.
+    let state = match State::load(&root) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(r) = &report {
+                eprint!("{}", r.to_text());
+            }
+            return Err(e.into());
+        }
+    };
+    if args.json {
+        let v = serde_json::json!({ "state": state, "report": report });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    match state.active {
+        Some(a) => println!("active: {a}"),
+        None => println!("active: none"),
+    }
+    for slot in Slot::ALL {
+        let s = state.slot(slot);
+        println!(
+            "  {slot}: {:?}{}",
+            s.status,
+            s.digest.map_or(String::new(), |d| format!(" {d}"))
+        );
+    }
+    if let Some(p) = &state.pending {
+        println!(
+            "pending: {:?} {:?} to {} ({})",
+            p.kind, p.phase, p.to, p.digest
+        );
+    }
+    for b in &state.bad {
+        println!("bad: {} at {}: {}", b.digest, b.at, b.reason);
+    }
+    match report {
+        Some(r) => print!("{}", r.to_text()),
+        None => println!("no report yet"),
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! The activator's run lock: an exclusive `flock` on `/var/lib/kubeslot/lock`
+//! held for a whole `activate`/`rollback`/`fetch`, so two runs never
+//! interleave (a timer and the `.path` unit may fire together).
+//!
+//! Given the root handle. It does not record who holds the lock (the kernel
+//! drops a `flock` when its holder dies, so a crashed run never leaves a stale
+//! lock behind; recovery is `activate`'s job, not the lock's).
+
+use std::fs::{File, OpenOptions};
+use std::path::PathBuf;
+
+use rustix::fs::{flock, FlockOperation};
+
+use crate::paths::Root;
+
+/// A held lock; released on drop (or when the process dies).
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("lock {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "lock {path}: another kubeslot-activator run holds it (use `kubeslot-activator wait`)"
+    )]
+    Busy { path: PathBuf },
+}
+
+fn open(root: &Root) -> Result<(File, PathBuf), LockError> {
+    let path = root.lock_file();
+    let dir = root.state_dir();
+    std::fs::create_dir_all(&dir).map_err(|source| LockError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| LockError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    Ok((f, path))
+}
+
+impl Lock {
+    /// Takes the exclusive lock, failing at once when another run holds it.
+    pub fn try_exclusive(root: &Root) -> Result<Lock, LockError> {
+        let (f, path) = open(root)?;
+        match flock(&f, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Lock { _file: f }),
+            Err(rustix::io::Errno::WOULDBLOCK) => Err(LockError::Busy { path }),
+            Err(e) => Err(LockError::Io {
+                path,
+                source: e.into(),
+            }),
+        }
+    }
+
+    /// Blocks until no run holds the lock (for `wait`), then holds it shared.
+    pub fn wait_shared(root: &Root) -> Result<Lock, LockError> {
+        let (f, path) = open(root)?;
+        flock(&f, FlockOperation::LockShared).map_err(|e| LockError::Io {
+            path,
+            source: e.into(),
+        })?;
+        Ok(Lock { _file: f })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_exclusive_lock_is_refused_until_the_first_drops() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let a = Lock::try_exclusive(&root).unwrap();
+        let e = Lock::try_exclusive(&root).unwrap_err().to_string();
+        assert!(e.contains("another kubeslot-activator run"), "{e}");
+        drop(a);
+        Lock::try_exclusive(&root).unwrap();
+    }
+}

@@ -1,0 +1,1055 @@
+//! Black-box tests of the host commands (`activate`, `plan`, `status`,
+//! `rollback`, `wait`): the real binary against a temporary `--root`, with
+//! fake `systemctl`, `machinectl` and `systemd-run` scripts first on `PATH`
+//! (the process boundary the real `SystemCtl` crosses).
+//!
+//! The fake `systemctl start systemd-nspawn@kubeN.service` launches a small
+//! python3 HTTP server on the port the config's health URL names; it answers
+//! `/healthz` with 200 or 500 as the started tree's `etc/fixture-health`
+//! says, so an image decides whether its machine is healthy. `stop` kills it.
+//! Images are OCI layouts written with the activator's `layout` module.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kubeslot_activator::digest::Digest;
+use kubeslot_activator::failpoint;
+use kubeslot_activator::layout::Layout;
+use kubeslot_activator::oci::{
+    Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
+    MEDIA_TYPE_MANIFEST,
+};
+use kubeslot_activator::paths::Root;
+use kubeslot_activator::state::{Slot, SlotStatus, State};
+use kubeslot_test_support::{free_port, require_tool};
+
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----\n";
+
+const SYSTEMCTL: &str = r#"#!/bin/bash
+# fake systemctl: records calls, keeps unit state in files
+F="$KUBESLOT_FAKE"
+echo "systemctl $*" >> "$F/calls.log"
+cmd=$1; shift
+case "$cmd" in
+  daemon-reload) exit 0 ;;
+  is-active)
+    [ "$1" = --quiet ] && shift
+    [ "$(cat "$F/units/$1" 2>/dev/null)" = active ] ;;
+  start)
+    unit=$1; m=${unit#systemd-nspawn@}; m=${m%.service}
+    tree="$KUBESLOT_FAKE_ROOT/var/lib/machines/$m"
+    [ -d "$tree" ] || { echo "fake systemctl: no tree $tree" >&2; exit 1; }
+    [ "$(cat "$F/units/$unit" 2>/dev/null)" = active ] && exit 0
+    mode=$(cat "$tree/etc/fixture-health" 2>/dev/null || echo healthy)
+    python3 "$F/healthz.py" "$KUBESLOT_FAKE_PORT" "$mode" </dev/null >>"$F/server.log" 2>&1 &
+    echo $! > "$F/pids/$unit"
+    echo active > "$F/units/$unit" ;;
+  stop)
+    unit=$1
+    if [ -f "$F/pids/$unit" ]; then
+      pid=$(cat "$F/pids/$unit")
+      kill "$pid" 2>/dev/null
+      # wait until it is gone or a zombie (nobody may reap it)
+      while [ -e "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; do sleep 0.01; done
+      rm -f "$F/pids/$unit"
+    fi
+    echo inactive > "$F/units/$unit" ;;
+  *) echo "fake systemctl: unexpected $cmd" >&2; exit 1 ;;
+esac
+"#;
+
+const OTHER: &str = r#"#!/bin/bash
+echo "$(basename "$0") $*" >> "$KUBESLOT_FAKE/calls.log"
+"#;
+
+const HEALTHZ: &str = r#"
+import sys, http.server
+port, mode = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = mode == "healthy" and self.path == "/healthz"
+        body = b"ok" if ok else b"unhealthy"
+        self.send_response(200 if ok else 500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (dir, _) in [("etc/", ()), ("usr/", ()), ("usr/bin/", ())] {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(0o755);
+        h.set_size(0);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        b.append_data(&mut h, dir, &[][..]).unwrap();
+    }
+    for (name, data) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// Writes a one-layer image tagged `tag` into the layout at `dir`; returns
+/// its manifest digest. `health` goes to `etc/fixture-health`.
+fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
+    let layout = if dir.join("index.json").exists() {
+        Layout::open(dir).unwrap()
+    } else {
+        Layout::create(dir).unwrap()
+    };
+    let version = format!("kubelet {tag}\n");
+    let tar = tar_of(&[
+        ("etc/fixture-health", health.as_bytes()),
+        ("etc/os-release", b"ID=kubeslot-test\n"),
+        ("usr/bin/kubelet-version", version.as_bytes()),
+    ]);
+    let blob = gzip(&tar);
+    let layer = layout.blobs().put_bytes(&blob).unwrap();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": match std::env::consts::ARCH { "aarch64" => "arm64", _ => "amd64" },
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [Digest::of(&tar)]},
+    }))
+    .unwrap();
+    let config_digest = layout.blobs().put_bytes(&config).unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
+        "config": Descriptor::new(MEDIA_TYPE_CONFIG, config_digest, config.len() as u64),
+        "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
+    }))
+    .unwrap();
+    let digest = layout.blobs().put_bytes(&manifest).unwrap();
+    let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, digest, manifest.len() as u64);
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
+    let mut index = layout.index().unwrap_or(Index {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_INDEX.into()),
+        manifests: vec![],
+        annotations: Default::default(),
+    });
+    index
+        .manifests
+        .retain(|d| d.annotations.get(ANNOTATION_REF_NAME) != Some(&tag.to_string()));
+    index.manifests.push(desc);
+    layout.write_index(&index).unwrap();
+    digest
+}
+
+/// Four images in one layout: v1, v2 and v4 healthy, v3 never healthy.
+struct Images {
+    _dir: tempfile::TempDir,
+    layout: PathBuf,
+    v1: Digest,
+    v2: Digest,
+    v3: Digest,
+    v4: Digest,
+}
+
+fn images() -> Images {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = dir.path().join("layout");
+    let v1 = add_image(&layout, "v1", "healthy");
+    let v2 = add_image(&layout, "v2", "healthy");
+    let v3 = add_image(&layout, "v3", "never");
+    let v4 = add_image(&layout, "v4", "healthy");
+    Images {
+        _dir: dir,
+        layout,
+        v1,
+        v2,
+        v3,
+        v4,
+    }
+}
+
+/// A temporary host: root, fake systemd, config.
+struct Host {
+    dir: tempfile::TempDir,
+    port: u16,
+    layout: PathBuf,
+}
+
+impl Host {
+    fn new(images: &Images) -> Host {
+        require_tool("python3", "python3");
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("fake");
+        for d in ["bin", "units", "pids"] {
+            fs::create_dir_all(fake.join(d)).unwrap();
+        }
+        for (name, text) in [
+            ("systemctl", SYSTEMCTL),
+            ("machinectl", OTHER),
+            ("systemd-run", OTHER),
+        ] {
+            let p = fake.join("bin").join(name);
+            fs::write(&p, text).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        fs::write(fake.join("healthz.py"), HEALTHZ).unwrap();
+        fs::write(fake.join("calls.log"), "").unwrap();
+        let h = Host {
+            dir,
+            port: free_port(),
+            layout: images.layout.clone(),
+        };
+        fs::create_dir_all(h.root().join("etc/kubeslot")).unwrap();
+        h.set_config("v1", serde_json::json!({}));
+        h
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn fake(&self) -> PathBuf {
+        self.dir.path().join("fake")
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.root().join("etc/kubeslot/activator.json")
+    }
+
+    /// A config for image `tag`, with `kubelet` fields merged from `extra`.
+    fn config(&self, tag: &str, extra: serde_json::Value) -> serde_json::Value {
+        let mut kubelet = serde_json::json!({
+            "api_server": "https://10.0.0.1:6443",
+            "ca_data": CA,
+            "bootstrap_token": "abcdef.0123456789abcdef",
+            "node_name": "node-a",
+            "labels": {"pool": "test"},
+        });
+        if let serde_json::Value::Object(m) = extra {
+            for (k, v) in m {
+                kubelet[k] = v;
+            }
+        }
+        serde_json::json!({
+            "image": format!("oci:{}:{tag}", self.layout.display()),
+            "trust": {"allow_unsigned": true},
+            "kubelet": kubelet,
+            "gpu": "off",
+            "nameservers": ["192.0.2.53"],
+            "health": {
+                "timeout_secs": 2,
+                "successes": 2,
+                "interval_ms": 50,
+                "kubelet_healthz_url": format!("http://127.0.0.1:{}/healthz", self.port),
+            },
+        })
+    }
+
+    fn set_config(&self, tag: &str, extra: serde_json::Value) {
+        fs::write(
+            self.config_path(),
+            serde_json::to_vec_pretty(&self.config(tag, extra)).unwrap(),
+        )
+        .unwrap();
+    }
+
+    fn run(&self, args: &[&str], failpoint: Option<&str>) -> Output {
+        let path = format!(
+            "{}:{}",
+            self.fake().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"));
+        cmd.args(args)
+            .arg("--root")
+            .arg(self.root())
+            .env("PATH", path)
+            .env("KUBESLOT_FAKE", self.fake())
+            .env("KUBESLOT_FAKE_ROOT", self.root())
+            .env("KUBESLOT_FAKE_PORT", self.port.to_string())
+            .env_remove(failpoint::ENV);
+        if let Some(f) = failpoint {
+            cmd.env(failpoint::ENV, f);
+        }
+        cmd.output().unwrap()
+    }
+
+    /// Runs a command; returns (exit code, stdout, stderr).
+    fn cmd(&self, args: &[&str]) -> (i32, String, String) {
+        let out = self.run(args, None);
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn activate(&self) -> (i32, serde_json::Value, String) {
+        let (code, out, err) = self.cmd(&["activate", "--json"]);
+        let report = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("report on stdout: {e}\n{out}\n{err}"));
+        (code, report, err)
+    }
+
+    fn state(&self) -> State {
+        State::load_repairing(&Root::new(self.root())).unwrap()
+    }
+
+    fn report(&self) -> serde_json::Value {
+        serde_json::from_slice(&fs::read(self.root().join("var/lib/kubeslot/report.json")).unwrap())
+            .unwrap()
+    }
+
+    fn calls(&self) -> Vec<String> {
+        fs::read_to_string(self.fake().join("calls.log"))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn clear_calls(&self) {
+        fs::write(self.fake().join("calls.log"), "").unwrap();
+    }
+
+    fn unit_active(&self, slot: Slot) -> bool {
+        fs::read_to_string(self.fake().join("units").join(slot.unit()))
+            .is_ok_and(|s| s.trim() == "active")
+    }
+
+    fn running(&self) -> Vec<Slot> {
+        Slot::ALL
+            .into_iter()
+            .filter(|s| self.unit_active(*s))
+            .collect()
+    }
+
+    /// What a slot's tree and host files hold (path → mode and content
+    /// hash), to prove a flip never touched the old slot.
+    fn slot_snapshot(&self, slot: Slot) -> BTreeMap<String, String> {
+        let m = slot.machine();
+        let mut out = BTreeMap::new();
+        let root = self.root();
+        for base in [
+            format!("var/lib/machines/{m}"),
+            format!("etc/kubeslot/host/{m}"),
+            format!("etc/systemd/nspawn/{m}.nspawn"),
+            format!("etc/systemd/system/systemd-nspawn@{m}.service.d"),
+        ] {
+            walk(&root, &root.join(&base), &mut out);
+        }
+        out
+    }
+
+    fn tree_version(&self, slot: Slot) -> String {
+        fs::read_to_string(
+            self.root()
+                .join("var/lib/machines")
+                .join(slot.machine())
+                .join("usr/bin/kubelet-version"),
+        )
+        .unwrap_or_default()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // stop every fixture server this host started
+        if let Ok(rd) = fs::read_dir(self.fake().join("pids")) {
+            for e in rd.flatten() {
+                if let Ok(pid) = fs::read_to_string(e.path()) {
+                    let _ = Command::new("kill").arg(pid.trim()).status();
+                }
+            }
+        }
+    }
+}
+
+fn walk(root: &Path, p: &Path, out: &mut BTreeMap<String, String>) {
+    let Ok(meta) = fs::symlink_metadata(p) else {
+        return;
+    };
+    let rel = p.strip_prefix(root).unwrap().display().to_string();
+    if meta.is_dir() {
+        out.insert(rel, format!("dir {:o}", meta.permissions().mode()));
+        let mut names: Vec<_> = fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        names.sort();
+        for n in names {
+            walk(root, &n, out);
+        }
+    } else if meta.file_type().is_symlink() {
+        out.insert(rel, format!("link {}", fs::read_link(p).unwrap().display()));
+    } else {
+        out.insert(
+            rel,
+            format!(
+                "file {:o} {}",
+                meta.permissions().mode(),
+                Digest::of(&fs::read(p).unwrap())
+            ),
+        );
+    }
+}
+
+fn starts_and_stops(calls: &[String]) -> Vec<&String> {
+    calls
+        .iter()
+        .filter(|c| c.starts_with("systemctl start") || c.starts_with("systemctl stop"))
+        .collect()
+}
+
+#[test]
+fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+
+    // nothing yet
+    let (code, out, _) = h.cmd(&["status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("active: none") && out.contains("no report yet"),
+        "{out}"
+    );
+
+    // plan shows what the first activation would do, and writes nothing
+    let (code, out, err) = h.cmd(&["plan"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("flip to kube1 ({})", img.v1)),
+        "{out}"
+    );
+    assert!(out.contains("etc/systemd/nspawn/kube1.nspawn"), "{out}");
+    assert!(!root.state_file().exists());
+    assert!(!h.root().join("etc/systemd/nspawn/kube1.nspawn").exists());
+
+    // 1. first activation: kube1 committed and running
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["outcome"], "committed");
+    assert_eq!(r["slot"], "kube1");
+    assert_eq!(r["digest"], img.v1.to_string());
+    assert_eq!(r["downloads"]["blobs_fetched"], 2);
+    let names: Vec<_> = r["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["recover", "config", "resolve", "stage", "render", "stop", "start", "health", "commit"]
+    );
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube1));
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Active);
+    assert_eq!(s.slot(Slot::Kube1).digest, Some(img.v1));
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert!(h.calls().contains(&"systemctl daemon-reload".to_string()));
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+    assert!(h.root().join("etc/systemd/nspawn/kube1.nspawn").is_file());
+    assert_eq!(h.report(), r);
+
+    // 2. idempotent re-run: no machine touched
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["outcome"], "up-to-date");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(out.contains("up to date: kube1"), "{out}");
+
+    // 3. flip to v2: kube2, kube1's tree kept as previous
+    let kube1_before = h.slot_snapshot(Slot::Kube1);
+    h.set_config("v2", serde_json::json!({}));
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(
+        out.contains(&format!("flip kube1 ({}) -> kube2 ({})", img.v1, img.v2)),
+        "{out}"
+    );
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(
+        (r["slot"].as_str(), r["previous_slot"].as_str()),
+        (Some("kube2"), Some("kube1"))
+    );
+    assert_eq!(
+        starts_and_stops(&h.calls()),
+        [
+            "systemctl stop systemd-nspawn@kube1.service",
+            "systemctl start systemd-nspawn@kube2.service"
+        ]
+    );
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube2));
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Previous);
+    assert_eq!(s.slot(Slot::Kube1).digest, Some(img.v1));
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert_eq!(h.slot_snapshot(Slot::Kube1), kube1_before);
+    assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+
+    // 4. v3 never becomes healthy: rolled back to kube2, v3 marked bad
+    let kube2_before = h.slot_snapshot(Slot::Kube2);
+    h.set_config("v3", serde_json::json!({}));
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 2, "{err}\n{r:#}");
+    assert_eq!(r["outcome"], "rolled-back");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("machine kube1: health check kubelet-healthz failed")
+            && e.contains("rolled back to kube2"),
+        "{e}"
+    );
+    assert!(err.contains("kubelet-healthz"), "{err}");
+    assert_eq!(
+        starts_and_stops(&h.calls()),
+        [
+            "systemctl stop systemd-nspawn@kube2.service",
+            "systemctl start systemd-nspawn@kube1.service",
+            "systemctl stop systemd-nspawn@kube1.service",
+            "systemctl start systemd-nspawn@kube2.service",
+        ]
+    );
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube2));
+    assert_eq!(s.slot(Slot::Kube2).status, SlotStatus::Active);
+    assert!(s.pending.is_none());
+    assert_eq!(s.bad.len(), 1);
+    assert_eq!(s.bad[0].digest, img.v3);
+    assert!(
+        s.bad[0].reason.starts_with("kubelet-healthz"),
+        "{}",
+        s.bad[0].reason
+    );
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert_eq!(h.slot_snapshot(Slot::Kube2), kube2_before);
+
+    // 5. v3 is not retried on the next run
+    h.clear_calls();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 4, "{r:#}");
+    assert!(r["error"]
+        .as_str()
+        .unwrap()
+        .contains("not retried automatically"));
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(
+        out.contains("active: kube2") && out.contains(&format!("bad: {}", img.v3)),
+        "{out}"
+    );
+    let (code, out, _) = h.cmd(&["wait", "--json"]);
+    assert_eq!(code, 4);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        h.report()
+    );
+
+    // 6. manual rollback: the failed v3 was staged over kube1's v1, so
+    // there is no former node to go back to; refused, nothing touched
+    h.clear_calls();
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("slot kube1 holds no committed former node"),
+        "{err}"
+    );
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+
+    // back to v1 by config: kube1 restaged (blobs reused), kube2 kept
+    h.set_config("v1", serde_json::json!({}));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["slot"], "kube1");
+    assert_eq!(r["downloads"]["blobs_fetched"], 0);
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+
+    // now a manual rollback to kube2 (v2): no download, v1 marked bad
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (r["slot"].as_str(), r["outcome"].as_str()),
+        (Some("kube2"), Some("committed"))
+    );
+    assert!(r.get("downloads").is_none());
+    assert_eq!(
+        starts_and_stops(&h.calls()),
+        [
+            "systemctl stop systemd-nspawn@kube1.service",
+            "systemctl start systemd-nspawn@kube2.service"
+        ]
+    );
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube2));
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Previous);
+    assert!(s
+        .bad
+        .iter()
+        .any(|b| b.digest == img.v1 && b.reason.contains("operator")));
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+
+    // the image rolled away from is not brought back by the next activate
+    h.clear_calls();
+    let (code, _, _) = h.activate();
+    assert_eq!(code, 4);
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+
+    // a second rollback goes back to kube1 the same way
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(h.state().active, Some(Slot::Kube1));
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+#[test]
+fn crash_at_every_failpoint_keeps_the_old_slot_and_the_next_run_converges() {
+    let img = images();
+    // Each failpoint and the image whose activation passes it: the rollback
+    // boundaries are only reached by an image that fails its gate.
+    let mut cases: Vec<(&str, &str)> = failpoint::ALL
+        .iter()
+        .map(|f| match *f {
+            "after-rollback-stop" | "after-rollback-start" => (*f, "v3"),
+            _ => (*f, "v4"),
+        })
+        .collect();
+    // A dead run's try of an unhealthy image must be rolled back by the
+    // next run, not committed because its machine happens to be up.
+    cases.extend([
+        ("after-trying", "v3"),
+        ("after-stop-old", "v3"),
+        ("after-start-new", "v3"),
+    ]);
+    // Four at a time (the runs mostly wait on health gates): each host is
+    // independent (own root, port, fake).
+    for chunk in cases.chunks(4) {
+        std::thread::scope(|scope| {
+            for (fp, tag) in chunk {
+                let img = &img;
+                scope.spawn(move || crash_case(img, fp, tag));
+            }
+        });
+    }
+}
+
+fn crash_case(img: &Images, fp: &str, tag: &str) {
+    // kube2 runs v2, kube1 keeps v1 as the previous node: the crashing run
+    // stages over a slot the state vouches for, so a state that says more
+    // than the tree holds would show.
+    let h = Host::new(img);
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{fp}: setup: {err}");
+    h.set_config("v2", serde_json::json!({}));
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{fp}: setup: {err}");
+    let (old, new) = (Slot::Kube2, Slot::Kube1);
+    let old_files = h.slot_snapshot(old);
+    let want = if tag == "v4" { img.v4 } else { img.v3 };
+
+    h.set_config(tag, serde_json::json!({}));
+    let out = h.run(&["activate"], Some(fp));
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "{fp}: the run did not abort at the failpoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The old slot's tree and files are untouched whatever was hit; the
+    // state names it active, unless the new slot was already committed.
+    assert_eq!(h.slot_snapshot(old), old_files, "{fp}: old slot changed");
+    let s = h.state();
+    assert_eq!(s.slot(old).digest, Some(img.v2), "{fp}");
+    match s.active {
+        Some(a) if a == old => assert_eq!(s.slot(old).status, SlotStatus::Active, "{fp}"),
+        Some(_) => {
+            assert_eq!(fp, "after-commit", "{fp}: committed too early");
+            assert_eq!(s.slot(old).status, SlotStatus::Previous);
+        }
+        None => panic!("{fp}: no active slot"),
+    }
+    // The state never claims more than the new slot's tree holds.
+    let claimed = match s.slot(new).digest {
+        Some(d) if d == img.v1 => Some("kubelet v1\n"),
+        Some(d) if d == want => Some(if tag == "v4" {
+            "kubelet v4\n"
+        } else {
+            "kubelet v3\n"
+        }),
+        Some(d) => panic!("{fp}: {new} claims {d}"),
+        None => None,
+    };
+    if let Some(v) = claimed {
+        assert_eq!(
+            h.tree_version(new),
+            v,
+            "{fp}: {new} holds something else than {s:?}"
+        );
+    }
+
+    // The next run (same config) converges.
+    let (code, r, err) = h.activate();
+    let s = h.state();
+    assert!(s.pending.is_none(), "{fp}: {s:?}");
+    assert!(
+        Slot::ALL
+            .iter()
+            .all(|x| s.slot(*x).status != SlotStatus::Dirty),
+        "{fp}: {s:?}"
+    );
+    let running = h.running();
+    assert_eq!(running.len(), 1, "{fp}: running {running:?}");
+    assert_eq!(s.active, Some(running[0]), "{fp}");
+    if s.active == Some(new) {
+        // committed: the new image runs, the old slot is kept
+        assert_eq!(code, 0, "{fp}: {err}\n{r:#}");
+        assert_eq!(s.slot(new).digest, Some(want), "{fp}");
+        assert_eq!(tag, "v4", "{fp}: the unhealthy image was committed");
+        assert_eq!(h.tree_version(new), "kubelet v4\n", "{fp}");
+        assert_eq!(s.slot(old).status, SlotStatus::Previous, "{fp}");
+        assert_eq!(h.slot_snapshot(old), old_files, "{fp}");
+    } else {
+        // cleanly rolled back: the old machine runs, the image is bad
+        assert_eq!(s.active, Some(old), "{fp}");
+        assert!(s.bad.iter().any(|b| b.digest == want), "{fp}: {s:?}");
+        assert!([2, 4].contains(&code), "{fp}: exit {code}: {err}\n{r:#}");
+        assert_eq!(h.slot_snapshot(old), old_files, "{fp}");
+    }
+    // Boundaries that leave a pending flip or a dirty slot are recovered
+    // (and the report says how) before anything else.
+    let leaves_work = [
+        "after-mark-dirty",
+        "after-stage",
+        "after-render",
+        "after-pending",
+        "after-trying",
+        "after-stop-old",
+        "after-start-new",
+        "after-health",
+        "after-rollback-stop",
+        "after-rollback-start",
+        "state-between-writes",
+    ];
+    if leaves_work.contains(&fp) {
+        assert!(
+            r["recovered"].as_str().is_some_and(|t| !t.is_empty()),
+            "{fp}: {r:#}"
+        );
+    }
+}
+
+#[test]
+fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    let cfg = h.config_path().display().to_string();
+    let cases: Vec<(&str, serde_json::Value, &[&str])> = vec![
+        (
+            "unknown field",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["imgae"] = "typo".into();
+                c
+            },
+            &["unknown field `imgae`"],
+        ),
+        (
+            "missing api server",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["kubelet"].as_object_mut().unwrap().remove("api_server");
+                c
+            },
+            &["missing field `api_server`"],
+        ),
+        (
+            "unreadable ca",
+            {
+                let mut c = h.config(
+                    "v1",
+                    serde_json::json!({"ca_file": "/etc/kubeslot/missing-ca.crt"}),
+                );
+                c["kubelet"].as_object_mut().unwrap().remove("ca_data");
+                c
+            },
+            &["kubelet.ca_file", "missing-ca.crt"],
+        ),
+        (
+            "token and exec credential",
+            h.config(
+                "v1",
+                serde_json::json!({"exec_credential": {"command": "/bin/get-token"}}),
+            ),
+            &["kubelet.bootstrap_token", "not both"],
+        ),
+    ];
+    for (name, config, needles) in cases {
+        fs::write(h.config_path(), serde_json::to_vec(&config).unwrap()).unwrap();
+        let (code, r, err) = h.activate();
+        assert_eq!(code, 3, "{name}: {err}");
+        let e = r["error"].as_str().unwrap();
+        assert!(
+            e.contains(&cfg),
+            "{name}: the error does not name {cfg}: {e}"
+        );
+        for n in needles {
+            assert!(e.contains(n), "{name}: {e} lacks {n}");
+        }
+        assert!(err.contains(e), "{name}: stderr {err}");
+        assert_eq!(h.report(), r, "{name}");
+        assert_eq!(r["outcome"], "failed");
+        // nothing but the state dir's lock and report exists
+        assert!(!root.machines_dir().exists(), "{name}");
+        assert!(!h.root().join("etc/systemd").exists(), "{name}");
+        assert!(!root.state_file().exists(), "{name}");
+        assert!(h.calls().is_empty(), "{name}: {:?}", h.calls());
+    }
+    // a config file that does not exist at all
+    fs::remove_file(h.config_path()).unwrap();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 3);
+    assert!(r["error"].as_str().unwrap().contains(&cfg));
+}
+
+#[test]
+fn host_commands_have_useful_help() {
+    for (cmd, needle) in [
+        ("activate", "Exit codes"),
+        ("plan", "writes nothing"),
+        ("status", "images marked bad"),
+        ("rollback", "without downloading"),
+        ("wait", "Wait until a running activate"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"))
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(needle),
+            "{cmd}: {text}"
+        );
+        assert!(text.contains("--root <DIR>"), "{cmd}: {text}");
+    }
+}
+
+#[test]
+fn an_image_that_fails_verification_changes_nothing() {
+    let img = images();
+    let h = Host::new(&img);
+    // a trusted key that never signed the image: refused before any layer
+    use p256::pkcs8::{EncodePublicKey as _, LineEnding};
+    let key = p256::ecdsa::SigningKey::from_bytes(&[7u8; 32].into()).unwrap();
+    let pem = key
+        .verifying_key()
+        .to_public_key_pem(LineEnding::LF)
+        .unwrap();
+    fs::write(h.root().join("etc/kubeslot/release.pub"), pem).unwrap();
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/release.pub"]});
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 1, "{err}");
+    let e = r["error"].as_str().unwrap();
+    assert!(e.contains(&img.v1.to_string()), "{e}");
+    assert_eq!(
+        r["phases"].as_array().unwrap().last().unwrap()["name"],
+        "resolve"
+    );
+    assert!(!Root::new(h.root()).state_file().exists());
+    assert!(!h.root().join("var/lib/machines/kube1").exists());
+    assert!(h.calls().is_empty(), "{:?}", h.calls());
+}
+
+#[test]
+fn dry_run_writes_nothing_and_wait_blocks_on_a_running_activation() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    let (code, out, err) = h.cmd(&["activate", "--dry-run", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["action"], "flip");
+    assert_eq!(plan["to"], "kube1");
+    assert_eq!(plan["digest"], img.v1.to_string());
+    assert!(plan["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["path"] == "etc/systemd/nspawn/kube1.nspawn"));
+    assert!(!root.state_file().exists() && !root.report_file().exists());
+    assert!(!root.machines_dir().join("kube1").exists());
+
+    // `wait` blocks while a run holds the lock, then prints its report
+    let (code, _, _) = h.cmd(&["activate"]);
+    assert_eq!(code, 0);
+    let held = kubeslot_activator::lock::Lock::try_exclusive(&root).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"))
+        .args(["wait", "--json", "--root"])
+        .arg(h.root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // (a `wait` that did not block would have exited by now; one that
+    // blocks can never make this fail)
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "wait returned while the lock was held"
+    );
+    drop(held);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report, h.report());
+    assert_eq!(report["outcome"], "committed");
+}
+
+#[test]
+fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
+    let analyze = require_tool("systemd-analyze", "systemd");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("units");
+    let service = fs::read_to_string(units.join("kubeslot-activator.service")).unwrap();
+    let path_unit = fs::read_to_string(units.join("kubeslot-activator.path")).unwrap();
+    let bin = kubeslot_activator::paths::host::ACTIVATOR_BIN;
+    assert!(
+        service.contains(&format!("ExecStart={bin} activate\n")),
+        "{service}"
+    );
+    assert!(service.contains("Type=oneshot") && !service.contains("\nRestart="));
+    let config = format!("/{}", kubeslot_activator::config::DEFAULT_PATH);
+    assert!(
+        path_unit.contains(&format!("PathChanged={config}\n")),
+        "{path_unit}"
+    );
+    assert!(path_unit.contains("Unit=kubeslot-activator.service"));
+    // systemd's own parser, with the binary at a path that exists here
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("kubeslot-activator.service"),
+        service.replace(bin, env!("CARGO_BIN_EXE_kubeslot-activator")),
+    )
+    .unwrap();
+    fs::write(dir.path().join("kubeslot-activator.path"), &path_unit).unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(dir.path().join("kubeslot-activator.service"))
+        .arg(dir.path().join("kubeslot-activator.path"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("kubeslot-activator.service:"), "{text}");
+}
+
+#[test]
+fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
+    let img = images();
+    let h = Host::new(&img);
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["gpu"] = "auto".into();
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let ldconfig = h.root().join("sbin/ldconfig");
+    fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+    let marker = match std::env::consts::ARCH {
+        "aarch64" => "AArch64",
+        _ => "x86-64",
+    };
+    fs::write(
+        &ldconfig,
+        format!("#!/bin/sh\nprintf '1 libs found\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+    )
+    .unwrap();
+    fs::set_permissions(&ldconfig, fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, _, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    let before = h.state().slot(Slot::Kube1).inputs.clone();
+
+    // "reboot": a GPU appeared, and the render oneshot of the machine's
+    // start bound it
+    kubeslot_activator::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
+    let (code, out, err) = h.cmd(&["render", "kube1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("kube1.nspawn"), "{out}");
+    let nspawn = fs::read_to_string(h.root().join("etc/systemd/nspawn/kube1.nspawn")).unwrap();
+    assert!(nspawn.contains("Bind=/dev/nvidia0"), "{nspawn}");
+
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["outcome"], "up-to-date");
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    assert_ne!(h.state().slot(Slot::Kube1).inputs, before);
+}
+
+#[test]
+fn a_rollback_killed_mid_flip_is_recovered_by_the_next_run() {
+    let img = images();
+    for fp in ["after-pending", "after-stop-old", "after-start-new"] {
+        let h = Host::new(&img);
+        assert_eq!(h.activate().0, 0);
+        h.set_config("v2", serde_json::json!({}));
+        assert_eq!(h.activate().0, 0);
+        let kube1 = h.slot_snapshot(Slot::Kube1);
+        let kube2 = h.slot_snapshot(Slot::Kube2);
+
+        let out = h.run(&["rollback"], Some(fp));
+        assert_eq!(out.status.signal(), Some(6), "{fp}");
+        assert_eq!(h.slot_snapshot(Slot::Kube2), kube2, "{fp}");
+        assert_eq!(h.state().active, Some(Slot::Kube2), "{fp}");
+
+        // the operator asks again: the dead rollback is finished or undone
+        // first, then the rollback happens once
+        let (code, out, err) = h.cmd(&["rollback", "--json"]);
+        assert_eq!(code, 0, "{fp}: {out}\n{err}");
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let s = h.state();
+        assert!(s.pending.is_none(), "{fp}");
+        assert_eq!(h.running().len(), 1, "{fp}: {:?}", h.running());
+        assert_eq!(s.active, Some(h.running()[0]), "{fp}");
+        if fp == "after-start-new" {
+            // kube1 was up and healthy: the dead rollback was committed,
+            // and this one went back to kube2
+            assert!(
+                r["recovered"].as_str().unwrap().contains("committed"),
+                "{r:#}"
+            );
+            assert_eq!(s.active, Some(Slot::Kube2), "{fp}");
+        } else {
+            assert_eq!(s.active, Some(Slot::Kube1), "{fp}: {r:#}");
+        }
+        assert_eq!(h.slot_snapshot(Slot::Kube1).len(), kube1.len(), "{fp}");
+        assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+        assert_eq!(h.tree_version(Slot::Kube2), "kubelet v2\n");
+    }
+}

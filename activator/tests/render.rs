@@ -1,0 +1,1064 @@
+//! Black-box tests of a node machine's host files: golden files per scenario
+//! (`testdata/render/<scenario>/`: the input `config.json`, the expected
+//! `files/` tree and `modes.txt`), GPU discovery on fixture `/dev` trees
+//! (real character devices made with mknod: the tests run as root), and the
+//! `render` command run against a temp root with a fake `systemctl` first on
+//! `PATH` that records its calls.
+//!
+//! `KUBESLOT_UPDATE_GOLDEN=1` rewrites the golden files; without it any
+//! difference fails the test and prints the diff.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kubeslot_activator::config::{Config, GpuMode};
+use kubeslot_activator::gpu::{self, Arch};
+use kubeslot_activator::paths::Root;
+use kubeslot_activator::render::{self, HostFacts, HostFiles};
+use kubeslot_activator::state::Slot;
+use kubeslot_test_support::workspace_root;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
+
+fn update_golden() -> bool {
+    std::env::var_os("KUBESLOT_UPDATE_GOLDEN").is_some()
+        || std::env::var_os("UPDATE_GOLDEN").is_some()
+}
+
+fn testdata(rel: &str) -> PathBuf {
+    workspace_root().join("testdata").join(rel)
+}
+
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIUKubeslotTestCAfilexxxxxxxxxxwCgYIKoZIzj0EAwIw\n-----END CERTIFICATE-----\n";
+
+/// A fake host under a temp dir: host name, systemd-resolved's upstream
+/// list (and the stub in /etc/resolv.conf that must never be used), a CA
+/// file, `/dev/null`, and a `bin/` for fake tools.
+struct Host {
+    _dir: tempfile::TempDir,
+    root: Root,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let w = |rel: &str, text: &str| {
+            let p = root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        };
+        w("etc/hostname", "Node-A\n");
+        w(
+            "run/systemd/resolve/resolv.conf",
+            "# This is /run/systemd/resolve/resolv.conf managed by man:systemd-resolved(8).\n\
+             nameserver 192.0.2.1\nnameserver 127.0.0.53\nnameserver 192.0.2.2\nsearch example.internal\n",
+        );
+        w(
+            "etc/resolv.conf",
+            "nameserver 127.0.0.53\noptions edns0 trust-ad\n",
+        );
+        w("etc/kubeslot/cluster-ca.pem", CA);
+        fs::create_dir_all(root.lib_modules().join("6.1.0-28-amd64")).unwrap();
+        gpu::mknod_char(&root.join("dev/null"), 1, 3).unwrap();
+        fs::create_dir_all(root.join("bin")).unwrap();
+        Host { _dir: dir, root }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn read(&self, rel: &str) -> String {
+        fs::read_to_string(self.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    }
+
+    fn add_gpus(&self) {
+        let dev = self.root.dev();
+        for (name, major, minor) in [
+            ("nvidia0", 195, 0),
+            ("nvidia1", 195, 1),
+            ("nvidiactl", 195, 255),
+            ("nvidia-modeset", 195, 254),
+            ("nvidia-uvm", 510, 0),
+            ("nvidia-uvm-tools", 510, 1),
+            ("nvidia-caps/nvidia-cap1", 511, 1),
+            ("nvidia-caps/nvidia-cap2", 511, 2),
+            ("dri/card1", 226, 1),
+            ("dri/renderD128", 226, 128),
+        ] {
+            gpu::mknod_char(&dev.join(name), major, minor).unwrap();
+        }
+        // neither a directory nor a symlink is a device
+        fs::create_dir_all(dev.join("nvidia-dir-not-a-device")).unwrap();
+        fs::create_dir_all(dev.join("dri/by-path")).unwrap();
+        std::os::unix::fs::symlink("../card1", dev.join("dri/by-path/pci-0000:01:00.0-card"))
+            .unwrap();
+    }
+
+    fn remove_gpus(&self) {
+        let dev = self.root.dev();
+        for e in fs::read_dir(&dev).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("nvidia") || name == "dri" {
+                let p = e.path();
+                if p.is_dir() {
+                    fs::remove_dir_all(p).unwrap();
+                } else {
+                    fs::remove_file(p).unwrap();
+                }
+            }
+        }
+    }
+
+    /// `<root>/sbin/ldconfig` printing the recorded cache of this machine's
+    /// architecture (the binary picks the host architecture).
+    fn fake_ldconfig(&self) {
+        let fixture = match std::env::consts::ARCH {
+            "aarch64" => "gpu/ldconfig-arm64.txt",
+            _ => "gpu/ldconfig-amd64.txt",
+        };
+        let p = self.path("sbin/ldconfig");
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(
+            &p,
+            format!("#!/bin/sh\ncat '{}'\n", testdata(fixture).display()),
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A fake `systemctl` first on PATH that appends its arguments to
+    /// `<root>/systemctl.calls`.
+    fn fake_systemctl(&self) {
+        let p = self.path("bin/systemctl");
+        fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\necho \"$*\" >> '{}'\n",
+                self.path("systemctl.calls").display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn systemctl_calls(&self) -> Vec<String> {
+        fs::read_to_string(self.path("systemctl.calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn write_config(&self, json: &str) {
+        let p = self.root.default_config();
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, json).unwrap();
+    }
+
+    fn render(&self, args: &[&str]) -> Output {
+        let path = format!(
+            "{}:{}",
+            self.path("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Command::new(BIN)
+            .arg("render")
+            .arg("--root")
+            .arg(self.root.dir())
+            .args(args)
+            .env("PATH", path)
+            .output()
+            .unwrap()
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "render failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    stdout(&o)
+}
+
+/// Every regular file under `dir` (relative path → mode, inode, bytes).
+fn tree(dir: &Path) -> BTreeMap<PathBuf, (u32, u64, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() {
+                out.insert(
+                    p.strip_prefix(dir).unwrap().to_path_buf(),
+                    (m.mode() & 0o7777, m.ino(), fs::read(&p).unwrap()),
+                );
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// golden files
+
+/// The facts of a scenario: gathered from a fake host (CA, DNS, host name,
+/// extra devices) with GPU discovery pinned to the scenario's architecture
+/// so the golden files do not depend on the machine running the test.
+fn scenario_facts(host: &Host, config: &Config, gpu_arch: Option<Arch>) -> HostFacts {
+    let mut no_gpu = config.clone();
+    no_gpu.gpu = GpuMode::Off;
+    let mut facts = render::gather(&host.root, &no_gpu).unwrap();
+    if let Some(arch) = gpu_arch {
+        let fixture = match arch {
+            Arch::Amd64 => "gpu/ldconfig-amd64.txt",
+            Arch::Arm64 => "gpu/ldconfig-arm64.txt",
+        };
+        facts.gpu = gpu::discover(&host.root, config.gpu, Some(arch), || {
+            Ok(fs::read_to_string(testdata(fixture)).unwrap())
+        })
+        .unwrap();
+    }
+    facts
+}
+
+fn check_golden(scenario: &str, files: &HostFiles) {
+    let base = testdata("render").join(scenario);
+    let dir = base.join("files");
+    let modes: String = files
+        .files
+        .iter()
+        .map(|f| format!("{:04o} {}\n", f.mode, f.path.display()))
+        .collect();
+    if update_golden() {
+        let _ = fs::remove_dir_all(&dir);
+        for f in &files.files {
+            let p = dir.join(&f.path);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, &f.contents).unwrap();
+        }
+        fs::write(base.join("modes.txt"), &modes).unwrap();
+    }
+    let mut problems = String::new();
+    let golden = tree(&dir);
+    for f in &files.files {
+        match golden.get(&f.path) {
+            None => problems += &format!("{}: rendered, but no golden file\n", f.path.display()),
+            Some((_, _, want)) => {
+                let want = String::from_utf8_lossy(want);
+                let shown = f.path.display();
+                problems += &render::unified(
+                    &want,
+                    &f.contents,
+                    &format!("golden/{shown}"),
+                    &format!("rendered/{shown}"),
+                );
+            }
+        }
+    }
+    for p in golden.keys() {
+        if !files.files.iter().any(|f| &f.path == p) {
+            problems += &format!("{}: golden file not rendered\n", p.display());
+        }
+    }
+    let want_modes = fs::read_to_string(base.join("modes.txt")).unwrap_or_default();
+    problems += &render::unified(
+        &want_modes,
+        &modes,
+        "golden/modes.txt",
+        "rendered/modes.txt",
+    );
+    assert!(
+        problems.is_empty(),
+        "scenario {scenario} differs from testdata/render/{scenario} \
+         (KUBESLOT_UPDATE_GOLDEN=1 accepts the new output):\n{problems}"
+    );
+}
+
+fn file<'a>(files: &'a HostFiles, suffix: &str) -> &'a str {
+    &files
+        .files
+        .iter()
+        .find(|f| f.path.to_string_lossy().ends_with(suffix))
+        .unwrap_or_else(|| panic!("no rendered file ending in {suffix}"))
+        .contents
+}
+
+/// Invariants every scenario keeps, beyond matching its golden files.
+fn check_invariants(files: &HostFiles, machine: &str) {
+    let nspawn = file(files, &format!("{machine}.nspawn"));
+    let dropin = file(files, "override.conf");
+    // DeviceAllow= for every bound device, and no other
+    let bound: Vec<&str> = nspawn
+        .lines()
+        .filter_map(|l| l.strip_prefix("Bind=/dev/"))
+        .collect();
+    let allowed: Vec<&str> = dropin
+        .lines()
+        .filter_map(|l| l.strip_prefix("DeviceAllow=/dev/"))
+        .map(|l| l.strip_suffix(" rwm").expect("rwm"))
+        .collect();
+    assert_eq!(bound, allowed, "{nspawn}\n{dropin}");
+    for key in [
+        "Boot=yes",
+        "Capability=all",
+        "PrivateUsers=no",
+        "SystemCallFilter=@keyring bpf perf_event_open",
+        "Bind=/var/lib/kubeslot/node/kubelet:/var/lib/kubelet",
+        "Bind=/var/lib/kubeslot/node/containerd:/var/lib/containerd",
+        &format!("BindReadOnly=/etc/kubeslot/host/{machine}:/etc/kubeslot/host"),
+    ] {
+        assert!(nspawn.lines().any(|l| l == key), "{key} missing:\n{nspawn}");
+    }
+    let unit_section = dropin.split("[Service]").next().unwrap();
+    assert!(
+        unit_section.contains("StartLimitIntervalSec=0\n"),
+        "{dropin}"
+    );
+    assert!(unit_section.contains(&format!("Requires=kubeslot-render@{machine}.service\n")));
+    assert!(dropin.contains(&format!(
+        "ExecStartPre=-/usr/bin/machinectl terminate {machine}\n"
+    )));
+    assert!(!file(files, "resolv.conf").contains("127.0.0.53"));
+    // the credential is root-only; nothing else is secret
+    for f in &files.files {
+        let secret = f.path.ends_with("bootstrap-kubeconfig") || f.path.ends_with("kubeconfig");
+        assert_eq!(
+            f.mode,
+            if secret { 0o600 } else { 0o644 },
+            "{}",
+            f.path.display()
+        );
+    }
+    let paths: Vec<_> = files.files.iter().map(|f| f.path.clone()).collect();
+    let mut sorted = paths.clone();
+    sorted.sort();
+    assert_eq!(paths, sorted);
+}
+
+fn load_scenario(name: &str) -> Config {
+    Config::load(&testdata("render").join(name).join("config.json")).unwrap()
+}
+
+#[test]
+fn golden_no_gpu() {
+    let host = Host::new();
+    let config = load_scenario("no-gpu");
+    // gpu "auto" on a host without GPUs: the real gather, nothing bound
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert!(facts.gpu.devices.is_empty());
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    assert!(!file(&files, ".nspawn").contains("/dev/"));
+    assert_eq!(file(&files, "kube1/hostname"), "node-a\n");
+    assert_eq!(
+        file(&files, "resolv.conf")
+            .lines()
+            .filter(|l| l.starts_with("nameserver"))
+            .collect::<Vec<_>>(),
+        ["nameserver 192.0.2.1", "nameserver 192.0.2.2"]
+    );
+    check_golden("no-gpu", &files);
+}
+
+#[test]
+fn golden_gpu_amd64() {
+    let host = Host::new();
+    host.add_gpus();
+    let config = load_scenario("gpu-amd64");
+    let facts = scenario_facts(&host, &config, Some(Arch::Amd64));
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    assert!(
+        nspawn.contains("Bind=/dev/nvidia0\n")
+            && nspawn.contains("Bind=/dev/nvidia-caps/nvidia-cap2\n")
+    );
+    assert!(
+        nspawn.contains("BindReadOnly=/lib/x86_64-linux-gnu:/run/host-nvidia/0\n"),
+        "{nspawn}"
+    );
+    assert!(!nspawn.contains("i386") && !nspawn.contains("aarch64") && !nspawn.contains("by-path"));
+    assert!(!nspawn.contains("nvidia-dir-not-a-device"));
+    check_golden("gpu-amd64", &files);
+}
+
+#[test]
+fn golden_gpu_arm64() {
+    let host = Host::new();
+    host.add_gpus();
+    let config = load_scenario("gpu-arm64");
+    let facts = scenario_facts(&host, &config, Some(Arch::Arm64));
+    let files = render::render(&config, Slot::Kube2, &facts);
+    check_invariants(&files, "kube2");
+    let nspawn = file(&files, ".nspawn");
+    assert!(
+        nspawn.contains("BindReadOnly=/usr/lib/aarch64-linux-gnu/nvidia:/run/host-nvidia/1\n"),
+        "{nspawn}"
+    );
+    assert!(!nspawn.contains("x86_64"));
+    assert_eq!(file(&files, "kube2/hostname"), "grace-01\n");
+    check_golden("gpu-arm64", &files);
+}
+
+#[test]
+fn golden_extra_kvm() {
+    let host = Host::new();
+    gpu::mknod_char(&host.path("dev/kvm"), 10, 232).unwrap();
+    let config = load_scenario("extra-kvm");
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(facts.devices, ["/dev/kvm"]);
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    // the seed bound /dev/kvm but forgot to allow it in the device cgroup
+    assert!(file(&files, "override.conf").contains("DeviceAllow=/dev/kvm rwm\n"));
+    assert!(file(&files, ".nspawn").contains("VirtualEthernet=yes\n"));
+    check_golden("extra-kvm", &files);
+}
+
+#[test]
+fn golden_bootstrap_token() {
+    let host = Host::new();
+    let config = load_scenario("bootstrap-token");
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(
+        facts.ca_pem, CA,
+        "the CA comes from the ca_file under the root"
+    );
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    assert!(file(&files, "bootstrap-kubeconfig").contains("token: \"07401b.f395accd246ae52d\"\n"));
+    assert!(!files.files.iter().any(|f| f.path.ends_with("kubeconfig")));
+    let kubelet = file(&files, "20-kubeslot.conf");
+    for arg in [
+        "--hostname-override=worker-7",
+        "--node-labels=node.kubernetes.io/pool=general,topology.kubernetes.io/zone=zone-a",
+        "--register-with-taints=dedicated=batch:NoSchedule,spot:PreferNoSchedule",
+        "--cluster-dns=10.96.0.10",
+        "--bootstrap-kubeconfig=/etc/kubeslot/host/bootstrap-kubeconfig",
+        "--kubeconfig=/var/lib/kubelet/kubeconfig",
+    ] {
+        assert!(kubelet.contains(arg), "{arg}: {kubelet}");
+    }
+    // configured nameservers win over the host's
+    assert!(file(&files, "resolv.conf").contains("nameserver 2001:db8::53\n"));
+    check_golden("bootstrap-token", &files);
+}
+
+#[test]
+fn golden_exec_credential() {
+    let host = Host::new();
+    let config = load_scenario("exec-credential");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let kc = file(&files, "kube1/kubeconfig");
+    assert!(kc.contains("command: \"/usr/local/bin/cloud-credential-helper\"\n"));
+    assert!(
+        kc.contains("- \"prod \\\"eu\\\"\"\n"),
+        "quoted for YAML: {kc}"
+    );
+    assert!(!kc.contains("token:"));
+    assert!(!files
+        .files
+        .iter()
+        .any(|f| f.path.ends_with("bootstrap-kubeconfig")));
+    assert!(file(&files, "20-kubeslot.conf").contains("--kubeconfig=/etc/kubeslot/host/kubeconfig"));
+    check_golden("exec-credential", &files);
+}
+
+// ---------------------------------------------------------------------------
+// gather: GPU modes and refusals
+
+const TOKEN_CONFIG: &str = r#"{"image":"ghcr.io/example/node:v1","gpu":"GPU","kubelet":{
+    "api_server":"https://10.0.0.1:6443","ca_file":"/etc/kubeslot/cluster-ca.pem",
+    "bootstrap_token":"abcdef.0123456789abcdef"}}"#;
+
+fn config_with(gpu: &str) -> Config {
+    Config::parse(
+        Path::new("test.json"),
+        TOKEN_CONFIG.replace("GPU", gpu).as_bytes(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn gpu_on_without_gpus_is_an_error_and_gpu_off_binds_nothing() {
+    let host = Host::new();
+    host.fake_ldconfig();
+    let e = render::gather(&host.root, &config_with("on"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpu mode is \"on\"") && e.contains("/dev"),
+        "{e}"
+    );
+    host.add_gpus();
+    let on = render::gather(&host.root, &config_with("on")).unwrap();
+    assert!(on.gpu.devices.contains(&"/dev/nvidia1".to_string()));
+    assert!(
+        !on.gpu.library_dirs.is_empty(),
+        "libraries from <root>/sbin/ldconfig"
+    );
+    let off = render::gather(&host.root, &config_with("off")).unwrap();
+    assert!(off.gpu.devices.is_empty() && off.gpu.library_dirs.is_empty());
+    let files = render::render(&config_with("off"), Slot::Kube1, &off);
+    assert!(!file(&files, ".nspawn").contains("nvidia"));
+}
+
+#[test]
+fn lib_modules_is_bound_only_when_the_host_has_it() {
+    let host = Host::new();
+    let config = config_with("off");
+    let with = render::gather(&host.root, &config).unwrap();
+    assert!(with.lib_modules);
+    let nspawn = render::render(&config, Slot::Kube1, &with);
+    assert!(file(&nspawn, ".nspawn").contains("\nBindReadOnly=/lib/modules\n"));
+    fs::remove_dir_all(host.path("lib/modules")).unwrap();
+    let without = render::gather(&host.root, &config).unwrap();
+    assert!(!without.lib_modules);
+    let files = render::render(&config, Slot::Kube1, &without);
+    assert!(!file(&files, ".nspawn").contains("/lib/modules"));
+}
+
+#[test]
+fn refusals_name_what_is_wrong() {
+    let host = Host::new();
+    // only the stub: no real upstream anywhere
+    fs::remove_file(host.path("run/systemd/resolve/resolv.conf")).unwrap();
+    let e = render::gather(&host.root, &config_with("off"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("etc/resolv.conf") && e.contains("127.0.0.53"),
+        "{e}"
+    );
+    fs::write(host.path("etc/resolv.conf"), "nameserver 198.51.100.7\n").unwrap();
+    render::gather(&host.root, &config_with("off")).unwrap();
+
+    let mut c = config_with("off");
+    c.devices = vec![PathBuf::from("/dev/kvm")];
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(e.contains("/dev/kvm") && e.contains("not found"), "{e}");
+
+    let mut c = config_with("off");
+    c.kubelet.labels.insert("role".into(), "a b".into());
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(e.contains("kubelet.labels") && e.contains("\"a b\""), "{e}");
+
+    let mut c = config_with("off");
+    c.kubelet
+        .labels
+        .insert("node-role.kubernetes.io/worker".into(), "".into());
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("node-role.kubernetes.io/worker") && e.contains("may not set"),
+        "{e}"
+    );
+
+    let mut c = config_with("off");
+    c.kubelet.taints = vec!["dedicated=x:Sometimes".into()];
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(e.contains("kubelet.taints"), "{e}");
+
+    let mut c = config_with("off");
+    c.nameservers = vec!["127.0.0.53".into()];
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(e.contains("nameservers") && e.contains("loopback"), "{e}");
+
+    fs::write(
+        host.path("etc/kubeslot/cluster-ca.pem"),
+        "not a certificate\n",
+    )
+    .unwrap();
+    let e = render::gather(&host.root, &config_with("off"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("/etc/kubeslot/cluster-ca.pem") && e.contains("not a PEM"),
+        "{e}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// the `render` command
+
+const CLI_CONFIG: &str = r#"{"image":"ghcr.io/example/node:v1","kubelet":{
+    "api_server":"https://10.0.0.1:6443","ca_file":"/etc/kubeslot/cluster-ca.pem",
+    "bootstrap_token":"abcdef.0123456789abcdef","labels":{"pool":"LABEL"}}}"#;
+
+#[test]
+fn render_rewrites_and_reloads_only_when_devices_change() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.fake_ldconfig();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+
+    let out = ok(host.render(&["kube1"]));
+    assert!(
+        out.contains("kube1: wrote etc/systemd/nspawn/kube1.nspawn"),
+        "{out}"
+    );
+    assert!(
+        out.contains("wrote etc/systemd/system/kubeslot-render@.service"),
+        "{out}"
+    );
+    assert_eq!(host.systemctl_calls(), ["daemon-reload"]);
+    assert_eq!(
+        fs::metadata(host.path("etc/kubeslot/host/kube1/bootstrap-kubeconfig"))
+            .unwrap()
+            .mode()
+            & 0o7777,
+        0o600
+    );
+    assert_eq!(
+        fs::metadata(host.path("etc/kubeslot/host/kube1"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    assert!(
+        host.path("var/lib/kubeslot/node/kubelet").is_dir(),
+        "Bind= sources exist"
+    );
+    assert!(host.path("var/lib/kubeslot/node/containerd").is_dir());
+    let shipped =
+        fs::read_to_string(workspace_root().join("activator/units/kubeslot-render@.service"))
+            .unwrap();
+    assert_eq!(
+        host.read("etc/systemd/system/kubeslot-render@.service"),
+        shipped
+    );
+
+    // the same devices: nothing written (same inodes), no reload
+    let before = tree(&host.path("etc"));
+    let out = ok(host.render(&["kube1"]));
+    assert_eq!(out.trim(), "kube1: host files unchanged");
+    assert_eq!(tree(&host.path("etc")), before);
+    assert_eq!(host.systemctl_calls().len(), 1);
+
+    // a reboot brings GPUs: re-rendered with the new binds, reloaded
+    host.add_gpus();
+    let out = ok(host.render(&["kube1"]));
+    assert!(
+        out.contains("wrote etc/systemd/system/systemd-nspawn@kube1.service.d/override.conf"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("kubeconfig"),
+        "unchanged files are not rewritten: {out}"
+    );
+    assert_eq!(host.systemctl_calls(), ["daemon-reload", "daemon-reload"]);
+    let nspawn = host.read("etc/systemd/nspawn/kube1.nspawn");
+    assert!(
+        nspawn.contains("Bind=/dev/nvidia0\n") && nspawn.contains(":/run/host-nvidia/0\n"),
+        "{nspawn}"
+    );
+    let dropin = host.read("etc/systemd/system/systemd-nspawn@kube1.service.d/override.conf");
+    assert!(
+        dropin.contains("DeviceAllow=/dev/nvidia0 rwm\n")
+            && dropin.contains("DeviceAllow=/dev/dri/renderD128 rwm\n")
+    );
+    ok(host.render(&["kube1"]));
+    assert_eq!(host.systemctl_calls().len(), 2);
+
+    // and a reboot without them removes the binds again
+    host.remove_gpus();
+    ok(host.render(&["kube1"]));
+    assert_eq!(host.systemctl_calls().len(), 3);
+    assert!(!host
+        .read("etc/systemd/nspawn/kube1.nspawn")
+        .contains("nvidia"));
+
+    // a drifted mode of the credential's dir is repaired, nothing rewritten
+    fs::set_permissions(
+        host.path("etc/kubeslot/host/kube1"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    assert_eq!(
+        ok(host.render(&["kube1"])).trim(),
+        "kube1: host files unchanged"
+    );
+    assert_eq!(
+        fs::metadata(host.path("etc/kubeslot/host/kube1"))
+            .unwrap()
+            .mode()
+            & 0o777,
+        0o700
+    );
+
+    // a kubelet setting changes host files only: no reload needed
+    host.write_config(&CLI_CONFIG.replace("LABEL", "b"));
+    let out = ok(host.render(&["kube1"]));
+    assert_eq!(
+        out.trim(),
+        "kube1: wrote etc/kubeslot/host/kube1/20-kubeslot.conf"
+    );
+    assert_eq!(host.systemctl_calls().len(), 3);
+}
+
+#[test]
+fn concurrent_renders_of_one_machine_take_turns() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    // all start on a fresh root, so all of them write: without the lock
+    // one's stale-file sweep removes another's temp file mid-write
+    for round in 0..5 {
+        host.write_config(&CLI_CONFIG.replace("LABEL", &format!("r{round}")));
+        let path = format!(
+            "{}:{}",
+            host.path("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                Command::new(BIN)
+                    .args(["render", "--root"])
+                    .arg(host.root.dir())
+                    .arg("kube1")
+                    .env("PATH", &path)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            ok(c.wait_with_output().unwrap());
+        }
+        let dir = tree(&host.path("etc/kubeslot/host/kube1"));
+        assert_eq!(dir.len(), 5, "{:?}", dir.keys().collect::<Vec<_>>());
+        assert!(host
+            .read("etc/kubeslot/host/kube1/20-kubeslot.conf")
+            .contains(&format!("pool=r{round}")));
+    }
+}
+
+#[test]
+fn unreadable_ca_fails_naming_the_file_and_writes_nothing() {
+    let host = Host::new();
+    host.fake_systemctl();
+    let missing = CLI_CONFIG.replace("cluster-ca.pem", "missing-ca.pem");
+
+    // first render on a fresh host: nothing at all appears
+    host.write_config(&missing);
+    let o = host.render(&["kube1"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains(
+            &host
+                .path("etc/kubeslot/missing-ca.pem")
+                .display()
+                .to_string()
+        ),
+        "{e}"
+    );
+    assert!(e.contains("cluster CA"), "{e}");
+    assert!(!host.path("etc/systemd").exists() && !host.path("etc/kubeslot/host").exists());
+
+    // after a good render, a bad config leaves every file as it was
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    ok(host.render(&["kube1"]));
+    let before = tree(&host.path("etc"));
+    host.write_config(&missing.replace("LABEL", "changed"));
+    let o = host.render(&["kube1"]);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    let mut after = tree(&host.path("etc"));
+    let config = PathBuf::from("kubeslot/activator.json");
+    after.insert(config.clone(), before[&config].clone());
+    assert_eq!(after, before, "nothing half-written");
+    assert_eq!(host.systemctl_calls(), ["daemon-reload"]);
+}
+
+#[test]
+fn switching_to_an_exec_credential_removes_the_stale_token() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    ok(host.render(&["kube2"]));
+    assert!(host
+        .path("etc/kubeslot/host/kube2/bootstrap-kubeconfig")
+        .exists());
+    fs::write(
+        host.path("etc/kubeslot/host/kube2/.tmp-left-by-a-crash"),
+        "x",
+    )
+    .unwrap();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a").replace(
+        r#""bootstrap_token":"abcdef.0123456789abcdef""#,
+        r#""exec_credential":{"command":"/usr/local/bin/helper"}"#,
+    ));
+    let out = ok(host.render(&["kube2"]));
+    assert!(
+        out.contains("kube2: removed etc/kubeslot/host/kube2/bootstrap-kubeconfig"),
+        "{out}"
+    );
+    assert!(
+        out.contains("kube2: removed etc/kubeslot/host/kube2/.tmp-left-by-a-crash"),
+        "{out}"
+    );
+    assert!(!host
+        .path("etc/kubeslot/host/kube2/bootstrap-kubeconfig")
+        .exists());
+    assert!(host
+        .read("etc/kubeslot/host/kube2/kubeconfig")
+        .contains("/usr/local/bin/helper"));
+    assert_eq!(host.systemctl_calls().len(), 1, "no unit changed");
+    // the other machine's files are not this render's business
+    assert!(!host.path("etc/kubeslot/host/kube1").exists());
+}
+
+#[test]
+fn the_config_a_slot_was_activated_with_wins() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.write_config(
+        &CLI_CONFIG
+            .replace("LABEL", "a")
+            .replace("\"labels\"", "\"node_name\":\"current\",\"labels\""),
+    );
+    let mut activated = config_with("off");
+    activated.kubelet.node_name = Some("activated".into());
+    let saved = render::save_inputs(&host.root, Slot::Kube1, &activated).unwrap();
+    assert_eq!(fs::metadata(&saved).unwrap().mode() & 0o777, 0o600);
+    ok(host.render(&["kube1"]));
+    assert_eq!(host.read("etc/kubeslot/host/kube1/hostname"), "activated\n");
+    // an explicit --config wins over both
+    let explicit = host.path("explicit.json");
+    fs::write(
+        &explicit,
+        CLI_CONFIG
+            .replace("LABEL", "a")
+            .replace("\"labels\"", "\"node_name\":\"explicit\",\"labels\""),
+    )
+    .unwrap();
+    ok(host.render(&["--config", explicit.to_str().unwrap(), "kube1"]));
+    assert_eq!(host.read("etc/kubeslot/host/kube1/hostname"), "explicit\n");
+    // without saved inputs the default config is used
+    ok(host.render(&["kube2"]));
+    assert_eq!(host.read("etc/kubeslot/host/kube2/hostname"), "current\n");
+}
+
+#[test]
+fn diff_shows_what_write_would_change() {
+    let host = Host::new();
+    let config = config_with("off");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    let d = render::diff(&host.root, &files);
+    assert_eq!(d.len(), files.files.len());
+    assert!(
+        d.iter().all(|f| f.diff.starts_with("--- /dev/null\n")),
+        "{d:?}"
+    );
+    render::write(&host.root, &files).unwrap();
+    assert!(render::diff(&host.root, &files)
+        .iter()
+        .all(|f| f.diff.is_empty()));
+    let mut c2 = config.clone();
+    c2.kubelet.cluster_dns = vec!["10.96.0.10".into()];
+    let files2 = render::render(&c2, Slot::Kube1, &facts);
+    let changed: Vec<_> = render::diff(&host.root, &files2)
+        .into_iter()
+        .filter(|f| !f.diff.is_empty())
+        .collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert!(
+        changed[0].diff.contains("+Environment=\"KUBELET_ARGS="),
+        "{}",
+        changed[0].diff
+    );
+    assert!(changed[0].diff.contains("--cluster-dns=10.96.0.10"));
+    // a wrong mode is a difference too, and write repairs it
+    let kc = host.path("etc/kubeslot/host/kube1/bootstrap-kubeconfig");
+    fs::set_permissions(&kc, fs::Permissions::from_mode(0o644)).unwrap();
+    let d = render::diff(&host.root, &files);
+    assert!(
+        d.iter().any(|f| f.diff.contains("mode 0644 -> 0600")),
+        "{d:?}"
+    );
+    let outcome = render::write(&host.root, &files).unwrap();
+    assert_eq!(
+        outcome.changed,
+        [PathBuf::from(
+            "etc/kubeslot/host/kube1/bootstrap-kubeconfig"
+        )]
+    );
+    assert!(!outcome.dropin_changed);
+    assert_eq!(fs::metadata(&kc).unwrap().mode() & 0o777, 0o600);
+}
+
+/// What operators read: `render --help`, compared with its golden file.
+#[test]
+fn render_help_snapshot() {
+    let out = Command::new(BIN)
+        .args(["render", "--help"])
+        .env("COLUMNS", "100")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let golden = testdata("help/activator-render.txt");
+    if update_golden() {
+        fs::write(&golden, &out.stdout).unwrap();
+    }
+    let want =
+        fs::read_to_string(&golden).expect("golden file (KUBESLOT_UPDATE_GOLDEN=1 creates it)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
+
+// ---------------------------------------------------------------------------
+// systemd's own parsers accept the golden files
+
+/// Every golden scenario's `.nspawn` file goes through `systemd-nspawn`'s
+/// settings parser (a settings file beside an empty directory: nspawn parses
+/// it, then refuses the directory), and its drop-in and render unit through
+/// `systemd-analyze verify` on the stock `systemd-nspawn@.service`. Any
+/// unknown key, wrong section or malformed bind is a warning line: none may
+/// appear. The golden files equal the rendered output (the tests above), so
+/// this checks what `render` writes.
+#[test]
+fn golden_files_pass_systemds_own_parsers() {
+    let nspawn = kubeslot_test_support::require_tool("systemd-nspawn", "systemd-container");
+    let analyze = kubeslot_test_support::require_tool("systemd-analyze", "systemd");
+    let stock = Path::new("/lib/systemd/system/systemd-nspawn@.service");
+    assert!(
+        stock.exists(),
+        "{} is missing: install it with `apt-get install systemd-container`",
+        stock.display()
+    );
+    let mut checked = 0;
+    for scenario in fs::read_dir(testdata("render")).unwrap() {
+        let files = scenario.unwrap().path().join("files");
+        let machine = if files.join("etc/systemd/nspawn/kube2.nspawn").exists() {
+            "kube2"
+        } else {
+            "kube1"
+        };
+        let work = tempfile::tempdir().unwrap();
+
+        // the .nspawn file
+        fs::create_dir(work.path().join(machine)).unwrap();
+        fs::copy(
+            files.join(format!("etc/systemd/nspawn/{machine}.nspawn")),
+            work.path().join(format!("{machine}.nspawn")),
+        )
+        .unwrap();
+        let out = Command::new(&nspawn)
+            .args([
+                "--settings=trusted",
+                "--register=no",
+                "--keep-unit",
+                "-q",
+                "-D",
+            ])
+            .arg(work.path().join(machine))
+            .arg("/bin/true")
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success());
+        let complaints: Vec<&str> = err
+            .lines()
+            .filter(|l| !l.contains("doesn't look like it has an OS tree"))
+            .collect();
+        assert!(
+            complaints.is_empty() && err.contains("doesn't look like it has an OS tree"),
+            "{}: systemd-nspawn complains about the settings file:\n{err}",
+            files.display()
+        );
+
+        // the drop-in on the stock unit, and the render unit
+        let units = work.path().join("units");
+        let dropin_dir = format!("systemd-nspawn@{machine}.service.d");
+        fs::create_dir_all(units.join(&dropin_dir)).unwrap();
+        fs::copy(
+            stock,
+            units.join(format!("systemd-nspawn@{machine}.service")),
+        )
+        .unwrap();
+        fs::copy(
+            files
+                .join("etc/systemd/system")
+                .join(&dropin_dir)
+                .join("override.conf"),
+            units.join(&dropin_dir).join("override.conf"),
+        )
+        .unwrap();
+        // the installed binary path does not exist here; verify checks it
+        let render_unit =
+            fs::read_to_string(files.join("etc/systemd/system/kubeslot-render@.service"))
+                .unwrap()
+                .replace("/usr/local/bin/kubeslot-activator", BIN);
+        fs::write(
+            units.join(format!("kubeslot-render@{machine}.service")),
+            render_unit,
+        )
+        .unwrap();
+        let out = Command::new(&analyze)
+            .arg("verify")
+            .arg(units.join(format!("systemd-nspawn@{machine}.service")))
+            .arg(units.join(format!("kubeslot-render@{machine}.service")))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{}: systemd-analyze verify: {}\n{}",
+            files.display(),
+            out.status,
+            stderr(&out)
+        );
+
+        // the kubelet drop-in on the image's kubelet.service (its binary
+        // swapped for one that exists here)
+        let kubelet = work.path().join("kubelet");
+        fs::create_dir_all(kubelet.join("kubelet.service.d")).unwrap();
+        let unit = fs::read_to_string(workspace_root().join("recipes/files/kubelet.service"))
+            .unwrap()
+            .replace("/usr/local/bin/kubelet", "/bin/true");
+        fs::write(kubelet.join("kubelet.service"), unit).unwrap();
+        fs::copy(
+            files.join(format!("etc/kubeslot/host/{machine}/20-kubeslot.conf")),
+            kubelet.join("kubelet.service.d/20-kubeslot.conf"),
+        )
+        .unwrap();
+        let out = Command::new(&analyze)
+            .arg("verify")
+            .arg(kubelet.join("kubelet.service"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "{}: systemd-analyze verify kubelet.service: {}\n{}",
+            files.display(),
+            out.status,
+            stderr(&out)
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "one check per golden scenario");
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The offline demo (README "Set up and run"): build the demo node image from
+# the stand-in artifacts in testdata/demo, sign it, write it as an
+# oci-archive (the air-gapped form), then, as a host would, verify it and
+# show what `activate` would do and unpack it into a scratch tree.
+# Nothing leaves the machine; no systemd is needed.
+#
+#   ci/demo.sh [OUT_DIR]     (default out/demo; replaced on every run)
+#
+# KUBESLOT_BIN_DIR=target/debug uses already-built binaries (ci/test.sh does);
+# otherwise the release binaries are built first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=${1:-out/demo}
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin=$KUBESLOT_BIN_DIR
+else
+  cargo build --release --locked -p kubeslot-builder -p kubeslot-activator
+  bin=target/release
+fi
+builder=$bin/kubeslot-builder
+activator=$bin/kubeslot-activator
+
+rm -rf "$out"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cache=$out/cache
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "signing key"
+"$builder" keygen --out "$out/keys/release"
+
+step "build, sign and write an oci-archive"
+"$builder" build testdata/recipes/demo.toml --cache "$cache" \
+  --sign-key "$out/keys/release.key" --output "oci-archive:$out/node.tar"
+
+step "a host root with the activator's config"
+root=$out/host
+mkdir -p "$root/etc/kubeslot/keys"
+cp "$out/keys/release.pub" "$root/etc/kubeslot/keys/release.pub"
+cat > "$root/etc/kubeslot/activator.json" <<JSON
+{
+  "image": "oci-archive:$out/node.tar",
+  "trust": { "public_keys": ["/etc/kubeslot/keys/release.pub"] },
+  "kubelet": {
+    "api_server": "https://10.0.0.1:6443",
+    "ca_data": "-----BEGIN CERTIFICATE-----\nZGVtbw==\n-----END CERTIFICATE-----\n",
+    "bootstrap_token": "abcdef.0123456789abcdef",
+    "node_name": "demo-node",
+    "labels": { "pool": "demo" },
+    "cluster_dns": ["10.96.0.10"]
+  },
+  "gpu": "off",
+  "nameservers": ["192.0.2.53"]
+}
+JSON
+echo "$root/etc/kubeslot/activator.json"
+
+step "plan: what activate would do on this host"
+"$activator" plan --root "$root"
+
+step "verify and unpack into a scratch tree"
+"$activator" unpack --root "$root" --config "$root/etc/kubeslot/activator.json" \
+  "oci-archive:$out/node.tar" "$out/tree"
+ls -l "$out/tree/usr/local/bin" "$out/tree/usr/share/kubeslot"
+
+step "a tampered archive is refused"
+cp "$out/node.tar" "$out/tampered.tar"
+python3 - "$out/tampered.tar" <<'PY'
+import sys, tarfile, io
+src = sys.argv[1]
+with tarfile.open(src) as t:
+    members = [(m, t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()]
+# flip one byte in the largest blob (a layer)
+big = max((m for m, d in members if d is not None), key=lambda m: m.size)
+with tarfile.open(src, "w") as t:
+    for m, d in members:
+        if m is big:
+            d = bytes([d[0] ^ 1]) + d[1:]
+        t.addfile(m, io.BytesIO(d) if d is not None else None)
+PY
+if "$activator" unpack --root "$root" --config "$root/etc/kubeslot/activator.json" \
+  "oci-archive:$out/tampered.tar" "$out/tampered-tree"; then
+  echo "demo: the tampered archive was accepted" >&2
+  exit 1
+fi
+test ! -e "$out/tampered-tree"
+echo "refused, and nothing was written to $out/tampered-tree"
+
+step "done: $out/node.tar is what an air-gapped host activates"
