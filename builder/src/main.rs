@@ -69,7 +69,7 @@ fn main() {
             Command::Build(args) => cmd::build::run(args, &global).await,
             Command::Check(args) => cmd::check::run(args, &global).await,
             Command::BenchLayer(args) => cmd::build::bench_layer(args, &global).await,
-            Command::Lock(args) => tokio::task::block_in_place(|| cmd::lock::run(args)),
+            Command::Lock(args) => tokio::task::block_in_place(|| cmd::lock::run(args, &global)),
             Command::Base(args) => cmd::base::run(args, &global).await,
             Command::Version => {
                 println!("{}", env!("CARGO_PKG_VERSION"));

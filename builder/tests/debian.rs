@@ -307,6 +307,15 @@ fn lock_pins_both_platforms_and_names_no_mirror() {
     }
     let out = ok(builder(&["lock", f.recipe.to_str().unwrap(), "--check"]));
     assert!(out.contains("up to date"), "{out}");
+    let out = ok(builder(&[
+        "--json",
+        "lock",
+        f.recipe.to_str().unwrap(),
+        "--check",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["base_sha256"], f.lock.base_sha256.as_str());
+    assert_eq!(v["platforms"]["amd64"], f.amd64().package.len());
 }
 
 #[test]

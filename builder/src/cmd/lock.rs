@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use crate::cmd::Global;
 use crate::debian::{self, lock::Lock, RecipeBase};
 
 /// Resolve a recipe's package base (`[base] kind = "debian"`) with apt into a
@@ -37,14 +38,33 @@ pub struct LockArgs {
     pub download: Option<PathBuf>,
 }
 
-pub fn run(args: LockArgs) -> anyhow::Result<()> {
+/// `{"lock": PATH, "base_sha256": HEX, "platforms": {ARCH: N}}` for `--json`.
+fn summary(path: &std::path::Path, lock: &Lock) -> serde_json::Value {
+    let platforms: serde_json::Map<String, serde_json::Value> = lock
+        .platforms
+        .iter()
+        .map(|p| (p.arch.clone(), p.packages.len().into()))
+        .collect();
+    serde_json::json!({
+        "lock": path,
+        "base_sha256": lock.base_sha256,
+        "platforms": platforms,
+    })
+}
+
+pub fn run(args: LockArgs, global: &Global) -> anyhow::Result<()> {
     let mut recipe = RecipeBase::load(&args.recipe)?;
     if args.check {
         let lock = Lock::load_for(&recipe)?;
+        let path = recipe.lock_path();
+        if global.json {
+            println!("{}", summary(&path, &lock));
+            return Ok(());
+        }
         let n: usize = lock.platforms.iter().map(|p| p.packages.len()).sum();
         println!(
             "{}: up to date ({} platforms, {n} packages)",
-            recipe.lock_path().display(),
+            path.display(),
             lock.platforms.len()
         );
         return Ok(());
@@ -54,13 +74,15 @@ pub fn run(args: LockArgs) -> anyhow::Result<()> {
     let lock = debian::resolve::resolve(&recipe, work.path())?;
     let path = recipe.lock_path();
     lock.write(&path)?;
-    for p in &lock.platforms {
-        println!(
-            "{}: {} packages for {}",
-            path.display(),
-            p.packages.len(),
-            p.arch
-        );
+    if !global.json {
+        for p in &lock.platforms {
+            println!(
+                "{}: {} packages for {}",
+                path.display(),
+                p.packages.len(),
+                p.arch
+            );
+        }
     }
     if let Some(dest) = &args.download {
         for arch in &recipe.arches {
@@ -72,7 +94,12 @@ pub fn run(args: LockArgs) -> anyhow::Result<()> {
                 dest,
             )?;
         }
-        println!("downloaded every locked .deb into {}", dest.display());
+        if !global.json {
+            println!("downloaded every locked .deb into {}", dest.display());
+        }
+    }
+    if global.json {
+        println!("{}", summary(&path, &lock));
     }
     Ok(())
 }
