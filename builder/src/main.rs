@@ -40,6 +40,8 @@ enum Command {
     BenchLayer(cmd::build::BenchLayerArgs),
     /// Print the version and exit.
     Version,
+    Lock(cmd::lock::LockArgs),
+    Base(cmd::base::BaseArgs),
     Push(cmd::push::PushArgs),
     Keygen(cmd::keygen::KeygenArgs),
     Sign(cmd::sign::SignArgs),
@@ -67,6 +69,8 @@ fn main() {
             Command::Build(args) => cmd::build::run(args, &global).await,
             Command::Check(args) => cmd::check::run(args, &global).await,
             Command::BenchLayer(args) => cmd::build::bench_layer(args, &global).await,
+            Command::Lock(args) => tokio::task::block_in_place(|| cmd::lock::run(args, &global)),
+            Command::Base(args) => cmd::base::run(args, &global).await,
             Command::Version => {
                 println!("{}", env!("CARGO_PKG_VERSION"));
                 Ok(())

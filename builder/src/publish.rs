@@ -23,11 +23,13 @@ use crate::sbom::{generate, sbom_artifact, PackageKind, SbomInput, SbomPackage};
 use crate::transfer::{self, Staged, TransferReport};
 
 /// The SPDX document of one platform: every pinned input (components with
-/// their upstream URL and sha256, the base rootfs or base image).
+/// their upstream URL and sha256, the base rootfs or base image, and a
+/// package base's locked `.deb`s, `base_packages`).
 pub fn platform_sbom(
     recipe: &Recipe,
     tag: &str,
     base_image: Option<(String, Digest)>,
+    base_packages: &[SbomPackage],
     files: &[(Input, PathBuf)],
 ) -> Vec<u8> {
     let mut packages = Vec::new();
@@ -43,6 +45,7 @@ pub fn platform_sbom(
             purl: None,
         });
     }
+    packages.extend(base_packages.iter().cloned());
     for (input, _) in files {
         let (name, version, kind) = match &input.kind {
             InputKind::BaseRootfs => (

@@ -459,7 +459,9 @@ impl Recipe {
                     .parse::<ImageSource>()
                     .map_err(|e| self.invalid("base.image", e.to_string()))?;
             }
-            BaseSpec::Debian(_) => {}
+            BaseSpec::Debian(d) => {
+                d.check().map_err(|rule| self.invalid("base", rule))?;
+            }
         }
         let mut paths = BTreeSet::new();
         for (i, file) in f.files.iter().enumerate() {

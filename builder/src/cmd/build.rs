@@ -12,8 +12,12 @@
 //! Publishing hooks in at three marked places (see `crate::publish`):
 //! each platform gets an SBOM layer, the staged layout gets the `.sbom` and,
 //! with `--sign-key`, `.sig` attachments, and `--push` uploads the output.
-//! The Debian package base is built by `crate::debian` (see
-//! [`base_layers`], the one place a platform's base comes from).
+//! A Debian package base (`kind = "debian"`) is planned from its lock (a
+//! missing or stale lock refuses the build before anything is fetched), its
+//! `.deb`s are fetched by the lock's sha256 through the same cache, and
+//! `crate::debian` installs and normalises them into the rootfs tarball that
+//! [`base_layers`] (the one place a platform's base comes from) turns into
+//! the base layer; every locked package goes into the SBOM.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +71,11 @@ pub struct Args {
     /// `{arch}` are filled in). Repeatable.
     #[arg(long, value_name = "NAME=URL")]
     pub download_override: Vec<String>,
+    /// For a package base (`[base] kind = "debian"`): fetch the locked
+    /// .debs from URL instead of the recipe's mirror, or `NAME=URL` for its
+    /// extra repository NAME (the lock names pool paths only). Repeatable.
+    #[arg(long, value_name = "URL|NAME=URL")]
+    pub mirror: Vec<String>,
     /// Extra manifest annotation (e.g.
     /// `org.opencontainers.image.revision=$GITHUB_SHA`). Repeatable.
     #[arg(long, value_name = "KEY=VALUE")]
@@ -119,11 +128,20 @@ struct Plan {
     tag: String,
     inputs: Vec<(Platform, Vec<Input>)>,
     base_image: Option<ResolvedBaseImage>,
+    /// A package base's lock, checked against the recipe while planning.
+    debian: Option<DebianPlan>,
     annotations: BTreeMap<String, String>,
     /// `--sign-key`, loaded while planning so a bad key fails first.
     sign_key: Option<p256::ecdsa::SigningKey>,
     /// What the signatures name (`--push` repository, else the recipe name).
     identity: String,
+}
+
+/// A Debian package base: the `[base]` section (mirrors overridden by
+/// `--mirror`) and the lock made from it.
+struct DebianPlan {
+    base: crate::debian::RecipeBase,
+    lock: crate::debian::lock::Lock,
 }
 
 /// A base image read through the activator's `Source` (layout, archive or
@@ -225,8 +243,22 @@ fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
     let base_image = match &recipe.file.base {
         BaseSpec::Image(b) => Some(resolve_base_image(&recipe, b, &global.cache.join("tmp"))?),
         BaseSpec::Rootfs(_) => None,
-        // Printed by the plan; refused by `execute` until the debian module builds it.
         BaseSpec::Debian(_) => None,
+    };
+    // A package base builds from its lock only: none, or one made from
+    // another `[base]` section, refuses the build here, before any fetch.
+    let debian = match &recipe.file.base {
+        BaseSpec::Debian(_) => {
+            let mut base = crate::debian::RecipeBase::load(&recipe.path)?;
+            let lock = crate::debian::lock::Lock::load_for(&base)?;
+            base.base.apply_mirrors(&args.mirror)?;
+            Some(DebianPlan { base, lock })
+        }
+        _ if !args.mirror.is_empty() => bail!(
+            "--mirror: {} has no package base (kind = \"debian\"); use --download-base",
+            recipe.path.display()
+        ),
+        _ => None,
     };
     let mut annotations = BTreeMap::new();
     let f = &recipe.file;
@@ -264,6 +296,7 @@ fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
         tag,
         inputs,
         base_image,
+        debian,
         annotations,
         sign_key,
         identity,
@@ -332,6 +365,22 @@ fn print_plan(plan: &Plan) {
     if let Some(b) = &plan.base_image {
         println!("base: image {}", b.name);
     }
+    if let Some(d) = &plan.debian {
+        println!(
+            "base: debian {} from {} (lock {})",
+            d.base.base.suite,
+            d.base.base.mirror,
+            d.base.lock_path().display()
+        );
+        for p in &d.lock.platforms {
+            let bytes: u64 = p.packages.iter().map(|x| x.size).sum();
+            println!(
+                "    {}: {} locked .debs, {bytes} bytes",
+                p.arch,
+                p.packages.len()
+            );
+        }
+    }
     for (platform, inputs) in &plan.inputs {
         for i in inputs {
             println!("input {platform}: {} {}", i.pinned.label, i.pinned.sha256);
@@ -390,17 +439,6 @@ struct Summary {
 async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Result<Summary> {
     let recipe = &plan.recipe;
     let epoch = recipe.file.source_date_epoch;
-    // The Debian package base is built by `crate::debian` from its lock; it
-    // plugs in at `base_layers` (tarball → `rootfs_layer`), and this guard
-    // goes away with it.
-    if let BaseSpec::Debian(d) = &recipe.file.base {
-        bail!(
-            "{}: base kind \"debian\" (suite {}): building a Debian package base needs its \
-             lock and the debian module's installer, which this build does not have yet",
-            recipe.path.display(),
-            d.suite
-        );
-    }
     let compression = match recipe.file.compression {
         LayerCompression::Gzip => Compression::Gzip,
         LayerCompression::Zstd => Compression::Zstd,
@@ -413,6 +451,15 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         .collect();
     let paths = fetcher.fetch_all(&all).await?;
     let mut fetched = paths.into_iter();
+    // A package base: every locked `.deb` of every platform, by sha256.
+    let mut debs: BTreeMap<Platform, Vec<PathBuf>> = BTreeMap::new();
+    if let Some(d) = &plan.debian {
+        for (platform, _) in &plan.inputs {
+            let locked = d.lock.platform(&platform.architecture)?;
+            let pins = crate::debian::pinned(&d.base.base, locked)?;
+            debs.insert(platform.clone(), fetcher.fetch_all(&pins).await?);
+        }
+    }
 
     // The staging dir sits beside the output (same filesystem) and is
     // removed on every exit path by its guard.
@@ -436,9 +483,19 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
         futures_util::future::try_join_all(per_platform.into_iter().map(|(platform, files)| {
             let work = work.join(&platform.architecture);
             let (blobs, blob_dir) = (&blobs, &blob_dir);
+            let debs = debs.get(platform).cloned().unwrap_or_default();
             async move {
-                let base =
-                    base_layers(plan, platform, &files, blobs, &work, compression, global).await?;
+                let base = base_layers(
+                    plan,
+                    platform,
+                    &files,
+                    &debs,
+                    blobs,
+                    &work,
+                    compression,
+                    global,
+                )
+                .await?;
                 let mut layers = base.layers;
                 for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
                     let mut tree = group_tree(recipe, &l.group, platform, &files, &work)?;
@@ -476,6 +533,7 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
                     recipe,
                     &plan.tag,
                     base_pin(plan, platform),
+                    &base_packages(plan, platform)?,
                     &files,
                 );
                 let mut tree = Tree::new();
@@ -610,6 +668,20 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
     Ok(Summary { index, lines, json })
 }
 
+/// Every locked package of a platform's package base, for the SBOM.
+fn base_packages(
+    plan: &Plan,
+    platform: &Platform,
+) -> anyhow::Result<Vec<crate::sbom::SbomPackage>> {
+    let Some(d) = &plan.debian else {
+        return Ok(Vec::new());
+    };
+    Ok(crate::debian::sbom_packages(
+        &d.base.base,
+        d.lock.platform(&platform.architecture)?,
+    )?)
+}
+
 /// The pinned base image of a platform, for the SBOM.
 fn base_pin(plan: &Plan, platform: &Platform) -> Option<(String, Digest)> {
     let b = plan.base_image.as_ref()?;
@@ -641,12 +713,15 @@ fn layer_desc(
 }
 
 /// The one place a platform's base layers come from: copied from a pinned
-/// base image, or one re-normalised layer from a pinned rootfs tarball. (A
-/// Debian package base, once wired, produces its rootfs tarball here too.)
+/// base image, or one re-normalised layer from a rootfs tarball, either
+/// pinned or (a Debian package base) installed from the locked `.deb`s
+/// (`debs`, fetched and checked, in lock order).
+#[allow(clippy::too_many_arguments)]
 async fn base_layers(
     plan: &Plan,
     platform: &Platform,
     files: &[(Input, PathBuf)],
+    debs: &[PathBuf],
     blobs: &BlobDir,
     work: &Path,
     compression: Compression,
@@ -720,9 +795,64 @@ async fn base_layers(
                 shape: None,
             })
         }
-        // The debian module produces this platform's rootfs tarball from
-        // its locked `.deb`s, then: `rootfs_layer(&tarball, …)` as above.
-        BaseSpec::Debian(_) => unreachable!("refused before fetching"),
+        BaseSpec::Debian(_) => {
+            let d = plan
+                .debian
+                .as_ref()
+                .expect("the lock is loaded in the plan");
+            let locked = d.lock.platform(&platform.architecture)?.clone();
+            std::fs::create_dir_all(work).with_context(|| work.display().to_string())?;
+            let tarball = work.join("debian-rootfs.tar");
+            let task = global
+                .progress
+                .task("install", &format!("debian base {platform}"), None);
+            let (suite, debs_owned, out) =
+                (d.base.base.suite.clone(), debs.to_vec(), tarball.clone());
+            let n = locked.packages.len();
+            let sha = tokio::task::spawn_blocking(move || {
+                crate::debian::install::build_rootfs(
+                    &locked,
+                    &crate::debian::install::BuildBase {
+                        suite: &suite,
+                        debs: &debs_owned,
+                        output: &out,
+                        source_date_epoch: epoch as i64,
+                    },
+                )
+            })
+            .await
+            .expect("the installer does not panic")
+            .with_context(|| format!("debian base ({platform})"))?;
+            task.finish("done");
+            let (blob, shape) = rootfs_layer(
+                &tarball,
+                work,
+                &blobs.root().join("sha256"),
+                compression,
+                epoch,
+                global,
+                platform,
+            )
+            .await?;
+            let _ = std::fs::remove_file(&tarball);
+            // No mirror in the history: one lock from any mirror is one image.
+            Ok(BaseLayers {
+                layers: vec![layer_desc(
+                    &blob,
+                    BASE_GROUP,
+                    epoch,
+                    format!(
+                        "kubeslot-builder: debian {} base, {n} locked packages",
+                        d.base.base.suite
+                    ),
+                    format!(
+                        "lock of [base] sha256:{}, rootfs tar sha256:{sha}",
+                        d.lock.base_sha256
+                    ),
+                )],
+                shape: Some(shape),
+            })
+        }
     }
 }
 

@@ -3,10 +3,12 @@
 //! (`--cache`, `--json`, `--progress`), resolved once into [`Global`].
 //! Nothing here does work of its own.
 
+pub mod base;
 pub mod build;
 pub mod check;
 pub mod copy;
 pub mod keygen;
+pub mod lock;
 pub mod push;
 pub mod sbom;
 pub mod sign;

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# A Debian package base from its lock against plain mmdebstrap, from one run.
+#
+#   ci/bench/debian-base.sh [--release]
+#
+# Locks testdata/recipes/bookworm-base.toml (amd64) against this machine's
+# Debian mirror (read from its apt sources), warms the builder's .deb cache
+# with one `base` run, then times, each once:
+#   ours: `kubeslot-builder base` from the warm cache (local repository,
+#         mmdebstrap, normalisation into a deterministic tar);
+#   ref:  `mmdebstrap --variant=essential --include=<the same packages>`
+#         straight from the machine's mirror (what a build without a lock
+#         runs: it downloads every time);
+#   local: the same mmdebstrap from a local repository of the cached .debs
+#         (our overhead: repository, normalisation).
+# Prints seconds and the ratios ref/ours and local/ours (>1: ours faster).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+profile=debug
+if [ "${1:-}" = "--release" ]; then profile=release; fi
+for t in mmdebstrap apt-ftparchive; do
+  command -v "$t" >/dev/null || { echo "bench: $t is not installed: apt-get install -y mmdebstrap apt-utils" >&2; exit 1; }
+done
+mirror=$(
+  { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\(http[^[:space:]]*\).*/\2/p' /etc/apt/sources.list 2>/dev/null || true
+  } | grep -v security | grep -E '^https?://.*/debian/?$' | head -n1 || true
+)
+[ -n "$mirror" ] || { echo "bench: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
+
+cargo build --quiet $([ "$profile" = release ] && echo --release) -p kubeslot-builder
+bin=$PWD/target/$profile/kubeslot-builder
+work=$(mktemp -d "${TMPDIR:-/tmp}/kubeslot-bench.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+sed 's|^platforms = .*|platforms = ["linux/amd64"]|' testdata/recipes/bookworm-base.toml > "$work/r.toml"
+"$bin" --progress quiet lock "$work/r.toml" --mirror "$mirror" >/dev/null
+"$bin" --progress quiet --cache "$work/cache" base "$work/r.toml" --mirror "$mirror" -o "$work/warm.tar" >/dev/null
+names=$(sed -n 's/^name = "\(.*\)"/\1/p' "$work/r.lock" | paste -sd, -)
+count=$(sed -n 's/^name = "\(.*\)"/\1/p' "$work/r.lock" | wc -l)
+
+now() { date +%s.%N; }
+t0=$(now)
+"$bin" --progress quiet --cache "$work/cache" base "$work/r.toml" --mirror "$mirror" -o "$work/ours.tar" >/dev/null
+t1=$(now)
+SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --architectures=amd64 \
+  --include="$names" --aptopt='APT::Install-Recommends "false"' --format=tar \
+  bookworm "$work/ref.tar" "$mirror" 2>/dev/null
+t2=$(now)
+mkdir "$work/repo"
+i=0
+for f in "$work"/cache/sha256/*; do i=$((i + 1)); ln "$f" "$work/repo/$i.deb"; done
+(cd "$work/repo" && apt-ftparchive packages . > Packages 2>/dev/null &&
+  apt-ftparchive -oAPT::FTPArchive::Release::Suite=bookworm release . > Release)
+t3=$(now)
+SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=essential --architectures=amd64 \
+  --include="$names" --aptopt='APT::Install-Recommends "false"' --format=tar \
+  bookworm "$work/local.tar" "deb [trusted=yes] copy://$work/repo ./" 2>/dev/null
+t4=$(now)
+local=$(awk -v a="$t3" -v b="$t4" 'BEGIN { printf "%.1f", b - a }')
+ours=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+ref=$(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.1f", b - a }')
+same=$(cmp -s "$work/warm.tar" "$work/ours.tar" && echo "identical" || echo "DIFFERENT")
+echo "debian base, bookworm amd64, $count locked packages ($profile build)"
+printf 'ours (base, warm cache): %6s s   tar %s MB, %s to the warm-up run\n' "$ours" \
+  "$(( $(stat -c %s "$work/ours.tar") / 1000000 ))" "$same"
+printf 'ref  (mmdebstrap):       %6s s   tar %s MB\n' "$ref" "$(( $(stat -c %s "$work/ref.tar") / 1000000 ))"
+printf 'local (mmdebstrap, local repo): %s s\n' "$local"
+awk -v o="$ours" -v r="$ref" -v l="$local" \
+  'BEGIN { printf "ratio ref/ours: %.2f   local/ours: %.2f\n", r / o, l / o }'
