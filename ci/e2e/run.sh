@@ -8,8 +8,16 @@
 #
 #   ci/e2e/run.sh [SCENARIO...]       (default: all, in order)
 #
-# Needs root and the tools .ci/run installs. Everything lives in a temp dir
-# removed by a trap (KUBESLOT_E2E_KEEP=1 keeps it for debugging).
+# The scenarios from activate_v1 on build on each other (a node's life):
+# name them in order, starting with activate_v1. Needs root, the tools
+# .ci/run installs, and a free 127.0.0.1:10248 (the node machines use the
+# host network). Everything lives in a temp dir removed by a trap.
+# Environment: KUBESLOT_E2E_KEEP=1 keeps the work dir and its logs;
+# KUBESLOT_E2E_TMPFS=0|1 (default: tmpfs when 6 GiB are available);
+# KUBESLOT_E2E_TMP=DIR (default /var/tmp); KUBESLOT_E2E_IMAGES=umoci|builder;
+# KUBESLOT_E2E_SIGNER=openssl; KUBESLOT_E2E_NETWORK=host|veth (the config's
+# "network"; veth machines fail the activator's gate). ci/e2e/README.md has
+# the details.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
