@@ -195,9 +195,12 @@ kube_layer() { layer_digests "$1" | sed -n 3p; }
 # image_blobs REF: the config and layer digests of REF's linux/amd64
 # manifest (what an unpack downloads; signatures are other blobs).
 image_blobs() {
-  local repo=${1%:*}
-  skopeo inspect --tls-verify=false --raw "docker://$repo@$(platform_digest "$1")" |
-    jq -r '.config.digest, .layers[].digest'
+  local repo=${1%:*} raw
+  raw=$(skopeo inspect --tls-verify=false --raw "docker://$1")
+  if jq -e '.manifests' <<<"$raw" >/dev/null 2>&1; then
+    raw=$(skopeo inspect --tls-verify=false --raw "docker://$repo@$(platform_digest "$1")")
+  fi
+  jq -r '.config.digest, .layers[].digest' <<<"$raw"
 }
 
 # platform_digest REF: the digest of REF's manifest for linux/amd64 (REF's
@@ -208,7 +211,8 @@ platform_digest() {
   if jq -e '.manifests' <<<"$raw" >/dev/null 2>&1; then
     jq -r '[.manifests[] | select(.platform.architecture == "amd64" and .platform.os == "linux")][0].digest' <<<"$raw"
   else
-    printf '%s' "$raw" | sha256sum | sed 's/^/sha256:/; s/ .*//'
+    # (hashed as served: $raw lost any trailing newline)
+    skopeo inspect --tls-verify=false --raw "docker://$1" | sha256sum | sed 's/^/sha256:/; s/ .*//'
   fi
 }
 
