@@ -500,14 +500,6 @@ digest_alternatives() {
   if [ "$p" = "$1" ]; then echo "$1"; else echo "($1|$p)"; fi
 }
 
-# report_json: report.json as flattened lines (empty when absent).
-report_flat() {
-  local f
-  f=$(report_file)
-  [ -s "$f" ] || return 0
-  flatten "$f"
-}
-
 # log_report: the report's outcome, exit code, downloads and error, one line.
 log_report() {
   local f
