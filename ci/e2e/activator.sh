@@ -157,6 +157,37 @@ expect_status() {
   esac
 }
 
+# expect_rendered MACHINE: the host files the activator rendered for MACHINE
+# take effect on real systemd and nspawn: the drop-in's restart policy and
+# its Requires= on kubeslot-render@MACHINE (which ran and succeeded), the
+# .nspawn's PrivateUsers=no (identity uid map) and VirtualEthernet=no (the
+# host's network namespace), and inside the machine the bound host files
+# (read-only), hostname, resolv.conf and the kubelet drop-in, whose
+# $KUBELET_ARGS reach the kubelet process.
+expect_rendered() {
+  local m=$1 got leader
+  got=$(outer systemctl show "systemd-nspawn@$m.service" -p Restart -p RestartUSec -p StartLimitIntervalUSec --value | paste -sd' ')
+  check_eq "rendered drop-in: Restart RestartSec StartLimitIntervalSec of $m" "$got" "on-failure 10s 0" || return 1
+  check "rendered drop-in: $m requires kubeslot-render@$m" grep -q "kubeslot-render@$m.service" \
+    <<<"$(outer systemctl show "systemd-nspawn@$m.service" -p Requires --value)" || return 1
+  got=$(outer systemctl show "kubeslot-render@$m.service" -p Result -p ExecMainStatus --value | paste -sd' ')
+  check_eq "kubeslot-render@$m ran before the start" "$got" "success 0" || return 1
+  check "kubeslot-render@$m has run" test "$(outer systemctl show "kubeslot-render@$m.service" -p ExecMainStartTimestampMonotonic --value)" != 0 || return 1
+  leader=$(outer machinectl show "$m" -p Leader --value)
+  check_eq "uid map of $m (rendered PrivateUsers=no)" "$(outer cat "/proc/$leader/uid_map" | tr -s ' ' | sed 's/^ //')" "0 0 4294967295" || return 1
+  check_eq "network namespace of $m (rendered VirtualEthernet=no)" "$(outer readlink "/proc/$leader/ns/net")" "$(outer readlink /proc/1/ns/net)" || return 1
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(outer systemd-run -M "$m" --quiet --wait --pipe sh -c '
+    cat /etc/hostname
+    grep -c "^nameserver 192.0.2.53$" /etc/resolv.conf
+    touch /etc/kubeslot/host/x 2>/dev/null && echo host-files-writable || echo host-files-read-only
+    systemctl show kubelet -p DropInPaths --value | tr " " "
+" | grep -c "/kubelet.service.d/20-kubeslot.conf$"
+    tr "\0" "\n" </proc/$(systemctl show kubelet -p MainPID --value)/cmdline | grep -c "^--hostname-override=e2e-node$"
+  ' </dev/null | paste -sd' ')
+  check_eq "in $m: hostname, resolv.conf, host files, kubelet drop-in, kubelet args" "$got" "e2e-node 1 host-files-read-only 1 1"
+}
+
 # flip_watch OLD NEW FILE: records (ms) when OLD's unit stops being active
 # and when NEW's kubelet first answers /healthz. Runs in the background.
 flip_watch() {
@@ -531,6 +562,7 @@ scenario_activate_v1() {
   log_report
   expect_running kube1 v1.35.0-e2e.1 || return 1
   expect_status kube1 "$DIGEST_v1" || return 1
+  expect_rendered kube1 || return 1
   # Idempotent: the same config again changes nothing and downloads nothing.
   local mark
   mark=$(registry_log_lines)
@@ -559,6 +591,7 @@ scenario_activate_v2_flip() {
   log_report
   expect_running kube2 v1.35.1-e2e.2 || return 1
   expect_status kube2 "$DIGEST_v2" || return 1
+  expect_rendered kube2 || return 1
   # Layer blobs fetched from the registry (the image config is a blob too and
   # changes with the layer list; it is not a layer).
   got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") | sort || true)
