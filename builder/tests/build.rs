@@ -593,6 +593,13 @@ fn the_real_recipes_validate() {
             out.contains("ok:") && out.contains("linux/amd64, linux/arm64"),
             "{out}"
         );
+        assert!(out.contains("base debian noble ("), "{out}");
+        // The NVIDIA variant's extra repository is part of its base.
+        assert_eq!(
+            out.contains(", 4 from nvidia-container-toolkit)"),
+            r.contains("nvidia"),
+            "{out}"
+        );
     }
 }
 
