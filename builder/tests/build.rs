@@ -890,3 +890,64 @@ fn leftovers_of_a_killed_build_are_swept_and_live_ones_kept() {
         )));
     assert!(!stale_tmp.exists(), "stale archive temp file kept");
 }
+
+/// Without a terminal (CI logs) progress is one plain line per finished task
+/// on stderr: each download (then `cached` on a rebuild) and each layer, per
+/// platform; stdout stays the report whose last line is the index digest.
+#[test]
+fn progress_is_plain_lines_on_stderr_without_a_terminal() {
+    let t = tempfile::tempdir().unwrap();
+    let run_build = |out: &str| {
+        // no `--progress`: `auto`, and stderr is a pipe here
+        let o = run(Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"))
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join(out).display())));
+        assert!(o.status.success(), "{o:?}");
+        (
+            String::from_utf8(o.stdout).unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let (stdout, stderr) = run_build("a");
+    for platform in ["linux/amd64", "linux/arm64"] {
+        for line in [
+            format!("fetch kubelet 1.36.4 {platform}: done ("),
+            format!("fetch containerd 2.3.4 {platform}: done ("),
+            format!("fetch base rootfs {platform}: done ("),
+            format!("layer kubernetes {platform}: done ("),
+            format!("layer base {platform}: done ("),
+        ] {
+            assert!(
+                stderr.lines().any(|l| l.starts_with(&line)),
+                "no `{line}` line on stderr:\n{stderr}"
+            );
+        }
+    }
+    assert!(
+        !stderr.contains('\r') && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
+    assert!(
+        !stdout.contains(": done ("),
+        "progress on stdout:\n{stdout}"
+    );
+    let digest = last_line(&stdout);
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{stdout}"
+    );
+    // A rebuild with the same cache downloads nothing and says so.
+    let (stdout2, stderr2) = run_build("b");
+    assert_eq!(last_line(&stdout2), digest);
+    assert!(
+        stderr2
+            .lines()
+            .any(|l| l.starts_with("cached kubelet 1.36.4 linux/amd64: cached")),
+        "{stderr2}"
+    );
+    assert!(!stderr2.contains("fetch "), "{stderr2}");
+}
