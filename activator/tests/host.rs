@@ -569,6 +569,13 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
         out.contains("active: kube2") && out.contains(&format!("bad: {}", img.v3)),
         "{out}"
     );
+    // the text speaks the words of state.json and report.json
+    assert!(
+        out.contains(&format!("  kube2: active {}", img.v2))
+            && out.contains(&format!("  kube1: staged {}", img.v3))
+            && out.contains("last run: activate (exit 4, failed)"),
+        "{out}"
+    );
     let (code, out, _) = h.cmd(&["wait", "--json"]);
     assert_eq!(code, 4);
     assert_eq!(
@@ -1115,7 +1122,10 @@ fn fetch_stages_the_inactive_slot_without_touching_the_running_machine() {
     // committed before kube1 yet), so rollback is refused, nothing touched
     let (code, _, err) = h.cmd(&["rollback"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("kube2") && err.contains("Staged"), "{err}");
+    assert!(
+        err.contains("kube2") && err.contains("(status staged)"),
+        "{err}"
+    );
     assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
 
     // activate flips to the staged slot without staging it again
