@@ -823,6 +823,27 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
             ),
             &["kubelet.bootstrap_token", "not both"],
         ),
+        (
+            "trusted key file missing",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/missing.pub"]});
+                c
+            },
+            &["trust policy", "missing.pub"],
+        ),
+        (
+            "a policy that accepts nothing",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["trust"] = serde_json::json!({});
+                c
+            },
+            &[
+                "trust.public_keys is empty",
+                "trust.allow_unsigned is false",
+            ],
+        ),
     ];
     for (name, config, needles) in cases {
         fs::write(h.config_path(), serde_json::to_vec(&config).unwrap()).unwrap();
