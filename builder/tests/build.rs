@@ -951,3 +951,42 @@ fn progress_is_plain_lines_on_stderr_without_a_terminal() {
     );
     assert!(!stderr2.contains("fetch "), "{stderr2}");
 }
+
+/// What a build writes is for others to read (a web server serving the
+/// layout, a host handed the archive): files get 0644 under umask 022, like
+/// any other tool's output, not the 0600 of a private temp file.
+#[test]
+fn outputs_are_readable_by_other_users() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let t = tempfile::tempdir().unwrap();
+    let archive = t.path().join("node.tar");
+    for output in [
+        format!("oci:{}", t.path().join("out").display()),
+        format!("oci-archive:{}", archive.display()),
+    ] {
+        // the umask this test runs under is not ours to assume
+        ok(Command::new("sh")
+            .arg("-c")
+            .arg("umask 022 && exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_kubeslot-builder"))
+            .args(["--progress", "quiet", "--cache"])
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(output));
+    }
+    let mut files = vec![archive];
+    let layout = t.path().join("out");
+    files.push(layout.join("index.json"));
+    files.push(layout.join("oci-layout"));
+    for e in std::fs::read_dir(layout.join("blobs/sha256")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    assert!(files.len() > 10, "{files:?}");
+    for f in files {
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}", f.display());
+    }
+}
