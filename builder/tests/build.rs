@@ -446,12 +446,27 @@ fn kubelet_bump_changes_only_the_kubernetes_layer() {
             &before["manifests"][m]["layers"],
             &after["manifests"][m]["layers"],
         );
-        for i in 0..4 {
-            let group = l0[i]["group"].as_str().unwrap();
-            if group == "kubernetes" {
+        let groups = |l: &serde_json::Value| -> Vec<String> {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["group"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // every layer is compared: the recipe's groups, then the SBOM
+        assert_eq!(
+            groups(l0),
+            ["base", "runtime", "kubernetes", "config", "sbom"],
+            "{l0}"
+        );
+        assert_eq!(groups(l0), groups(l1));
+        for (i, group) in groups(l0).iter().enumerate() {
+            // the SBOM names kubelet's version and sha256, so it changes
+            // with it (ARCHITECTURE.md: the SBOM is its own last layer)
+            if group == "kubernetes" || group == "sbom" {
                 assert_ne!(
                     l0[i]["digest"], l1[i]["digest"],
-                    "kubernetes layer must change"
+                    "{group} layer must change"
                 );
             } else {
                 assert_eq!(l0[i]["digest"], l1[i]["digest"], "{group} layer changed");
