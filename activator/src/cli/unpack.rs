@@ -90,8 +90,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 p.display()
             ),
             None => anyhow::bail!(
-                "no --config: the default trust policy (no keys, unsigned refused) refuses \
-                 every image; pass --config with trust.public_keys"
+                "no --config: the default trust policy has no keys and trust.allow_unsigned \
+                 is false, so it refuses every image; pass --config with trust.public_keys"
             ),
         }
     }
