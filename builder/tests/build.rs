@@ -117,6 +117,32 @@ fn demo_builds_are_reproducible_across_dirs_caches_and_outputs() {
     let raw: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(raw["mediaType"], "application/vnd.oci.image.index.v1+json");
     assert_eq!(raw["manifests"].as_array().unwrap().len(), 2);
+    // The output's tag names the image; it is not part of it: the same
+    // recipe written as `:v1` is the same image, found under that tag.
+    let tagged = b.path().join("tagged.tar");
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(a.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci-archive:{}:v1", tagged.display())));
+    assert_eq!(last_line(&out), da, "the output tag changed the image");
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg("--raw")
+        .arg(format!("oci-archive:{}:v1", tagged.display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&inspect.stdout).unwrap(),
+        raw
+    );
 }
 
 #[test]
