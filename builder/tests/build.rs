@@ -635,6 +635,12 @@ fn the_real_recipes_validate() {
             "{out}"
         );
         assert!(out.contains("base debian noble ("), "{out}");
+        let missing = workspace_root().join("recipes/no-such.toml");
+        let err = fails(bin().arg("check").arg(&missing));
+        assert!(
+            err.contains(&format!("recipe {}: cannot read: ", missing.display())),
+            "{err}"
+        );
         // The NVIDIA variant's extra repository is part of its base.
         assert_eq!(
             out.contains(", 4 from nvidia-container-toolkit)"),
