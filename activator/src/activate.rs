@@ -81,6 +81,14 @@ pub enum ActivateError {
         #[source]
         source: RenderError,
     },
+    /// The trust policy cannot be used: a key file that is missing or not
+    /// a P-256 key, or a policy that accepts nothing.
+    #[error("config {config}: {source}")]
+    Trust {
+        config: PathBuf,
+        #[source]
+        source: VerifyError,
+    },
     #[error(transparent)]
     Stage(#[from] StageError),
     #[error(transparent)]
@@ -129,7 +137,9 @@ impl ActivateError {
     /// The process exit code (see [`crate::report::exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {
-            ActivateError::Config(_) | ActivateError::Facts { .. } => exit::CONFIG,
+            ActivateError::Config(_)
+            | ActivateError::Facts { .. }
+            | ActivateError::Trust { .. } => exit::CONFIG,
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::Bad { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
@@ -418,6 +428,12 @@ fn run_rollback(
 }
 
 fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts, ActivateError> {
+    // The keys are host facts too: checked here, before anything is
+    // resolved, so the error names the config and exits 3.
+    Policy::load(&config.trust, root).map_err(|source| ActivateError::Trust {
+        config: config_path.to_path_buf(),
+        source,
+    })?;
     render::gather(root, config).map_err(|source| ActivateError::Facts {
         config: config_path.to_path_buf(),
         source,

@@ -232,6 +232,67 @@ mod tests {
             .contains("only http://"));
     }
 
+    /// A machine whose unit is always active; `in_machine` answers every
+    /// command run inside it.
+    struct Up {
+        in_machine: bool,
+    }
+
+    impl Systemd for Up {
+        fn daemon_reload(&self) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
+        fn start(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
+        fn stop(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
+        fn is_active(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
+            Ok(true)
+        }
+        fn run_in_machine(
+            &self,
+            _: &str,
+            _: &[&str],
+        ) -> Result<bool, crate::systemd::SystemdError> {
+            Ok(self.in_machine)
+        }
+    }
+
+    const OK: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    fn gate(url: String, successes: u32) -> Gate {
+        Gate {
+            url,
+            successes,
+            timeout: Duration::from_secs(60),
+            interval: Duration::from_millis(1),
+        }
+    }
+
+    #[test]
+    fn a_failed_probe_resets_the_streak() {
+        let url = server(vec![OK, OK, "HTTP/1.1 500 Oops\r\n\r\n", OK, OK, OK]);
+        let g = gate(url, 3);
+        wait_healthy(&Up { in_machine: true }, Slot::Kube1, &g, &[]).unwrap();
+        // The gate needed all six answers: had the 500 not reset the count
+        // it would have passed at the fourth, leaving two for this probe.
+        assert!(probe(&g.url, Duration::from_millis(500)).is_err());
+    }
+
+    #[test]
+    fn gpu_devices_are_checked_inside_the_machine_after_the_kubelet() {
+        let g = gate(server(vec![OK]), 1);
+        let devices = ["/dev/nvidia0".to_string()];
+        let e = wait_healthy(&Up { in_machine: false }, Slot::Kube2, &g, &devices).unwrap_err();
+        assert_eq!(e.check, Check::GpuDevices);
+        assert_eq!(e.machine, "kube2");
+        assert!(e.detail.contains("/dev/nvidia0"), "{}", e.detail);
+        let g = gate(server(vec![OK]), 1);
+        wait_healthy(&Up { in_machine: true }, Slot::Kube2, &g, &devices).unwrap();
+    }
+
     #[test]
     fn probe_of_a_closed_port_names_the_url() {
         let port = TcpListener::bind("127.0.0.1:0")

@@ -65,6 +65,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LayoutError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::Builder::new()
         .prefix(".tmp-")
+        // what other users may read (umask applies), not tempfile's 0600
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(dir)
         .map_err(io_err(dir))?;
     tmp.write_all(bytes).map_err(io_err(path))?;
@@ -182,6 +184,8 @@ impl BlobDir {
         let dir = self.root.join("sha256");
         let mut tmp = tempfile::Builder::new()
             .prefix(".partial-")
+            // what other users may read (umask applies), not tempfile's 0600
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .tempfile_in(&dir)
             .map_err(io_err(&dir))?;
         let limit = expected_size.map_or(u64::MAX, |s| s.saturating_add(1));

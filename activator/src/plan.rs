@@ -49,7 +49,7 @@ pub enum Plan {
 pub enum PlanError {
     #[error("rollback: no slot is active on this host")]
     NothingActive,
-    #[error("rollback: slot {slot} holds no committed former node (status {status:?}); only a slot that ran before can be rolled back to")]
+    #[error("rollback: slot {slot} holds no committed former node (status {status}); only a slot that ran before can be rolled back to")]
     NoPrevious { slot: Slot, status: SlotStatus },
     #[error("rollback: a flip to {to} of a dead run is pending; run `activate` (or `rollback`) again after it is recovered")]
     Pending { to: Slot },

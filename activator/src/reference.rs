@@ -235,12 +235,24 @@ fn split_path_tag(s: &str) -> (PathBuf, Option<String>) {
 impl FromStr for ImageSource {
     type Err = RefError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let no_path = |reason| RefError {
+            input: s.to_string(),
+            reason,
+        };
         if let Some(rest) = s.strip_prefix("oci-archive:") {
             let (file, tag) = split_path_tag(rest);
+            if file.as_os_str().is_empty() {
+                return Err(no_path(
+                    "no file after oci-archive: (oci-archive:FILE[:TAG])",
+                ));
+            }
             return Ok(ImageSource::Archive { file, tag });
         }
         if let Some(rest) = s.strip_prefix("oci:") {
             let (dir, tag) = split_path_tag(rest);
+            if dir.as_os_str().is_empty() {
+                return Err(no_path("no directory after oci: (oci:DIR[:TAG])"));
+            }
             return Ok(ImageSource::Layout { dir, tag });
         }
         let r = s.strip_prefix("docker://").unwrap_or(s);
@@ -342,5 +354,12 @@ mod tests {
             "docker://ghcr.io/a/b:1".parse::<ImageSource>().unwrap(),
             ImageSource::Registry(_)
         ));
+        for empty in ["oci:", "oci-archive:"] {
+            let e = empty.parse::<ImageSource>().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{empty:?}")) && e.contains("no "),
+                "{e}"
+            );
+        }
     }
 }

@@ -166,7 +166,7 @@ impl Report {
             self.command,
             self.exit_code,
             self.outcome
-                .map(|o| format!("{o:?}"))
+                .map(|o| crate::state::serde_name(&o))
                 .unwrap_or_else(|| "unfinished".into())
         );
         if let Some(e) = &self.error {

@@ -60,6 +60,33 @@ impl fmt::Display for Slot {
     }
 }
 
+/// The serde name of a unit-variant enum (`previous`, `rolled-back`): text
+/// output speaks the same words as `state.json` and `report.json`.
+pub(crate) fn serde_name<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+impl fmt::Display for SlotStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_name(self))
+    }
+}
+
+impl fmt::Display for FlipKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_name(self))
+    }
+}
+
+impl fmt::Display for PendingPhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_name(self))
+    }
+}
+
 impl FromStr for Slot {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -1290,3 +1290,40 @@ fn unpack_help_snapshot() {
         fs::read_to_string(&golden).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
+
+/// A policy that can accept nothing is refused up front, naming where it
+/// came from (the config file, or the default when there is none) and the
+/// rule; nothing is unpacked.
+#[test]
+fn unpack_with_a_policy_that_accepts_nothing_names_the_config() {
+    let work = tempfile::tempdir().unwrap();
+    let k = key(7);
+    let (layout, _) = small_image(&work.path().join("l"), "v1", b"x\n", Some(&k));
+    let config = work.path().join("cfg.json");
+    fs::write(&config, br#"{"trust": {"public_keys": []}}"#).unwrap();
+    let image = format!("oci:{}:v1", layout.dir().display());
+    let target = work.path().join("tree");
+    for with_config in [true, false] {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("unpack");
+        if with_config {
+            cmd.arg("--config").arg(&config);
+        }
+        let out = cmd.arg(&image).arg(&target).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        if with_config {
+            assert!(
+                err.contains(&format!("config {}", config.display()))
+                    && err.contains("trust.public_keys is empty"),
+                "{err}"
+            );
+        } else {
+            assert!(
+                err.contains("no --config") && err.contains("trust.public_keys"),
+                "{err}"
+            );
+        }
+        assert!(!target.exists(), "{err}");
+    }
+}

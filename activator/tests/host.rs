@@ -569,6 +569,13 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
         out.contains("active: kube2") && out.contains(&format!("bad: {}", img.v3)),
         "{out}"
     );
+    // the text speaks the words of state.json and report.json
+    assert!(
+        out.contains(&format!("  kube2: active {}", img.v2))
+            && out.contains(&format!("  kube1: staged {}", img.v3))
+            && out.contains("last run: activate (exit 4, failed)"),
+        "{out}"
+    );
     let (code, out, _) = h.cmd(&["wait", "--json"]);
     assert_eq!(code, 4);
     assert_eq!(
@@ -815,6 +822,27 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
                 serde_json::json!({"exec_credential": {"command": "/bin/get-token"}}),
             ),
             &["kubelet.bootstrap_token", "not both"],
+        ),
+        (
+            "trusted key file missing",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/missing.pub"]});
+                c
+            },
+            &["trust policy", "missing.pub"],
+        ),
+        (
+            "a policy that accepts nothing",
+            {
+                let mut c = h.config("v1", serde_json::json!({}));
+                c["trust"] = serde_json::json!({});
+                c
+            },
+            &[
+                "trust.public_keys is empty",
+                "trust.allow_unsigned is false",
+            ],
         ),
     ];
     for (name, config, needles) in cases {
@@ -1115,7 +1143,10 @@ fn fetch_stages_the_inactive_slot_without_touching_the_running_machine() {
     // committed before kube1 yet), so rollback is refused, nothing touched
     let (code, _, err) = h.cmd(&["rollback"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("kube2") && err.contains("Staged"), "{err}");
+    assert!(
+        err.contains("kube2") && err.contains("(status staged)"),
+        "{err}"
+    );
     assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
 
     // activate flips to the staged slot without staging it again

@@ -521,6 +521,72 @@ mod tests {
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
+    /// Downloads run at once, up to the parallelism: a loopback server
+    /// holds every answer until that many requests are open together (or
+    /// gives up waiting after a while and answers anyway, so a serial
+    /// fetcher fails the count instead of hanging).
+    #[tokio::test]
+    async fn downloads_run_in_parallel_up_to_the_limit() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use tokio::io::AsyncReadExt as _;
+        const N: usize = 3;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open_tx, open_rx) = tokio::sync::watch::channel((0usize, false));
+        let most = Arc::new(AtomicUsize::new(0));
+        let seen = most.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut rx = open_rx.clone();
+                let open_tx = open_tx.clone();
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let n = sock.read(&mut buf).await.unwrap();
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let path = req.split(' ').nth(1).unwrap_or("/").to_string();
+                    // (open now, N were open together once)
+                    open_tx.send_modify(|(open, go)| {
+                        *open += 1;
+                        *go |= *open >= N;
+                    });
+                    seen.fetch_max(open_tx.borrow().0, Ordering::SeqCst);
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|s| s.1)).await;
+                    let body = format!("body of {path}");
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    // closed before the client can see the answer and open the next
+                    open_tx.send_modify(|(open, _)| *open -= 1);
+                    let _ = sock.write_all(resp.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        let tmp = tempfile::tempdir().unwrap();
+        let f = Fetcher::new(tmp.path().join("cache"), Progress::quiet())
+            .unwrap()
+            .with_parallelism(N);
+        let items: Vec<Pinned> = (0..N + 2)
+            .map(|i| {
+                let body = format!("body of /{i}");
+                pinned(format!("http://{addr}/{i}"), body.as_bytes(), "p")
+            })
+            .collect();
+        let paths = f.fetch_all(&items).await.unwrap();
+        for (i, p) in paths.iter().enumerate() {
+            assert_eq!(
+                std::fs::read(p).unwrap(),
+                format!("body of /{i}").into_bytes()
+            );
+        }
+        assert_eq!(most.load(Ordering::SeqCst), N, "requests open at once");
+    }
+
     #[tokio::test]
     async fn damaged_cache_entries_are_refetched() {
         let tmp = tempfile::tempdir().unwrap();

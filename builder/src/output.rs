@@ -242,6 +242,8 @@ pub fn write_archive(layout_dir: &Path, file: &Path) -> Result<(), OutputError> 
     sweep_stale(&parent, &prefix);
     let tmp = tempfile::Builder::new()
         .prefix(&format!("{prefix}{}-", std::process::id()))
+        // what other users may read (umask applies), not tempfile's 0600
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(&parent)
         .map_err(io_err(&parent))?;
     {

@@ -1,5 +1,5 @@
 //! Progress reporting for long work (downloads, layer compression): an
-//! indicatif bar per task on a terminal, one plain line per start and end
+//! indicatif bar per task on a terminal, one plain line per finished task
 //! otherwise (CI logs), or nothing.
 //!
 //! It is given the mode once (by `main`, from `--progress` and whether stderr

@@ -24,7 +24,7 @@ use crate::fetch::Pinned;
 /// Why a recipe is unusable; every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
-    #[error("{path}: {source}")]
+    #[error("recipe {path}: cannot read: {source}")]
     Read {
         path: PathBuf,
         #[source]

@@ -432,6 +432,8 @@ impl Remote {
         let dir = blobs.root().join("sha256");
         let mut tmp = tempfile::Builder::new()
             .prefix(".partial-")
+            // what other users may read (umask applies), not tempfile's 0600
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .tempfile_in(&dir)
             .map_err(|e| local(e, &dir))?;
         let mut stream = self

@@ -446,6 +446,8 @@ impl Tree {
         std::fs::create_dir_all(blob_dir).map_err(io_err(blob_dir))?;
         let tmp = tempfile::Builder::new()
             .prefix(".layer-")
+            // what other users may read (umask applies), not tempfile's 0600
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .tempfile_in(blob_dir)
             .map_err(io_err(blob_dir))?;
         let tmp_path = tmp.path().to_path_buf();

@@ -15,7 +15,7 @@
 //! layout: [`crate::transfer`]).
 
 use std::io::Write as _;
-use std::os::unix::fs::DirBuilderExt as _;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -54,8 +54,9 @@ pub struct KeyPair {
 }
 
 /// Generates a P-256 key pair at `PREFIX.key` and `PREFIX.pub`. Neither file
-/// may exist; each is written to a temp file (mode 0600), fsynced and linked
-/// into place without replacing anything, then the directory is fsynced.
+/// may exist; each is written to a temp file (the private key 0600, the
+/// public key 0644: it is meant to be handed out), fsynced and linked into
+/// place without replacing anything, then the directory is fsynced.
 pub fn keygen(prefix: &Path) -> Result<KeyPair, KeyError> {
     let private_key = with_suffix(prefix, "key");
     let public_key = with_suffix(prefix, "pub");
@@ -83,8 +84,8 @@ pub fn keygen(prefix: &Path) -> Result<KeyPair, KeyError> {
         .verifying_key()
         .to_public_key_pem(LineEnding::LF)
         .expect("a P-256 public key encodes as SPKI");
-    write_new(&private_key, pem.as_bytes())?;
-    if let Err(e) = write_new(&public_key, public.as_bytes()) {
+    write_new(&private_key, pem.as_bytes(), 0o600)?;
+    if let Err(e) = write_new(&public_key, public.as_bytes(), 0o644) {
         // Leave no half pair behind: a lone private key would block a retry.
         let _ = std::fs::remove_file(&private_key);
         return Err(e);
@@ -102,10 +103,10 @@ fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Writes a new file atomically and never over an existing one (the temp
-/// file is created 0600 by `tempfile`; `persist_noclobber` links it in place
-/// only if the name is free).
-fn write_new(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
+/// Writes a new file with `mode` atomically and never over an existing one
+/// (the temp file is created 0600 by `tempfile` and chmodded before it is
+/// linked; `persist_noclobber` links it in place only if the name is free).
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), KeyError> {
     let io = |source| KeyError::Io {
         path: path.to_path_buf(),
         error: source,
@@ -119,6 +120,9 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
         .tempfile_in(dir)
         .map_err(io)?;
     tmp.write_all(bytes).map_err(io)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
     tmp.persist_noclobber(path).map_err(|e| {
         if e.error.kind() == std::io::ErrorKind::AlreadyExists {
@@ -234,7 +238,6 @@ pub fn signature_artifact(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn keygen_writes_0600_and_never_overwrites() {
@@ -246,6 +249,15 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        let public_mode = std::fs::metadata(&pair.public_key)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            public_mode & 0o777,
+            0o644,
+            "the public key is for handing out"
+        );
         let before = std::fs::read(&pair.private_key).unwrap();
         let e = keygen(&prefix).unwrap_err();
         assert!(matches!(e, KeyError::Exists { .. }), "{e}");

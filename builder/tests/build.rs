@@ -117,6 +117,32 @@ fn demo_builds_are_reproducible_across_dirs_caches_and_outputs() {
     let raw: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(raw["mediaType"], "application/vnd.oci.image.index.v1+json");
     assert_eq!(raw["manifests"].as_array().unwrap().len(), 2);
+    // The output's tag names the image; it is not part of it: the same
+    // recipe written as `:v1` is the same image, found under that tag.
+    let tagged = b.path().join("tagged.tar");
+    let out = ok(bin()
+        .arg("--cache")
+        .arg(a.path().join("cache"))
+        .arg("build")
+        .arg(demo())
+        .arg("--output")
+        .arg(format!("oci-archive:{}:v1", tagged.display())));
+    assert_eq!(last_line(&out), da, "the output tag changed the image");
+    let inspect = Command::new("skopeo")
+        .arg("inspect")
+        .arg("--raw")
+        .arg(format!("oci-archive:{}:v1", tagged.display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&inspect.stdout).unwrap(),
+        raw
+    );
 }
 
 #[test]
@@ -446,12 +472,27 @@ fn kubelet_bump_changes_only_the_kubernetes_layer() {
             &before["manifests"][m]["layers"],
             &after["manifests"][m]["layers"],
         );
-        for i in 0..4 {
-            let group = l0[i]["group"].as_str().unwrap();
-            if group == "kubernetes" {
+        let groups = |l: &serde_json::Value| -> Vec<String> {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["group"].as_str().unwrap().to_string())
+                .collect()
+        };
+        // every layer is compared: the recipe's groups, then the SBOM
+        assert_eq!(
+            groups(l0),
+            ["base", "runtime", "kubernetes", "config", "sbom"],
+            "{l0}"
+        );
+        assert_eq!(groups(l0), groups(l1));
+        for (i, group) in groups(l0).iter().enumerate() {
+            // the SBOM names kubelet's version and sha256, so it changes
+            // with it (ARCHITECTURE.md: the SBOM is its own last layer)
+            if group == "kubernetes" || group == "sbom" {
                 assert_ne!(
                     l0[i]["digest"], l1[i]["digest"],
-                    "kubernetes layer must change"
+                    "{group} layer must change"
                 );
             } else {
                 assert_eq!(l0[i]["digest"], l1[i]["digest"], "{group} layer changed");
@@ -591,6 +632,19 @@ fn the_real_recipes_validate() {
         let out = ok(bin().arg("check").arg(workspace_root().join(r)));
         assert!(
             out.contains("ok:") && out.contains("linux/amd64, linux/arm64"),
+            "{out}"
+        );
+        assert!(out.contains("base debian noble ("), "{out}");
+        let missing = workspace_root().join("recipes/no-such.toml");
+        let err = fails(bin().arg("check").arg(&missing));
+        assert!(
+            err.contains(&format!("recipe {}: cannot read: ", missing.display())),
+            "{err}"
+        );
+        // The NVIDIA variant's extra repository is part of its base.
+        assert_eq!(
+            out.contains(", 4 from nvidia-container-toolkit)"),
+            r.contains("nvidia"),
             "{out}"
         );
     }
@@ -882,4 +936,104 @@ fn leftovers_of_a_killed_build_are_swept_and_live_ones_kept() {
             t.path().join("node.tar").display()
         )));
     assert!(!stale_tmp.exists(), "stale archive temp file kept");
+}
+
+/// Without a terminal (CI logs) progress is one plain line per finished task
+/// on stderr: each download (then `cached` on a rebuild) and each layer, per
+/// platform; stdout stays the report whose last line is the index digest.
+#[test]
+fn progress_is_plain_lines_on_stderr_without_a_terminal() {
+    let t = tempfile::tempdir().unwrap();
+    let run_build = |out: &str| {
+        // no `--progress`: `auto`, and stderr is a pipe here
+        let o = run(Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"))
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join(out).display())));
+        assert!(o.status.success(), "{o:?}");
+        (
+            String::from_utf8(o.stdout).unwrap(),
+            String::from_utf8(o.stderr).unwrap(),
+        )
+    };
+    let (stdout, stderr) = run_build("a");
+    for platform in ["linux/amd64", "linux/arm64"] {
+        for line in [
+            format!("fetch kubelet 1.36.4 {platform}: done ("),
+            format!("fetch containerd 2.3.4 {platform}: done ("),
+            format!("fetch base rootfs {platform}: done ("),
+            format!("layer kubernetes {platform}: done ("),
+            format!("layer base {platform}: done ("),
+        ] {
+            assert!(
+                stderr.lines().any(|l| l.starts_with(&line)),
+                "no `{line}` line on stderr:\n{stderr}"
+            );
+        }
+    }
+    assert!(
+        !stderr.contains('\r') && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
+    assert!(
+        !stdout.contains(": done ("),
+        "progress on stdout:\n{stdout}"
+    );
+    let digest = last_line(&stdout);
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{stdout}"
+    );
+    // A rebuild with the same cache downloads nothing and says so.
+    let (stdout2, stderr2) = run_build("b");
+    assert_eq!(last_line(&stdout2), digest);
+    assert!(
+        stderr2
+            .lines()
+            .any(|l| l.starts_with("cached kubelet 1.36.4 linux/amd64: cached")),
+        "{stderr2}"
+    );
+    assert!(!stderr2.contains("fetch "), "{stderr2}");
+}
+
+/// What a build writes is for others to read (a web server serving the
+/// layout, a host handed the archive): files get 0644 under umask 022, like
+/// any other tool's output, not the 0600 of a private temp file.
+#[test]
+fn outputs_are_readable_by_other_users() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let t = tempfile::tempdir().unwrap();
+    let archive = t.path().join("node.tar");
+    for output in [
+        format!("oci:{}", t.path().join("out").display()),
+        format!("oci-archive:{}", archive.display()),
+    ] {
+        // the umask this test runs under is not ours to assume
+        ok(Command::new("sh")
+            .arg("-c")
+            .arg("umask 022 && exec \"$@\"")
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_kubeslot-builder"))
+            .args(["--progress", "quiet", "--cache"])
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(demo())
+            .arg("--output")
+            .arg(output));
+    }
+    let mut files = vec![archive];
+    let layout = t.path().join("out");
+    files.push(layout.join("index.json"));
+    files.push(layout.join("oci-layout"));
+    for e in std::fs::read_dir(layout.join("blobs/sha256")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    assert!(files.len() > 10, "{files:?}");
+    for f in files {
+        let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}", f.display());
+    }
 }

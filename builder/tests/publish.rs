@@ -410,7 +410,7 @@ fn skopeo_carries_our_signature_and_copy_through_an_archive_keeps_it() {
 fn sbom_validates_with_spdx_tools_and_is_attached() {
     let pyspdxtools = require_tool(
         "pyspdxtools",
-        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+        "python3-venv, then `pip install spdx-tools` (PyPI) in a venv whose bin/pyspdxtools is on PATH",
     );
     let reg = Registry::start();
     let tmp = tempfile::tempdir().unwrap();
@@ -616,7 +616,7 @@ fn push_interrupted_by_a_dead_registry_resumes_with_only_the_missing_blobs() {
 fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
     let pyspdxtools = require_tool(
         "pyspdxtools",
-        "python3-pip && pip install spdx-tools (the spdx-tools package from PyPI)",
+        "python3-venv, then `pip install spdx-tools` (PyPI) in a venv whose bin/pyspdxtools is on PATH",
     );
     let reg = Registry::start();
     let tmp = tempfile::tempdir().unwrap();

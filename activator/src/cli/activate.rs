@@ -20,7 +20,7 @@ use super::HostArgs;
 /// flipped, or recovery could not finish, or the old machine did not pass
 /// its gate either after a rollback); 2 the new machine failed its health
 /// gate and the old one runs again; 3 the config cannot be read, is
-/// invalid, or names what this host lacks (CA file, device); 4 the image failed on this host before and is not retried
+/// invalid, or names what this host lacks (CA file, trusted key, device); 4 the image failed on this host before and is not retried
 /// (see --force); 5 another run holds the lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {

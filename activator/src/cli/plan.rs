@@ -81,7 +81,7 @@ fn to_text(p: &Preview) -> String {
     let mut s = format!("image {}\n{}\n", p.image, p.plan);
     if let Some(pending) = &p.state.pending {
         s += &format!(
-            "note: a dead run left a {:?} flip to {} pending; activate recovers it first\n",
+            "note: a dead run left a {} flip to {} pending; activate recovers it first\n",
             pending.phase, pending.to
         );
     }

@@ -55,16 +55,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for slot in Slot::ALL {
         let s = state.slot(slot);
         println!(
-            "  {slot}: {:?}{}",
+            "  {slot}: {}{}",
             s.status,
             s.digest.map_or(String::new(), |d| format!(" {d}"))
         );
     }
     if let Some(p) = &state.pending {
-        println!(
-            "pending: {:?} {:?} to {} ({})",
-            p.kind, p.phase, p.to, p.digest
-        );
+        println!("pending: {} {} to {} ({})", p.kind, p.phase, p.to, p.digest);
     }
     for b in &state.bad {
         println!("bad: {} at {}: {}", b.digest, b.at, b.reason);

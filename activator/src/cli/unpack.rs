@@ -80,6 +80,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             unpack: UnpackSettings::default(),
         },
     };
+    // The library refuses this too, but only the command line knows where
+    // the policy came from: name it, so the operator knows what to edit.
+    if settings.trust.public_keys.is_empty() && !settings.trust.allow_unsigned {
+        match &args.config {
+            Some(p) => anyhow::bail!(
+                "config {}: trust.public_keys is empty and trust.allow_unsigned is false: \
+                 every image would be refused; list a public key",
+                p.display()
+            ),
+            None => anyhow::bail!(
+                "no --config: the default trust policy has no keys and trust.allow_unsigned \
+                 is false, so it refuses every image; pass --config with trust.public_keys"
+            ),
+        }
+    }
     let staged = match &args.root {
         Some(dir) => {
             let root = Root::new(dir);

@@ -263,7 +263,9 @@ fn make_plan(args: &Args, global: &Global) -> anyhow::Result<Plan> {
     let mut annotations = BTreeMap::new();
     let f = &recipe.file;
     annotations.insert("org.opencontainers.image.title".into(), f.name.clone());
-    annotations.insert("org.opencontainers.image.version".into(), tag.clone());
+    // The recipe's tag, not the output's: naming the output differently
+    // (`oci-archive:FILE:v1`) must not change the image's digest.
+    annotations.insert("org.opencontainers.image.version".into(), f.tag.clone());
     annotations.insert(
         "org.opencontainers.image.created".into(),
         rfc3339(f.source_date_epoch),
@@ -531,7 +533,7 @@ async fn execute(plan: &Plan, target: &Target, global: &Global) -> anyhow::Resul
                 // Publishing: this platform's SBOM, embedded as its own layer.
                 let sbom = crate::publish::platform_sbom(
                     recipe,
-                    &plan.tag,
+                    &recipe.file.tag,
                     base_pin(plan, platform),
                     &base_packages(plan, platform)?,
                     &files,

@@ -20,7 +20,13 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
     let base = match &f.base {
         BaseSpec::Image(i) => format!("image {}@{}", i.image, i.digest),
         BaseSpec::Rootfs(_) => "rootfs tarball".to_string(),
-        BaseSpec::Debian(d) => format!("debian {} ({} packages)", d.suite, d.packages.len()),
+        BaseSpec::Debian(d) => {
+            let mut s = format!("debian {} ({} packages", d.suite, d.packages.len());
+            for r in &d.extra_repositories {
+                s += &format!(", {} from {}", r.packages.len(), r.name);
+            }
+            s + ")"
+        }
     };
     let platforms: Vec<String> = recipe.platforms.iter().map(|p| p.to_string()).collect();
     if global.json {

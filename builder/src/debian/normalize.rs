@@ -174,6 +174,8 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
     let dir = out.parent().unwrap_or(Path::new("."));
     let tmp = tempfile::Builder::new()
         .prefix(".rootfs-")
+        // what other users may read (umask applies), not tempfile's 0600
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .tempfile_in(dir)
         .map_err(io_err(dir))?;
     let mut src = File::open(raw).map_err(io_err(raw))?;
