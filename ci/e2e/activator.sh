@@ -660,6 +660,8 @@ scenario_tampered_refused() {
   check "error names the tampered layer" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
   check "store holds only good blobs" store_is_clean || return 1
+  # Not asserted (README "Findings"): the idle slot's recorded status.
+  log "  idle slot after the refusal: $(jq -c '.slots | map_values(.status)' "$OUTER/var/lib/kubeslot/state.json")"
   expect_unchanged "$before"
 }
 
