@@ -9,7 +9,17 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
-KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >/dev/null
+# Its output (which includes the refusal of a tampered archive) is shown
+# only when it fails.
+demo_log=$(mktemp)
+if ! KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"$demo_log" 2>&1; then
+  cat "$demo_log"
+  rm -f "$demo_log"
+  echo "ci/demo.sh failed" >&2
+  exit 1
+fi
+rm -f "$demo_log"
+echo "ci/demo.sh: ok"
 if [ -x ci/e2e/run.sh ]; then
   ci/e2e/run.sh
 fi
