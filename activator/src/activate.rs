@@ -18,8 +18,9 @@
 //!    keeps the source open (an archive extracted once) for staging;
 //! 4. [`plan::activate`]: up to date (no machine is touched), refused (the
 //!    image failed with these host-file inputs before), or a flip;
-//! 5. mark the inactive slot dirty, stage into it (the image resolved and
-//!    verified in 3, nothing resolved again), render and write its host files (a
+//! 5. fetch and unpack beside the inactive slot (the image resolved and
+//!    verified in 3, nothing resolved again; a refused blob or layer leaves
+//!    the slot as it was), mark the slot dirty, swap the tree in, render and write its host files (a
 //!    daemon-reload when its drop-in changed), record it staged, record
 //!    "pending, prepared", then "pending, trying": from here the try counts;
 //! 6. stop the old machine, start the new one, health gate ([`health`]);
@@ -524,8 +525,11 @@ impl Host<'_> {
         Ok(())
     }
 
-    /// Marks `flip.to` dirty and stages the image resolved at the start of
-    /// the run into it (the digest pinned, nothing resolved again).
+    /// Stages the image resolved at the start of the run into `flip.to`
+    /// (the digest pinned, nothing resolved again). The slot is marked
+    /// dirty only once the image is fetched and unpacked beside it: a
+    /// refused blob or layer leaves the slot and its record as they were
+    /// (a rollback target stays one).
     fn stage_slot(
         &self,
         state: &mut State,
@@ -536,8 +540,12 @@ impl Host<'_> {
         report: &mut Report,
     ) -> Result<(), ActivateError> {
         let to = flip.to;
-        // Dirty first: a crash from here on leaves a slot recovery empties,
-        // never one that could be started half-written.
+        let prepared =
+            stage::prepare_resolved(self.root, source, verified, &config.unpack, to.machine())?;
+        failpoint::hit("after-unpack");
+        // Dirty before the exchange: a crash from here on leaves a slot
+        // recovery empties, never one that could be started half-written
+        // or under a record that no longer matches its tree.
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Dirty,
             digest: None,
@@ -545,8 +553,7 @@ impl Host<'_> {
         };
         self.save(state)?;
         failpoint::hit("after-mark-dirty");
-        let staged =
-            stage::stage_resolved(self.root, source, verified, &config.unpack, to.machine())?;
+        let staged = prepared.install()?;
         failpoint::hit("after-stage");
         report.downloads = Some(Downloads {
             blobs_fetched: staged.report.downloaded_blobs,

@@ -12,6 +12,7 @@
 //! |------------------------|---------------------------------------------------|
 //! | `after-lock`           | the run lock is taken                             |
 //! | `after-recover`        | a dead run's pending or dirty state was handled   |
+//! | `after-unpack`         | the image is fetched and unpacked beside the slot |
 //! | `after-mark-dirty`     | the target slot is recorded dirty                 |
 //! | `after-stage`          | the image tree is renamed into the slot           |
 //! | `after-render`         | the host files of the target slot are written     |
@@ -36,6 +37,7 @@ pub const ENV: &str = "KUBESLOT_FAILPOINT";
 pub const ALL: &[&str] = &[
     "after-lock",
     "after-recover",
+    "after-unpack",
     "after-mark-dirty",
     "after-stage",
     "after-render",

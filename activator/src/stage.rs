@@ -13,7 +13,9 @@
 //! [`resolve_and_verify`] is the first half on its own, for the builder to
 //! check what it published and for the host side to resolve once per run;
 //! [`stage_resolved`] is the second half for such a pinned, verified image
-//! (no second resolve, no second archive extraction), and [`unpack_to`]
+//! (no second resolve, no second archive extraction), split in
+//! [`prepare_resolved`] (fetched and unpacked beside the slot, the slot
+//! untouched) and [`Prepared::install`] (the exchange), and [`unpack_to`]
 //! serves the `unpack` command.
 //!
 //! It does not choose the slot, record state, render host files or flip
@@ -205,10 +207,7 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
 }
 
 /// The second half of staging, for an image already resolved and verified
-/// from `source`: fetch its blobs into the store, drop the source (an
-/// archive's extraction goes before the tree takes its space), unpack into
-/// a private staging dir beside `dest`, swap it into place. Never resolves
-/// anything.
+/// from `source`: [`prepare`] then [`Prepared::install`].
 fn fetch_and_install(
     source: Source,
     verified: &Verified,
@@ -217,6 +216,21 @@ fn fetch_and_install(
     staging_prefix: &str,
     unpack: &UnpackSettings,
 ) -> Result<Staged, StageError> {
+    prepare(source, verified, store_dir, dest, staging_prefix, unpack)?.install()
+}
+
+/// Fetches the blobs of `verified` into the store, drops the source (an
+/// archive's extraction goes before the tree takes its space) and unpacks
+/// into a private staging dir beside `dest`. `dest` is not touched: a
+/// refused blob or layer leaves it as it was. Never resolves anything.
+fn prepare(
+    source: Source,
+    verified: &Verified,
+    store_dir: &Path,
+    dest: &Path,
+    staging_prefix: &str,
+    unpack: &UnpackSettings,
+) -> Result<Prepared, StageError> {
     let parent = parent_of(dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     let store = Store::open(store_dir)?;
@@ -240,16 +254,40 @@ fn fetch_and_install(
         staging.path(),
         unpack_policy(unpack),
     )?;
-    install(staging, dest)?;
-    Ok(Staged {
-        image_digest: verified.image.image_digest(),
-        manifest_digest: verified.image.manifest_digest(),
-        config: verified.image.config.clone(),
-        verdict: verified.verdict.clone(),
-        report,
-        unpack: stats,
-        tree: dest.to_path_buf(),
+    Ok(Prepared {
+        staging,
+        staged: Staged {
+            image_digest: verified.image.image_digest(),
+            manifest_digest: verified.image.manifest_digest(),
+            config: verified.image.config.clone(),
+            verdict: verified.verdict.clone(),
+            report,
+            unpack: stats,
+            tree: dest.to_path_buf(),
+        },
     })
+}
+
+/// A verified tree fully unpacked in its private staging directory, not
+/// yet in place: the slot still holds what it held before. Dropping it
+/// deletes the staging tree.
+#[derive(Debug)]
+pub struct Prepared {
+    staging: tempfile::TempDir,
+    staged: Staged,
+}
+
+impl Prepared {
+    /// What [`Prepared::install`] will put in place.
+    pub fn staged(&self) -> &Staged {
+        &self.staged
+    }
+
+    /// Swaps the tree into place (the only step that changes the target).
+    pub fn install(self) -> Result<Staged, StageError> {
+        install(self.staging, &self.staged.tree)?;
+        Ok(self.staged)
+    }
 }
 
 /// Removes what a killed earlier run left in `parent` under `prefix`
@@ -347,11 +385,7 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
 
 /// Stages the image `verified` (resolved once from `source` at the start
 /// of the run and checked against the trust policy) into
-/// `<machines>/<slot_dir>`: the digest is pinned, so a tag that moved since
-/// cannot change what is staged, and an archive source is not extracted a
-/// second time. Fetches into the root's content store, then drops the
-/// source (an archive's extraction is removed before unpacking) and
-/// unpacks.
+/// `<machines>/<slot_dir>`: [`prepare_resolved`], then [`Prepared::install`].
 pub fn stage_resolved(
     root: &Root,
     source: Source,
@@ -359,8 +393,26 @@ pub fn stage_resolved(
     unpack: &UnpackSettings,
     slot_dir: &str,
 ) -> Result<Staged, StageError> {
+    prepare_resolved(root, source, verified, unpack, slot_dir)?.install()
+}
+
+/// Everything of staging `verified` into `<machines>/<slot_dir>` except
+/// putting it in place: the digest is pinned, so a tag that moved since
+/// cannot change what is staged, and an archive source is not extracted a
+/// second time. Fetches into the root's content store, drops the source
+/// (an archive's extraction is removed before unpacking) and unpacks into
+/// a staging directory; the slot's tree is untouched until
+/// [`Prepared::install`], so a caller records the slot as being replaced
+/// only once the image passed every check.
+pub fn prepare_resolved(
+    root: &Root,
+    source: Source,
+    verified: &Verified,
+    unpack: &UnpackSettings,
+    slot_dir: &str,
+) -> Result<Prepared, StageError> {
     check_slot_dir(slot_dir)?;
-    fetch_and_install(
+    prepare(
         source,
         verified,
         &root.store(),

@@ -121,6 +121,12 @@ fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
 /// Writes a one-layer image tagged `tag` into the layout at `dir`; returns
 /// its manifest digest. `health` goes to `etc/fixture-health`.
 fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
+    add_image_with(dir, tag, health, None)
+}
+
+/// [`add_image`] whose config names `diff_id` (when given) instead of the
+/// layer's real uncompressed digest.
+fn add_image_with(dir: &Path, tag: &str, health: &str, diff_id: Option<Digest>) -> Digest {
     let layout = if dir.join("index.json").exists() {
         Layout::open(dir).unwrap()
     } else {
@@ -138,7 +144,7 @@ fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
         "architecture": match std::env::consts::ARCH { "aarch64" => "arm64", _ => "amd64" },
         "os": "linux",
         "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [Digest::of(&tar)]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id.unwrap_or_else(|| Digest::of(&tar))]},
     }))
     .unwrap();
     let config_digest = layout.blobs().put_bytes(&config).unwrap();
@@ -924,6 +930,89 @@ fn an_image_that_fails_verification_changes_nothing() {
     assert!(h.calls().is_empty(), "{:?}", h.calls());
 }
 
+/// Flips the last byte of the (only) layer blob of `manifest` in the
+/// layout at `dir`: the bytes no longer match the digest that names them.
+fn tamper_layer(dir: &Path, manifest: Digest) -> Digest {
+    let blob = |d: &Digest| dir.join("blobs/sha256").join(d.hex());
+    let m: serde_json::Value = serde_json::from_slice(&fs::read(blob(&manifest)).unwrap()).unwrap();
+    let layer: Digest = m["layers"][0]["digest"].as_str().unwrap().parse().unwrap();
+    let mut bytes = fs::read(blob(&layer)).unwrap();
+    *bytes.last_mut().unwrap() ^= 0xff;
+    fs::write(blob(&layer), bytes).unwrap();
+    layer
+}
+
+#[test]
+fn a_refused_blob_or_layer_leaves_the_idle_slot_and_its_rollback_alone() {
+    let img = images();
+    // v5: a layer blob whose bytes differ from its digest; v6: a layer
+    // whose content differs from the config's diff_id
+    let v5 = add_image(&img.layout, "v5", "healthy");
+    let tampered = tamper_layer(&img.layout, v5);
+    let v6 = add_image_with(
+        &img.layout,
+        "v6",
+        "healthy",
+        Some(Digest::of(b"another tree")),
+    );
+    let h = Host::new(&img);
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    // kube2 runs v2; kube1 keeps v1 as the rollback target
+    let state = h.state();
+    assert_eq!(state.slot(Slot::Kube1).status, SlotStatus::Previous);
+    let kube1 = h.slot_snapshot(Slot::Kube1);
+    let machines = h.root().join("var/lib/machines");
+
+    for (tag, digest, names) in [
+        ("v5", v5, vec![tampered.to_string(), "hashes to".into()]),
+        ("v6", v6, vec!["diff-id".into(), "layer 0".into()]),
+    ] {
+        h.set_config(tag, serde_json::json!({}));
+        h.clear_calls();
+        let (code, r, err) = h.activate();
+        assert_eq!(code, 1, "{tag}: {err}\n{r:#}");
+        assert_eq!(r["digest"], digest.to_string(), "{tag}: {r:#}");
+        let e = r["error"].as_str().unwrap();
+        for n in &names {
+            assert!(e.contains(n.as_str()), "{tag}: {n:?} not in {e}");
+        }
+        assert!(
+            starts_and_stops(&h.calls()).is_empty(),
+            "{tag}: {:?}",
+            h.calls()
+        );
+        assert_eq!(h.state(), state, "{tag}: the state changed");
+        assert_eq!(
+            h.slot_snapshot(Slot::Kube1),
+            kube1,
+            "{tag}: kube1's tree changed"
+        );
+        assert_eq!(h.running(), [Slot::Kube2], "{tag}");
+        let left: Vec<_> = fs::read_dir(&machines)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{tag}: left in {}: {left:?}",
+            machines.display()
+        );
+    }
+
+    // the next run has nothing to recover, and the rollback target is
+    // still one
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&out, &err);
+    assert!(r.get("recovered").is_none(), "{r:#}");
+    assert!(r.get("downloads").is_none(), "{r:#}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
+}
+
 #[test]
 fn dry_run_writes_nothing_and_wait_blocks_on_a_running_activation() {
     let img = images();
@@ -1170,6 +1259,7 @@ fn a_fetch_killed_at_any_step_leaves_the_running_machine_alone_and_the_next_run_
     let cases = [
         "after-lock",
         "after-recover",
+        "after-unpack",
         "after-mark-dirty",
         "after-stage",
         "after-staged",

@@ -641,8 +641,9 @@ scenario_unsigned_refused() {
 # the digest check, never stored, the running machine keeps running.
 scenario_tampered_refused() {
   activator_present || return 1
-  local layer hex data before
+  local layer hex data before slots
   before=$(node_snapshot) || return 1
+  slots=$(jq -c '.slots' "$OUTER/var/lib/kubeslot/state.json") || return 1
   layer=$(kube_layer "$REF_v5")
   hex=${layer#sha256:}
   data=$WORK/registry/storage/docker/registry/v2/blobs/sha256/${hex:0:2}/$hex/data
@@ -660,8 +661,9 @@ scenario_tampered_refused() {
   check "error names the tampered layer" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
   check "store holds only good blobs" store_is_clean || return 1
-  # Not asserted (README "Findings"): the idle slot's recorded status.
-  log "  idle slot after the refusal: $(jq -c '.slots | map_values(.status)' "$OUTER/var/lib/kubeslot/state.json")"
+  # The refusal comes before the idle slot is marked dirty: its record
+  # (the rollback target) is kept.
+  check_eq "slot records after the refusal" "$(jq -c '.slots' "$OUTER/var/lib/kubeslot/state.json")" "$slots" || return 1
   expect_unchanged "$before"
 }
 
