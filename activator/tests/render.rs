@@ -609,6 +609,52 @@ const CLI_CONFIG: &str = r#"{"image":"ghcr.io/example/node:v1","kubelet":{
     "bootstrap_token":"abcdef.0123456789abcdef","labels":{"pool":"LABEL"}}}"#;
 
 #[test]
+fn render_with_an_unusable_config_exits_3_and_writes_nothing() {
+    let host = Host::new();
+    host.fake_systemctl();
+    host.fake_ldconfig();
+    let before = tree(host.root.dir());
+    let config = host.root.default_config();
+
+    // missing
+    let o = host.render(&["kube1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&config.display().to_string()), "{e}");
+
+    // an unknown field
+    host.write_config(&CLI_CONFIG.replace("\"image\"", "\"imgae\":1,\"image\""));
+    let o = host.render(&["kube2"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("imgae"), "{}", stderr(&o));
+
+    // readable, but names a CA file the host does not have
+    fs::remove_file(host.path("etc/kubeslot/cluster-ca.pem")).unwrap();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    let o = host.render(&["kube1"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("cluster-ca.pem"), "{e}");
+
+    // nothing was written: the tree is what it was, less the CA and the
+    // config this test removed and wrote
+    fs::remove_file(&config).unwrap();
+    let mut after = tree(host.root.dir());
+    let mut before = before;
+    before.retain(|p, _| !p.ends_with("cluster-ca.pem"));
+    after.retain(|p, _| !p.ends_with("cluster-ca.pem"));
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        host.systemctl_calls().is_empty(),
+        "{:?}",
+        host.systemctl_calls()
+    );
+}
+
+#[test]
 fn render_rewrites_and_reloads_only_when_devices_change() {
     let host = Host::new();
     host.fake_systemctl();

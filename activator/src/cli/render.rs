@@ -12,10 +12,14 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use kubeslot_activator::config::Config;
+use kubeslot_activator::error_chain;
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::render;
+use kubeslot_activator::report::exit;
 use kubeslot_activator::state::Slot;
 use kubeslot_activator::systemd::{SystemCtl, Systemd};
+
+use super::Failed;
 
 /// Re-render a node machine's host files and reload systemd if a unit changed.
 ///
@@ -59,9 +63,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
-    let config = Config::load(&config_path)?;
-    let facts = render::gather(&root, &config)
-        .with_context(|| format!("render {machine}: gathering host facts"))?;
+    // A config that cannot be read, or names host facts that cannot be
+    // gathered, is exit 3 as for `activate`: the unit fails with a code
+    // that says "fix the config or the host", not "retry".
+    let unusable = |e: String| Failed {
+        code: exit::CONFIG,
+        message: format!("render {machine}: {e}"),
+    };
+    let config = Config::load(&config_path).map_err(|e| unusable(error_chain(&e)))?;
+    let facts = render::gather(&root, &config).map_err(|e| {
+        unusable(format!(
+            "config {}: gathering host facts: {}",
+            config_path.display(),
+            error_chain(&e)
+        ))
+    })?;
     let files = render::render(&config, slot, &facts);
     let outcome =
         render::write(&root, &files).with_context(|| format!("render {machine}: writing"))?;
