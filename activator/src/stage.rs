@@ -196,27 +196,15 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
     // store, not a possibly small /tmp.
     let source = Source::open(job.image, job.registries, job.root, parent)?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
-    fetch_and_install(
+    prepare(
         source,
         &verified,
         job.store_dir,
         job.dest,
         &job.staging_prefix,
         job.unpack,
-    )
-}
-
-/// The second half of staging, for an image already resolved and verified
-/// from `source`: [`prepare`] then [`Prepared::install`].
-fn fetch_and_install(
-    source: Source,
-    verified: &Verified,
-    store_dir: &Path,
-    dest: &Path,
-    staging_prefix: &str,
-    unpack: &UnpackSettings,
-) -> Result<Staged, StageError> {
-    prepare(source, verified, store_dir, dest, staging_prefix, unpack)?.install()
+    )?
+    .install()
 }
 
 /// Fetches the blobs of `verified` into the store, drops the source (an
