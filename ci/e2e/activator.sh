@@ -358,6 +358,26 @@ wait_for_path() {
   return 1
 }
 
+# activate_killed_when WHAT CMD...: `activate` in the background, SIGKILLed
+# as soon as CMD succeeds (polled every 20 ms, 180 s at most); fails, naming
+# WHAT, when CMD never succeeds while the activator runs.
+activate_killed_when() {
+  local what=$1; shift
+  act_bg activate
+  local deadline=$((SECONDS + 180))
+  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && ! "$@"; do
+    sleep 0.02
+  done
+  if ! "$@" || ! kill -0 "$ACT_PID" 2>/dev/null; then
+    wait "$ACT_PID" || true; show_log
+    fail "the activator never got to: $what (or ended before the kill)"; return 1
+  fi
+  kill_activator || return 1
+  log "  killed with $what; running now: '$(active_machines)'"
+}
+
+unit_inactive() { ! unit_active "$1"; }
+
 # kill_activator: SIGKILL the running background activator.
 kill_activator() {
   local pid
@@ -757,17 +777,7 @@ scenario_kill_mid_flip() {
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
   write_config "$REF_v1"
-  act_bg activate
-  local deadline=$((SECONDS + 180))
-  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && unit_active "$before"; do
-    sleep 0.02
-  done
-  if unit_active "$before" || ! kill -0 "$ACT_PID" 2>/dev/null; then
-    wait "$ACT_PID" || true; show_log
-    fail "the activator never stopped $before (or ended before the kill)"; return 1
-  fi
-  kill_activator || return 1
-  log "  killed with $before stopped; running now: '$(active_machines)'"
+  activate_killed_when "$before stopped" unit_inactive "$before" || return 1
   local rc=0
   act activate || rc=$?
   log "  the next activate exited $rc"
@@ -796,17 +806,7 @@ scenario_kill_mid_gate() {
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
   write_config "$REF_v5"
-  act_bg activate
-  local deadline=$((SECONDS + 180))
-  while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null && ! unit_active "$target"; do
-    sleep 0.02
-  done
-  if ! unit_active "$target" || ! kill -0 "$ACT_PID" 2>/dev/null; then
-    wait "$ACT_PID" || true; show_log
-    fail "the activator never started $target (or ended before the kill)"; return 1
-  fi
-  kill_activator || return 1
-  log "  killed with $target's unit active; running now: '$(active_machines)'"
+  activate_killed_when "$target's unit active" unit_active "$target" || return 1
   check_eq "pending try recorded" "$(jq -r '.pending.to // "none"' "$OUTER/var/lib/kubeslot/state.json")" "$target" || return 1
   act activate || { show_log; log_report; fail "activate after the kill exited non-zero"; return 1; }
   log_report

@@ -105,18 +105,7 @@ rootfs_tars() {
 scenario_nspawn_smoke() {
   local m=kube1 tree=$OUTER/var/lib/machines/kube1 t0 t1 state leader uidmap
   node_tree_fill "$tree" "$NODE_TAR" "$WORK/kubelet/v1/kubelet"
-  mkdir -p "$OUTER/etc/systemd/nspawn"
-  cat >"$OUTER/etc/systemd/nspawn/$m.nspawn" <<'EOF'
-[Exec]
-Boot=yes
-Capability=all
-PrivateUsers=no
-SystemCallFilter=@keyring bpf perf_event_open
-
-[Network]
-VirtualEthernet=yes
-EOF
-  outer systemctl daemon-reload
+  hand_nspawn "$m"
   t0=$(now_ms)
   outer systemctl start "systemd-nspawn@$m.service"
   state=$(machine_wait_running "$m" 60) || { fail "machine $m is '$state' after 60 s"; return 1; }
