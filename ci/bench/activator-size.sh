@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The activator runs as root on every node: how big it is and how many crates
+# it is made of, beside the builder and the reference tools that would do its
+# job (skopeo to pull, umoci to unpack), measured in one run. Prints numbers
+# for people; asserts nothing.
+#
+#   ci/bench/activator-size.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+need() { command -v "$1" >/dev/null || { echo "activator-size.sh: $1 is missing: apt-get install -y $2" >&2; exit 1; }; }
+need skopeo skopeo
+need umoci umoci
+need strip binutils
+
+cargo build --release -q --locked -p kubeslot-activator -p kubeslot-builder
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# size FILE: bytes of FILE stripped of symbols (as a distro would ship it)
+size() { strip -o "$work/s" "$1" && stat -c %s "$work/s"; }
+# crates PKG: the third-party crates PKG links (normal dependencies only)
+crates() {
+  cargo tree --locked -q -p "$1" -e normal --prefix none |
+    sed 's/ (.*//' | sort -u | grep -vc '^kubeslot-'
+}
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+
+act=$(size target/release/kubeslot-activator)
+bld=$(size target/release/kubeslot-builder)
+sko=$(size "$(command -v skopeo)")
+umo=$(size "$(command -v umoci)")
+printf '%-34s %10s %8s\n' "binary (stripped)" size crates
+printf '%-34s %10s %8s\n' kubeslot-activator "$(mib "$act")" "$(crates kubeslot-activator)"
+printf '%-34s %10s %8s\n' kubeslot-builder "$(mib "$bld")" "$(crates kubeslot-builder)"
+printf '%-34s %10s %8s\n' "skopeo + umoci (Debian)" "$(mib $((sko + umo)))" -
+awk -v a="$act" -v r="$((sko + umo))" 'BEGIN { printf "activator / (skopeo + umoci): %.2fx\n", a / r }'
