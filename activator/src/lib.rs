@@ -18,6 +18,7 @@ pub mod lock;
 pub mod oci;
 pub mod paths;
 pub mod plan;
+pub mod progress;
 pub mod reference;
 pub mod registry;
 pub mod render;

@@ -26,7 +26,15 @@ enum Cli {
 }
 
 fn main() {
-    let result = match Cli::parse() {
+    let cli = Cli::parse();
+    // The commands that fetch and unpack report progress on stderr.
+    if matches!(
+        cli,
+        Cli::Unpack(_) | Cli::Activate(_) | Cli::Fetch(_) | Cli::Rollback(_)
+    ) {
+        kubeslot_activator::progress::enable();
+    }
+    let result = match cli {
         Cli::Version => {
             println!("{}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -115,6 +115,7 @@ impl Report {
 
     /// Opens a phase (closing the previous one).
     pub fn phase(&mut self, name: &str) {
+        crate::progress::line(|| format!("{}: {name}", self.command));
         self.end_phase();
         self.phases.push(Phase {
             name: name.to_string(),

@@ -33,6 +33,7 @@ use crate::digest::Digest;
 use crate::layout::sync_dir;
 use crate::oci::{ImageConfig, Platform};
 use crate::paths::Root;
+use crate::progress;
 use crate::reference::ImageSource;
 use crate::source::{SelectedImage, Source, SourceError};
 use crate::store::{FetchReport, Store, StoreError};
@@ -152,7 +153,16 @@ pub fn unpack_layers(
         error: Box::new(error),
     };
     let mut unpacker = Unpacker::new(target, policy).map_err(wrap)?;
+    let count = image.layers.len();
     for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
+        progress::line(|| {
+            format!(
+                "layer {}/{count} {}: unpacking {}",
+                index + 1,
+                progress::short(&desc.digest),
+                progress::human(desc.size)
+            )
+        });
         let reader = store.open_blob(&desc.digest)?;
         unpacker
             .apply(Layer {
@@ -164,7 +174,17 @@ pub fn unpack_layers(
             })
             .map_err(wrap)?;
     }
-    unpacker.finish().map_err(wrap)
+    let stats = unpacker.finish().map_err(wrap)?;
+    progress::line(|| {
+        format!(
+            "unpacked {} layer{}: {} entries, {}",
+            stats.layers,
+            if stats.layers == 1 { "" } else { "s" },
+            stats.entries,
+            progress::human(stats.bytes)
+        )
+    });
+    Ok(stats)
 }
 
 /// The directory holding `path` (`.` for a bare name).

@@ -26,6 +26,7 @@ use rustix::fs::{flock, FlockOperation};
 use crate::digest::{Digest, Hasher};
 use crate::layout::{sync_dir, BlobDir, LayoutError};
 use crate::oci::Descriptor;
+use crate::progress;
 use crate::source::{SelectedImage, Source, SourceError};
 
 /// What one fetch did, in blobs and bytes.
@@ -231,6 +232,12 @@ impl Store {
         report.resumed_bytes += have;
 
         let endpoint = stream.endpoint;
+        let mut meter = progress::Meter::start(
+            format!("blob {}", progress::short(&digest)),
+            size,
+            have,
+            &endpoint,
+        );
         let mut reader = stream.reader.take(size - have + 1);
         let mut buf = vec![0u8; 1 << 20];
         let mut got = have;
@@ -265,6 +272,7 @@ impl Store {
             out.write_all(&buf[..n]).map_err(io_err(&partial))?;
             got += n as u64;
             report.downloaded_bytes += n as u64;
+            meter.advance(got);
         }
         if got < size {
             return Err(interrupted(
@@ -288,6 +296,7 @@ impl Store {
         let final_path = self.blobs.path(&digest);
         fs::rename(&partial, &final_path).map_err(io_err(&final_path))?;
         sync_dir(&self.blobs.root().join("sha256"))?;
+        meter.finish(got);
         Ok(())
     }
 }

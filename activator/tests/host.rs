@@ -484,6 +484,18 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
     assert_eq!(h.tree_version(Slot::Kube1), "kubelet v1\n");
     assert!(h.root().join("etc/systemd/nspawn/kube1.nspawn").is_file());
     assert_eq!(h.report(), r);
+    // progress on stderr (the report alone on stdout): each phase, each
+    // blob fetched, the layer unpacked
+    for want in [
+        "activate: resolve\n",
+        "activate: stage\n",
+        "activate: health\n",
+        "layer 1/1 sha256:",
+        "unpacked 1 layer: ",
+    ] {
+        assert!(err.contains(want), "{want:?} not in stderr:\n{err}");
+    }
+    assert_eq!(err.matches(": fetched ").count(), 2, "{err}");
 
     // 2. idempotent re-run: no machine touched
     h.clear_calls();

@@ -83,6 +83,10 @@ act_bg() {
   ACT_PID=$!
 }
 
+# act_error: the error line of the last run's output (progress lines, which
+# name digests too, are not evidence of what the error says).
+act_error() { grep '^error: ' "$ACT_LOG" | tail -n1; }
+
 # act_child_pid: the activator process below ACT_PID (the background job is
 # a subshell running `outer`, whose nsenter forks the activator into the
 # outer's PID namespace); matched by its executable, searched breadth first.
@@ -301,8 +305,8 @@ scenario_unpack_and_boot() {
   act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v4" /var/tmp/v4-tree || rc=$?
   cp "$WORK/v4-layer.orig" "$data"
   [ $rc != 0 ] || { show_log; fail "a tampered layer was unpacked"; return 1; }
-  log "  tampered v4 refused: $(tail -n1 "$ACT_LOG")"
-  check "error names the layer digest" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
+  log "  tampered v4 refused: $(act_error)"
+  check "error names the layer digest" grep -q "$hex" <<<"$(act_error)" || { show_log; return 1; }
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
   check "no v4 tree" test ! -e "$OUTER/var/tmp/v4-tree/usr" || return 1
 
@@ -311,8 +315,8 @@ scenario_unpack_and_boot() {
     rc=0
     act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_UNSIGNED" /var/tmp/unsigned-tree || rc=$?
     [ $rc != 0 ] || { show_log; fail "an unsigned image was unpacked"; return 1; }
-    log "  unsigned image refused: $(tail -n1 "$ACT_LOG")"
-    check "error names the missing signature" grep -qi 'signature' "$ACT_LOG" || { show_log; return 1; }
+    log "  unsigned image refused: $(act_error)"
+    check "error names the missing signature" grep -qi 'signature' <<<"$(act_error)" || { show_log; return 1; }
     check "no unsigned tree" test ! -e "$OUTER/var/tmp/unsigned-tree/usr" || return 1
   else
     fail "images are unsigned: the signature policy is not exercised"; return 1
@@ -652,8 +656,8 @@ scenario_unsigned_refused() {
   before=$(node_snapshot) || return 1
   write_config "$REF_UNSIGNED"
   if act activate; then show_log; fail "an unsigned image was activated"; return 1; fi
-  log "  unsigned refused: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
-  check "error names the signature" grep -Eqi 'signature|signed' "$ACT_LOG" || { show_log; return 1; }
+  log "  unsigned refused: $(act_error)"
+  check "error names the signature" grep -Eqi 'signature|signed' <<<"$(act_error)" || { show_log; return 1; }
   expect_unchanged "$before"
 }
 
@@ -676,9 +680,9 @@ scenario_tampered_refused() {
   act activate || rc=$?
   cp "$WORK/v5-layer.orig" "$data"
   if [ $rc = 0 ]; then show_log; fail "a tampered layer was activated"; return 1; fi
-  log "  tampered refused: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
+  log "  tampered refused: $(act_error)"
   log_report
-  check "error names the tampered layer" grep -q "$hex" "$ACT_LOG" || { show_log; return 1; }
+  check "error names the tampered layer" grep -q "$hex" <<<"$(act_error)" || { show_log; return 1; }
   check "no tampered blob in the content store" test ! -e "$OUTER/var/lib/kubeslot/blobs/sha256/$hex" || return 1
   check "store holds only good blobs" store_is_clean || return 1
   # The refusal comes before the idle slot is marked dirty: its record
@@ -716,7 +720,7 @@ scenario_activate_v3_rolls_back() {
   t0=$(now_ms)
   act activate || rc=$?
   [ $rc != 0 ] || { show_log; fail "activate v3 succeeded; the health gate must fail"; return 1; }
-  log "  activate v3 failed as expected (exit $rc) after $(($(now_ms) - t0)) ms: $(grep -i 'error' "$ACT_LOG" | tail -n1)"
+  log "  activate v3 failed as expected (exit $rc) after $(($(now_ms) - t0)) ms: $(act_error)"
   log_report
   expect_running "$before" v1.35.0-e2e.1 || return 1
   expect_status "$before" "$DIGEST_v1" || return 1
@@ -735,8 +739,8 @@ scenario_activate_v3_rolls_back() {
   rc=0
   act activate || rc=$?
   [ $rc != 0 ] || { show_log; fail "activate of the bad v3 succeeded"; return 1; }
-  log "  v3 again refused (exit $rc): $(grep -i 'error' "$ACT_LOG" | tail -n1)"
-  check "the refusal names v3 as bad" grep -Eqi "bad|failed before|not retried" "$ACT_LOG" || { show_log; return 1; }
+  log "  v3 again refused (exit $rc): $(act_error)"
+  check "the refusal names v3 as bad" grep -Eqi "failed before|failed on this host|not retried" <<<"$(act_error)" || { show_log; return 1; }
   check_eq "layer blobs downloaded by the refused retry" "$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v3") | wc -l)" 0 || return 1
   check_eq "machine running after the refused retry" "$(active_machines)" "$before"
 }
@@ -789,7 +793,7 @@ scenario_kill_mid_flip() {
     expect_running "$target" v1.35.0-e2e.1 && expect_status "$target" "$DIGEST_v1"
   else
     # Undone: v1 used its one try; the refusal to retry is the only error.
-    [ $rc = 0 ] || grep -Eqi "bad|failed before|not retried|rolled back" "$ACT_LOG" ||
+    [ $rc = 0 ] || grep -Eqi "failed on this host|not retried|rolled back" <<<"$(act_error)" ||
       { show_log; fail "activate after the kill failed for another reason (exit $rc)"; return 1; }
     expect_running "$before" v1.35.3-e2e.4 && expect_status "$before" "$DIGEST_v4"
   fi
