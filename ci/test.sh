@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo fmt --all -- --check
+# The structure rules: no async/OCI/TOML/sigstore crate on hosts, the
+# builder never links the activator, no module cycle, no library -> command
+# arrow.
+ci/lint/deps.sh
+ci/lint/modules.py
 # The tests are built first and linted with the same profile: clippy then
 # reuses the dependencies the test build compiled (1 min instead of 4-6 on
 # 2 cores, measured on a clean clone).

@@ -43,25 +43,25 @@
 
 use std::path::{Path, PathBuf};
 
+use kubeslot_image::atomic::AtomicError;
+use kubeslot_image::digest::Digest;
+use kubeslot_image::oci::Platform;
+use kubeslot_image::source::{Source, SourceError};
+use kubeslot_image::verify::VerifyError;
+
 use crate::config::{Config, ConfigError, Health};
-use crate::digest::Digest;
 use crate::failpoint;
 use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
-use crate::layout::LayoutError;
 use crate::lock::{Lock, LockError};
-use crate::oci::Platform;
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
 use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
-use crate::source::{Source, SourceError};
+use crate::slot::Slot;
 use crate::stage::{self, StageError, Verified};
-use crate::state::{
-    FlipKind, Pending, PendingPhase, Slot, SlotState, SlotStatus, State, StateError,
-};
+use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State, StateError};
 use crate::systemd::{Systemd, SystemdError};
-use crate::verify::{Policy, VerifyError};
 
 /// Why a run did not end with the desired slot committed.
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +162,7 @@ pub struct Options {
 #[derive(Debug)]
 pub struct Ran {
     pub report: Report,
-    pub saved: Result<(), LayoutError>,
+    pub saved: Result<(), AtomicError>,
 }
 
 /// The whole `activate` flow. Never fails as a function: the outcome, the
@@ -224,7 +224,7 @@ fn finish(root: &Root, mut report: Report, result: Result<(), ActivateError>, lo
             if matches!(e, ActivateError::RolledBack { .. }) {
                 report.outcome = Some(Outcome::RolledBack);
             }
-            report.finish(e.exit_code(), Some(crate::error_chain(&e)));
+            report.finish(e.exit_code(), Some(kubeslot_image::error_chain(&e)));
         }
     }
     let saved = report.save(root);
@@ -396,7 +396,7 @@ fn run_rollback(
             slot: flip.to,
             reason: format!(
                 "refusing to start it: {}; the running machine is untouched",
-                crate::error_chain(&e)
+                kubeslot_image::error_chain(&e)
             ),
         }
     })?;
@@ -431,7 +431,7 @@ fn run_rollback(
 fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts, ActivateError> {
     // The keys are host facts too: checked here, before anything is
     // resolved, so the error names the config and exits 3.
-    Policy::load(&config.trust, root).map_err(|source| ActivateError::Trust {
+    crate::trust::policy(&config.trust, root).map_err(|source| ActivateError::Trust {
         config: config_path.to_path_buf(),
         source,
     })?;
@@ -460,9 +460,10 @@ impl Resolved {
 /// Opens the configured source, resolves the reference once and checks the
 /// trust policy (fail closed). Fetches no layer.
 pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
-    let policy = Policy::load(&config.trust, root)?;
+    let policy = crate::trust::policy(&config.trust, root)?;
     let scratch = root.machines_dir();
-    let source = Source::open(&config.image, &config.registries, root, &scratch)?;
+    let registries = crate::trust::registries(&config.registries, root);
+    let source = Source::open(&config.image, &registries, &scratch)?;
     let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
     Ok(Resolved { source, verified })
 }
@@ -506,7 +507,7 @@ pub fn load_slot_config(root: &Root, slot: Slot) -> Result<Config, ActivateError
     let path = root.slot_inputs(slot.machine());
     Config::load(&path).map_err(|e| ActivateError::SlotConfig {
         path,
-        reason: crate::error_chain(&e),
+        reason: kubeslot_image::error_chain(&e),
     })
 }
 
@@ -866,8 +867,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use crate::layout::Layout;
-    use crate::oci::{
+    use kubeslot_image::layout::Layout;
+    use kubeslot_image::oci::{
         Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
         MEDIA_TYPE_MANIFEST,
     };
@@ -1227,7 +1228,7 @@ mod tests {
         let resolved = open_verified(&s.root, &config).unwrap();
         assert_eq!(resolved.digest(), first);
         // the tag now names another image
-        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+        let kubeslot_image::reference::ImageSource::Layout { dir, .. } = &config.image else {
             panic!("layout source expected");
         };
         let moved = image(dir, "moved");
@@ -1319,7 +1320,7 @@ mod tests {
         let (s, fake, first) = setup("healthy", None, "off");
         assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
         let config = Config::load(&s.config).unwrap();
-        let crate::reference::ImageSource::Layout { dir, .. } = &config.image else {
+        let kubeslot_image::reference::ImageSource::Layout { dir, .. } = &config.image else {
             panic!("layout source expected");
         };
         let second = image_with(dir, "healthy", "2");

@@ -10,9 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
-
-use crate::reference::ImageSource;
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";

@@ -19,10 +19,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use kubeslot_image::atomic::{self, AtomicError};
+use kubeslot_image::digest::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::digest::Digest;
-use crate::layout::{write_atomic, LayoutError};
 use crate::paths::Root;
 
 /// What a mark records.
@@ -45,12 +45,8 @@ pub enum FingerprintError {
         #[source]
         source: std::io::Error,
     },
-    #[error("tree mark {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: LayoutError,
-    },
+    #[error("tree mark: {0}")]
+    Write(#[source] AtomicError),
     #[error("tree mark {path} is missing (the slot was never committed away from by this activator, or the mark was removed)")]
     Missing { path: PathBuf },
     #[error("tree mark {path}: unreadable or invalid: {reason}")]
@@ -119,7 +115,7 @@ pub fn record(root: &Root, machine: &str, digest: Digest) -> Result<TreeMark, Fi
             source,
         })?;
     }
-    write_atomic(&path, &text).map_err(|source| FingerprintError::Write { path, source })?;
+    atomic::write_file(&path, &text).map_err(FingerprintError::Write)?;
     Ok(mark)
 }
 

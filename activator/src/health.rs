@@ -15,7 +15,7 @@ use std::net::{TcpStream, ToSocketAddrs as _};
 use std::time::{Duration, Instant};
 
 use crate::config::Health;
-use crate::state::Slot;
+use crate::slot::Slot;
 use crate::systemd::Systemd;
 
 /// Each probe's connect and read timeout (also capped by the deadline).

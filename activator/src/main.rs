@@ -49,7 +49,7 @@ fn main() {
         Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {
-        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
+        eprintln!("error: {}", kubeslot_image::error_chain(e.as_ref()));
         // Commands that end with a specific code (rolled back, bad image,
         // busy, ...) say so; anything else is a plain failure.
         let code = e.downcast_ref::<cli::Failed>().map_or(1, |f| f.code);

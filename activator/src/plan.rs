@@ -12,8 +12,10 @@
 
 use std::fmt;
 
-use crate::digest::Digest;
-use crate::state::{BadImage, FlipKind, Slot, SlotStatus, State};
+use kubeslot_image::digest::Digest;
+
+use crate::slot::Slot;
+use crate::state::{BadImage, FlipKind, SlotStatus, State};
 
 /// A switch from one slot to the other.
 #[derive(Clone, Debug, PartialEq, Eq)]

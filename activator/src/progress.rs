@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::digest::Digest;
+use kubeslot_image::digest::Digest;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 

@@ -20,15 +20,16 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+use kubeslot_image::atomic::{self, AtomicError};
 
 use crate::config::{Config, ExecCredential, NetworkMode};
 use crate::gpu::{self, GpuBinds, GpuError};
 use crate::paths::{self, host, host_files, machine as inside, Root};
-use crate::state::Slot;
+use crate::slot::Slot;
 
 /// The render oneshot template unit, installed by [`render`] so the drop-in
 /// never requires a unit that does not exist.
@@ -703,6 +704,15 @@ fn ensure_newline(mut s: String) -> String {
 // ---------------------------------------------------------------------------
 // write / diff
 
+impl From<AtomicError> for RenderError {
+    fn from(e: AtomicError) -> Self {
+        RenderError::Write {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> RenderError + '_ {
     move |source| RenderError::Write {
         path: path.to_path_buf(),
@@ -752,53 +762,6 @@ fn is_current(path: &Path, file: &RenderedFile) -> bool {
         && std::fs::read(path).is_ok_and(|b| b == file.contents.as_bytes())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), RenderError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(write_err(dir))
-}
-
-/// Creates `dir` (and missing parents, mode 0755) with `mode`, fsyncing each
-/// parent that gained an entry. An existing `dir` is left as it is.
-fn create_dir(dir: &Path, mode: u32) -> Result<(), RenderError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if !parent.is_dir() {
-            create_dir(parent, 0o755)?;
-        }
-    }
-    match std::fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(write_err(dir)(e)),
-    }
-    // the umask may have narrowed the mode
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(write_err(dir))?;
-    match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
-        _ => Ok(()),
-    }
-}
-
-/// Temp file in the same directory with the final mode set before any byte
-/// is written (a token is never world-readable), fsync, rename, fsync dir.
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), RenderError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(write_err(dir))?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(write_err(path))?;
-    tmp.write_all(contents).map_err(write_err(path))?;
-    tmp.as_file().sync_all().map_err(write_err(path))?;
-    tmp.persist(path).map_err(|e| write_err(path)(e.error))?;
-    sync_dir(dir)
-}
-
 /// Writes the files that differ from what is on disk (content or mode), each
 /// atomically, in path order (host files, then the `.nspawn` file, then the
 /// units, so the drop-in never refers to a missing render unit), removes
@@ -807,15 +770,15 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), RenderError
 pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError> {
     let mut outcome = WriteOutcome::default();
     // Bind= sources must exist or the machine does not start.
-    create_dir(&root.node_state().join("kubelet"), 0o700)?;
-    create_dir(&root.node_state().join("containerd"), 0o711)?;
+    atomic::create_dir(&root.node_state().join("kubelet"), 0o700)?;
+    atomic::create_dir(&root.node_state().join("containerd"), 0o711)?;
     // Held until the end: two renders of one machine (a manual run beside the
     // oneshot) take turns, so neither removes the other's temp file as stale.
     let mut _locks = Vec::new();
     for dir in host_file_dirs(files) {
         // holds the credential: root only, also when an older dir drifted
         let dir = root.dir().join(dir);
-        create_dir(&dir, 0o700)?;
+        atomic::create_dir(&dir, 0o700)?;
         let handle = std::fs::File::open(&dir).map_err(write_err(&dir))?;
         rustix::fs::flock(&handle, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| write_err(&dir)(e.into()))?;
@@ -837,9 +800,9 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
             continue;
         }
         if let Some(parent) = path.parent() {
-            create_dir(parent, 0o755)?;
+            atomic::create_dir(parent, 0o755)?;
         }
-        write_file(&path, file.contents.as_bytes(), file.mode)?;
+        atomic::write_file_mode(&path, file.contents.as_bytes(), file.mode)?;
         outcome.changed.push(file.path.clone());
     }
     let stale = stale_files(root, files);
@@ -853,7 +816,7 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
         outcome.changed.push(rel);
     }
     for dir in dirs {
-        sync_dir(&dir)?;
+        atomic::sync_dir(&dir)?;
     }
     let units = Root::new("").systemd_system_dir();
     outcome.dropin_changed = outcome.changed.iter().any(|p| p.starts_with(&units));
@@ -868,11 +831,11 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
 pub fn save_inputs(root: &Root, slot: Slot, config: &Config) -> Result<PathBuf, RenderError> {
     let path = root.slot_inputs(slot.machine());
     if let Some(parent) = path.parent() {
-        create_dir(parent, 0o700)?;
+        atomic::create_dir(parent, 0o700)?;
     }
     let mut bytes = serde_json::to_vec_pretty(config).expect("a config serialises");
     bytes.push(b'\n');
-    write_file(&path, &bytes, 0o600)?;
+    atomic::write_file_mode(&path, &bytes, 0o600)?;
     Ok(path)
 }
 

@@ -7,14 +7,13 @@
 //! provisioning system polling the file) always learns why. It does not
 //! decide exit codes beyond the table below; the CLI maps errors onto it.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use kubeslot_image::atomic::{self, AtomicError};
+use kubeslot_image::time::now_rfc3339;
+use kubeslot_image::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::digest::Digest;
-use crate::layout::{write_atomic, LayoutError};
 use crate::paths::Root;
-use crate::state::Slot;
+use crate::slot::Slot;
 
 /// Exit codes (also in the report). Non-zero codes below 64 stay clear of
 /// the shell's and systemd's reserved ranges.
@@ -143,15 +142,15 @@ impl Report {
         self.finished = Some(now_rfc3339());
     }
 
-    pub fn save(&self, root: &Root) -> Result<(), LayoutError> {
+    pub fn save(&self, root: &Root) -> Result<(), AtomicError> {
         let dir = root.state_dir();
-        std::fs::create_dir_all(&dir).map_err(|source| LayoutError::Io {
+        std::fs::create_dir_all(&dir).map_err(|source| AtomicError {
             path: dir.clone(),
             source,
         })?;
         let mut bytes = serde_json::to_vec_pretty(self).expect("report serialises");
         bytes.push(b'\n');
-        write_atomic(&root.report_file(), &bytes)
+        atomic::write_file(&root.report_file(), &bytes)
     }
 
     /// The last report, if one was written.
@@ -208,56 +207,9 @@ impl Report {
     }
 }
 
-/// The current time as RFC 3339 UTC with milliseconds
-/// (`2026-11-23T09:43:00.123Z`).
-pub fn now_rfc3339() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(d.as_secs() as i64, d.subsec_millis())
-}
-
-/// Formats seconds since the epoch with milliseconds,
-/// `2026-11-23T10:50:00.123Z`.
-pub fn rfc3339(secs: i64, millis: u32) -> String {
-    let mut s = rfc3339_seconds(secs);
-    s.pop(); // the 'Z'
-    format!("{s}.{millis:03}Z")
-}
-
-/// Formats seconds since the epoch, `2026-11-23T10:50:00Z` (UTC, proleptic
-/// Gregorian; Howard Hinnant's civil-from-days). The builder uses it for
-/// image and SBOM timestamps, the report for phases.
-pub fn rfc3339_seconds(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_known_instants() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_795_426_980, 0), "2026-11-23T09:43:00.000Z");
-    }
 
     #[test]
     fn phases_close_in_order_and_failures_get_an_outcome() {

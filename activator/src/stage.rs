@@ -4,9 +4,9 @@
 //! Given the root handle and the config (image, registries, trust), [`stage`]
 //! produces a verified tree at `<machines>/<slot>`: the tag is resolved once,
 //! the signature is checked before any layer is fetched
-//! ([`crate::verify`]), blobs land in the content store only after their
+//! ([`kubeslot_image::verify`]), blobs land in the content store only after their
 //! digest checked out ([`crate::store`]), and the layers are applied by the
-//! safe unpacker ([`crate::unpack`]) into `<machines>/.staging-<slot>-<random>`
+//! safe unpacker ([`kubeslot_image::unpack`]) into `<machines>/.staging-<slot>-<random>`
 //! (same filesystem), synced, and exchanged with the old tree in one
 //! `renameat2(RENAME_EXCHANGE)`; the old tree is deleted only after that. On
 //! any error the staging directory is removed and the old tree is untouched.
@@ -26,19 +26,20 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use kubeslot_image::atomic;
+use kubeslot_image::digest::Digest;
+use kubeslot_image::oci::{ImageConfig, Platform};
+use kubeslot_image::reference::ImageSource;
+use kubeslot_image::source::{SelectedImage, Source, SourceError};
+use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
+use kubeslot_image::verify::{self, Policy, Verdict, VerifyError};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
 use crate::config::{Config, RegistryConfig, Trust, UnpackSettings};
-use crate::digest::Digest;
-use crate::layout::sync_dir;
-use crate::oci::{ImageConfig, Platform};
 use crate::paths::Root;
 use crate::progress;
-use crate::reference::ImageSource;
-use crate::source::{SelectedImage, Source, SourceError};
 use crate::store::{FetchReport, Store, StoreError};
-use crate::unpack::{self, Layer, UnpackError, Unpacker};
-use crate::verify::{self, Policy, Verdict, VerifyError};
+use crate::trust;
 
 /// Why staging failed; the variants carry the module errors, which name
 /// the digest, entry, endpoint or path.
@@ -209,12 +210,13 @@ struct Job<'a> {
 }
 
 fn run(job: Job<'_>) -> Result<Staged, StageError> {
-    let policy = Policy::load(job.trust, job.root)?;
+    let policy = trust::policy(job.trust, job.root)?;
     let parent = parent_of(job.dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     // Archives are extracted next to the staging dir: same filesystem as the
     // store, not a possibly small /tmp.
-    let source = Source::open(job.image, job.registries, job.root, parent)?;
+    let registries = trust::registries(job.registries, job.root);
+    let source = Source::open(job.image, &registries, parent)?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
     prepare(
         source,
@@ -336,9 +338,9 @@ fn install(staging: tempfile::TempDir, dest: &Path) -> Result<(), StageError> {
     };
     renameat_with(CWD, staging.path(), CWD, dest, flags)
         .map_err(|e| io_err(dest)(std::io::Error::from(e)))?;
-    sync_dir(parent).map_err(|e| StageError::Io {
-        path: parent.to_path_buf(),
-        error: std::io::Error::other(e.to_string()),
+    atomic::sync_dir(parent).map_err(|e| StageError::Io {
+        path: e.path,
+        error: e.source,
     })?;
     // After an exchange the staging path holds the old tree; dropping the
     // TempDir deletes it (std's remove_dir_all does not follow symlinks).

@@ -1,7 +1,7 @@
 //! The slot state machine's persistent record: `/var/lib/kubeslot/state.json`
 //! plus a `state.json.sha256` sidecar.
 //!
-//! Owns the [`Slot`] names, the [`State`] document and its atomic load/save.
+//! Owns the [`State`] document and its atomic load/save.
 //! It is given the root handle; it does not decide transitions (that is
 //! `plan`/`activate`) and does not lock (callers hold `lock::Lock`).
 //!
@@ -13,52 +13,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 
+use kubeslot_image::atomic::{self, AtomicError};
+use kubeslot_image::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::digest::Digest;
-use crate::layout::{write_atomic, LayoutError};
 use crate::paths::Root;
-
-/// The two node machines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Slot {
-    Kube1,
-    Kube2,
-}
-
-impl Slot {
-    pub const ALL: [Slot; 2] = [Slot::Kube1, Slot::Kube2];
-
-    /// The machine name (`kube1`), also the directory under
-    /// `/var/lib/machines`.
-    pub fn machine(self) -> &'static str {
-        match self {
-            Slot::Kube1 => "kube1",
-            Slot::Kube2 => "kube2",
-        }
-    }
-
-    /// The systemd unit that runs the machine.
-    pub fn unit(self) -> String {
-        format!("systemd-nspawn@{}.service", self.machine())
-    }
-
-    pub fn other(self) -> Slot {
-        match self {
-            Slot::Kube1 => Slot::Kube2,
-            Slot::Kube2 => Slot::Kube1,
-        }
-    }
-}
-
-impl fmt::Display for Slot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.machine())
-    }
-}
+use crate::slot::Slot;
 
 /// The serde name of a unit-variant enum (`previous`, `rolled-back`): text
 /// output speaks the same words as `state.json` and `report.json`.
@@ -84,19 +45,6 @@ impl fmt::Display for FlipKind {
 impl fmt::Display for PendingPhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&serde_name(self))
-    }
-}
-
-impl FromStr for Slot {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "kube1" => Ok(Slot::Kube1),
-            "kube2" => Ok(Slot::Kube2),
-            other => Err(format!(
-                "unknown machine {other:?}: expected kube1 or kube2"
-            )),
-        }
     }
 }
 
@@ -217,12 +165,8 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("state {path}: {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: LayoutError,
-    },
+    #[error("state: {0}")]
+    Write(#[source] AtomicError),
     #[error("state {path}: invalid: {source}")]
     Parse {
         path: PathBuf,
@@ -273,7 +217,7 @@ impl State {
             digest,
             inputs,
             reason,
-            at: crate::report::now_rfc3339(),
+            at: kubeslot_image::time::now_rfc3339(),
         });
     }
 
@@ -329,24 +273,13 @@ impl State {
         let sidecar = sidecar_path(root);
         let next = next_sidecar_path(root);
         // 1. the digest of what we are about to write, under `.next`
-        write_atomic(&next, format!("{hex}\n").as_bytes()).map_err(|source| StateError::Write {
-            path: next.clone(),
-            source,
-        })?;
+        atomic::write_file(&next, format!("{hex}\n").as_bytes()).map_err(StateError::Write)?;
         // 2. the state itself
-        write_atomic(&path, &bytes).map_err(|source| StateError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        atomic::write_file(&path, &bytes).map_err(StateError::Write)?;
         // A crash here leaves a state only `.next` vouches for.
         crate::failpoint::hit("state-between-writes");
         // 3. the sidecar proper
-        write_atomic(&sidecar, format!("{hex}\n").as_bytes()).map_err(|source| {
-            StateError::Write {
-                path: sidecar.clone(),
-                source,
-            }
-        })?;
+        atomic::write_file(&sidecar, format!("{hex}\n").as_bytes()).map_err(StateError::Write)?;
         Ok(())
     }
 
@@ -412,12 +345,8 @@ impl State {
             })?;
             let actual = Digest::of(&on_disk).hex();
             let sidecar = sidecar_path(root);
-            write_atomic(&sidecar, format!("{actual}\n").as_bytes()).map_err(|source| {
-                StateError::Write {
-                    path: sidecar.clone(),
-                    source,
-                }
-            })?;
+            atomic::write_file(&sidecar, format!("{actual}\n").as_bytes())
+                .map_err(StateError::Write)?;
             return State::load(root);
         }
         Ok(state)
@@ -516,13 +445,5 @@ mod tests {
         assert!(s.is_bad(&d, "b").is_none());
         s.mark_bad(d, "a".into(), "again".into());
         assert_eq!(s.bad.len(), 1);
-    }
-
-    #[test]
-    fn slot_names() {
-        assert_eq!("kube2".parse::<Slot>().unwrap(), Slot::Kube2);
-        assert!("kube3".parse::<Slot>().is_err());
-        assert_eq!(Slot::Kube1.unit(), "systemd-nspawn@kube1.service");
-        assert_eq!(Slot::Kube1.other(), Slot::Kube2);
     }
 }

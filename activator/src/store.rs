@@ -12,22 +12,22 @@
 //! [`FetchReport`] says what was downloaded and what was reused (the
 //! activation report and the e2e "one changed layer" check read it).
 //!
-//! It does not decide which blobs an image needs ([`crate::source`]), check
+//! It does not decide which blobs an image needs ([`kubeslot_image::source`]), check
 //! signatures, or garbage-collect old blobs.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use kubeslot_image::atomic;
+use kubeslot_image::digest::{Digest, Hasher};
+use kubeslot_image::layout::{BlobDir, LayoutError};
+use kubeslot_image::oci::Descriptor;
+use kubeslot_image::source::{SelectedImage, Source, SourceError};
+use rustix::fs::{flock, FlockOperation};
 use serde::{Deserialize, Serialize};
 
-use rustix::fs::{flock, FlockOperation};
-
-use crate::digest::{Digest, Hasher};
-use crate::layout::{sync_dir, BlobDir, LayoutError};
-use crate::oci::Descriptor;
 use crate::progress;
-use crate::source::{SelectedImage, Source, SourceError};
 
 /// What one fetch did, in blobs and bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,7 +295,7 @@ impl Store {
         drop(out);
         let final_path = self.blobs.path(&digest);
         fs::rename(&partial, &final_path).map_err(io_err(&final_path))?;
-        sync_dir(&self.blobs.root().join("sha256"))?;
+        atomic::sync_dir(&self.blobs.root().join("sha256")).map_err(LayoutError::from)?;
         meter.finish(got);
         Ok(())
     }
@@ -308,10 +308,9 @@ fn report_resumed(report: &FetchReport) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Layout;
-    use crate::oci::{Index, MEDIA_TYPE_LAYER_TAR};
-    use crate::paths::Root;
-    use crate::reference::ImageSource;
+    use kubeslot_image::layout::Layout;
+    use kubeslot_image::oci::{Index, MEDIA_TYPE_LAYER_TAR};
+    use kubeslot_image::reference::ImageSource;
 
     fn layout_with(blob: &[u8]) -> (tempfile::TempDir, Source, Descriptor) {
         let dir = tempfile::tempdir().unwrap();
@@ -328,7 +327,7 @@ mod tests {
         let src: ImageSource = format!("oci:{}", dir.path().join("l").display())
             .parse()
             .unwrap();
-        let source = Source::open(&src, &Default::default(), &Root::host(), dir.path()).unwrap();
+        let source = Source::open(&src, &Default::default(), dir.path()).unwrap();
         (
             dir,
             source,

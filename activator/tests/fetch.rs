@@ -6,25 +6,23 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use flate2::write::GzEncoder;
-use kubeslot_activator::digest::HashingWriter;
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{
-    Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_COSIGN_SIGNATURE,
-    ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP,
-    MEDIA_TYPE_LAYER_TAR, MEDIA_TYPE_MANIFEST, MEDIA_TYPE_SIMPLE_SIGNING,
-};
 use kubeslot_activator::paths::Root;
-use kubeslot_activator::signature::Payload;
-use kubeslot_activator::source::Source;
 use kubeslot_activator::store::Store;
-use kubeslot_activator::Digest;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{Descriptor, Platform, ANNOTATION_REF_NAME, MEDIA_TYPE_MANIFEST};
+use kubeslot_image::source::Source;
+use kubeslot_image::Digest;
+use kubeslot_test_support::image::{
+    big_layer, gzip_layer, key, sign, tag_entry, write_image, Built,
+};
+use kubeslot_test_support::tar::tar_of;
+use kubeslot_test_support::tools::skopeo_push;
 use kubeslot_test_support::{free_port, require_tool, Registry};
 use p256::ecdsa::signature::Signer as _;
 use p256::ecdsa::{Signature, SigningKey};
@@ -32,214 +30,9 @@ use p256::pkcs8::{EncodePublicKey as _, LineEnding};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
 
-fn key(seed: u8) -> SigningKey {
-    SigningKey::from_bytes(&[seed; 32].into()).unwrap()
-}
-
-/// A tar of regular files (mode 0644, uid 0, fixed mtime).
-fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_path(name).unwrap();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_cksum();
-        b.append(&h, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(bytes).unwrap();
-    e.finish().unwrap()
-}
-
-/// A layer blob already in a layout.
-#[derive(Clone)]
-struct LayerBlob {
-    desc: Descriptor,
-    diff_id: Digest,
-}
-
-fn gzip_layer(layout: &Layout, files: &[(&str, &[u8])]) -> LayerBlob {
-    let tar = tar_of(files);
-    let blob = gzip(&tar);
-    let d = layout.blobs().put_bytes(&blob).unwrap();
-    LayerBlob {
-        desc: Descriptor::new(MEDIA_TYPE_LAYER_GZIP, d, blob.len() as u64),
-        diff_id: Digest::of(&tar),
-    }
-}
-
-/// Deterministic incompressible bytes, fast.
-struct Noise(u64, u64);
-impl Read for Noise {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.1 as usize);
-        for chunk in buf[..n].chunks_mut(8) {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            chunk.copy_from_slice(&self.0.to_le_bytes()[..chunk.len()]);
-        }
-        self.1 -= n as u64;
-        Ok(n)
-    }
-}
-
-/// An uncompressed layer holding one `size`-byte file of noise, streamed
-/// to disk (never held in memory).
-fn big_layer(layout: &Layout, name: &str, size: u64) -> LayerBlob {
-    let tmp = layout.dir().join("big.tmp");
-    let f = fs::File::create(&tmp).unwrap();
-    let mut b = tar::Builder::new(HashingWriter::new(io::BufWriter::new(f)));
-    let mut h = tar::Header::new_ustar();
-    h.set_path(name).unwrap();
-    h.set_size(size);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(1_700_000_000);
-    h.set_cksum();
-    b.append(&h, Noise(0x9e37_79b9_7f4a_7c15, size)).unwrap();
-    let (mut w, digest, len) = b.into_inner().unwrap().finish();
-    w.flush().unwrap();
-    drop(w);
-    fs::rename(&tmp, layout.blobs().path(&digest)).unwrap();
-    LayerBlob {
-        desc: Descriptor::new(MEDIA_TYPE_LAYER_TAR, digest, len),
-        diff_id: digest,
-    }
-}
-
-/// Digests of a written image.
-#[derive(Clone, Copy, Debug)]
-struct Built {
-    index: Digest,
-    manifest: Digest,
-}
-
-fn put_json<T: serde::Serialize>(layout: &Layout, v: &T) -> (Digest, u64) {
-    let bytes = serde_json::to_vec(v).unwrap();
-    (
-        layout.blobs().put_bytes(&bytes).unwrap(),
-        bytes.len() as u64,
-    )
-}
-
-/// Adds (or replaces) the `index.json` entry named `tag`.
-fn tag_entry(layout: &Layout, tag: &str, mut desc: Descriptor) {
-    let mut index = layout.index().unwrap_or(Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: vec![],
-        annotations: Default::default(),
-    });
-    index
-        .manifests
-        .retain(|d| d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) != Some(tag));
-    desc.annotations
-        .insert(ANNOTATION_REF_NAME.into(), tag.into());
-    index.manifests.push(desc);
-    layout.write_index(&index).unwrap();
-}
-
-/// Writes a one-platform image (index → manifest → config + layers) for
-/// this host and tags it.
-fn write_image(layout: &Layout, tag: &str, layers: &[LayerBlob]) -> Built {
-    let host = Platform::host();
-    let config = ImageConfig {
-        created: None,
-        architecture: host.architecture.clone(),
-        os: host.os.clone(),
-        variant: None,
-        config: None,
-        rootfs: RootFs {
-            kind: "layers".into(),
-            diff_ids: layers.iter().map(|l| l.diff_id).collect(),
-        },
-        history: vec![],
-    };
-    let (cd, cs) = put_json(layout, &config);
-    let manifest = Manifest {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_MANIFEST.into()),
-        artifact_type: None,
-        config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, cs),
-        layers: layers.iter().map(|l| l.desc.clone()).collect(),
-        subject: None,
-        annotations: Default::default(),
-    };
-    let (md, ms) = put_json(layout, &manifest);
-    let mut entry = Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms);
-    entry.platform = Some(host);
-    let index = Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: vec![entry],
-        annotations: Default::default(),
-    };
-    let (id, is) = put_json(layout, &index);
-    tag_entry(layout, tag, Descriptor::new(MEDIA_TYPE_INDEX, id, is));
-    Built {
-        index: id,
-        manifest: md,
-    }
-}
-
-/// Attaches a cosign `.sig` artifact for `digest`, signed by `signer`, as
-/// the `sha256-<hex>.sig` entry. Returns that tag.
-fn sign(layout: &Layout, digest: Digest, signer: &SigningKey) -> String {
-    let payload = Payload::new("127.0.0.1/test/node", digest).to_bytes();
-    let pd = layout.blobs().put_bytes(&payload).unwrap();
-    let sig: Signature = signer.sign(&payload);
-    let mut layer = Descriptor::new(MEDIA_TYPE_SIMPLE_SIGNING, pd, payload.len() as u64);
-    layer.annotations.insert(
-        ANNOTATION_COSIGN_SIGNATURE.into(),
-        base64::engine::general_purpose::STANDARD.encode(sig.to_der().as_bytes()),
-    );
-    let cd = layout.blobs().put_bytes(b"{}").unwrap();
-    let m = Manifest {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_MANIFEST.into()),
-        artifact_type: None,
-        config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, 2),
-        layers: vec![layer],
-        subject: None,
-        annotations: Default::default(),
-    };
-    let (md, ms) = put_json(layout, &m);
-    let tag = digest.attachment_tag("sig");
-    tag_entry(layout, &tag, Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms));
-    tag
-}
-
-fn skopeo_push(layout: &Layout, tag: &str, dest: &str) {
-    let skopeo = require_tool("skopeo", "skopeo");
-    let out = Command::new(skopeo)
-        .args([
-            "copy",
-            "--all",
-            "--preserve-digests",
-            "--dest-tls-verify=false",
-            "-q",
-        ])
-        .arg(format!("oci:{}:{tag}", layout.dir().display()))
-        .arg(format!("docker://{dest}:{tag}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "skopeo copy {tag} → {dest}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+/// The identity the test images are signed for (what a host that reads
+/// them from the test registries expects).
+const IDENTITY: &str = "127.0.0.1/test/node";
 
 /// A test host root with trusted keys and a config; returns the root and
 /// the config path.
@@ -362,15 +155,15 @@ fn small_image(dir: &Path, tag: &str, app: &[u8], signer: Option<&SigningKey>) -
     let layout = Layout::create(dir).unwrap();
     let base = gzip_layer(
         &layout,
-        &[
+        &tar_of(&[
             ("etc/os-release", b"ID=test\n"),
             ("usr/bin/tool", b"#!/bin/sh\n"),
-        ],
+        ]),
     );
-    let app = gzip_layer(&layout, &[("opt/app/version", app)]);
+    let app = gzip_layer(&layout, &tar_of(&[("opt/app/version", app)]));
     let built = write_image(&layout, tag, &[base, app]);
     if let Some(k) = signer {
-        sign(&layout, built.index, k);
+        sign(&layout, built.index, k, IDENTITY);
     }
     (layout, built)
 }
@@ -379,7 +172,7 @@ fn push_all(layout: &Layout, reg: &Registry, repo: &str) {
     let index = layout.index().unwrap();
     for d in &index.manifests {
         let tag = &d.annotations[ANNOTATION_REF_NAME];
-        skopeo_push(layout, tag, &format!("{}/{repo}", reg.host()));
+        skopeo_push(layout.dir(), tag, &format!("{}/{repo}", reg.host()));
     }
 }
 
@@ -422,11 +215,11 @@ fn tampered_blob_in_the_registry_is_refused_and_not_stored() {
     let work = tempfile::tempdir().unwrap();
     let k = key(1);
     let layout = Layout::create(work.path().join("l")).unwrap();
-    let base = gzip_layer(&layout, &[("etc/os-release", b"ID=test\n")]);
+    let base = gzip_layer(&layout, &tar_of(&[("etc/os-release", b"ID=test\n")]));
     let payload = vec![b'x'; 4096];
-    let evil = gzip_layer(&layout, &[("opt/data", &payload)]);
+    let evil = gzip_layer(&layout, &tar_of(&[("opt/data", &payload)]));
     let built = write_image(&layout, "v1", &[base, evil.clone()]);
-    sign(&layout, built.index, &k);
+    sign(&layout, built.index, &k, IDENTITY);
     push_all(&layout, &reg, "test/node");
 
     // Flip one byte of the layer in the registry's own storage.
@@ -556,7 +349,7 @@ fn registry_killed_mid_blob_then_the_next_run_continues() {
     let size = 192 * 1024 * 1024;
     let big = big_layer(&layout, "opt/big.bin", size);
     let built = write_image(&layout, "v1", std::slice::from_ref(&big));
-    sign(&layout, built.index, &k);
+    sign(&layout, built.index, &k, IDENTITY);
     push_all(&layout, &reg, "test/node");
     drop(layout);
     fs::remove_dir_all(work.path().join("l")).unwrap();
@@ -640,25 +433,25 @@ fn tag_is_resolved_once() {
 
     let root = Root::new(work.path().join("root"));
     let image = format!("{}/test/node:moving", reg.host()).parse().unwrap();
-    let source = Source::open(&image, &BTreeMap::new(), &root, work.path()).unwrap();
+    let source = Source::open(&image, &BTreeMap::new(), work.path()).unwrap();
     let top = source.resolve().unwrap();
     assert_eq!(top.digest, first.index);
 
     // The tag moves between resolve and fetch.
     let (layout2, second) = small_image(&work.path().join("b"), "moving", b"second\n", Some(&k));
     push_all(&layout2, &reg, "test/node");
-    let again = Source::open(&image, &BTreeMap::new(), &root, work.path()).unwrap();
+    let again = Source::open(&image, &BTreeMap::new(), work.path()).unwrap();
     assert_eq!(
         again.resolve().unwrap().digest,
         second.index,
         "the tag did move"
     );
 
-    let trusted = kubeslot_activator::signature::TrustedKeys::from_keys(vec![*k.verifying_key()]);
-    let policy = kubeslot_activator::verify::Policy::new(trusted, false);
+    let trusted = kubeslot_image::signature::TrustedKeys::from_keys(vec![*k.verifying_key()]);
+    let policy = kubeslot_image::verify::Policy::new(trusted, false);
     let image = source.select(&top, &Platform::host()).unwrap();
     assert_eq!(image.manifest_digest(), first.manifest);
-    let verdict = kubeslot_activator::verify::check(&source, &image, &policy).unwrap();
+    let verdict = kubeslot_image::verify::check(&source, &image, &policy).unwrap();
     let store = Store::open(&root.store()).unwrap();
     store.fetch_image(&source, &image).unwrap();
     let target = work.path().join("tree");
@@ -693,10 +486,10 @@ fn layout_and_archive_sources() {
     let work = tempfile::tempdir().unwrap();
     let k = key(3);
     let layout = Layout::create(work.path().join("layout")).unwrap();
-    let base = gzip_layer(&layout, &[("etc/os-release", b"ID=layout\n")]);
+    let base = gzip_layer(&layout, &tar_of(&[("etc/os-release", b"ID=layout\n")]));
     let built = write_image(&layout, "v1", &[base]);
     // Sign only the platform manifest digest: accepted as well.
-    sign(&layout, built.manifest, &k);
+    sign(&layout, built.manifest, &k, IDENTITY);
     let host = Host::new(&[&k], false, no_registries());
 
     let out = host.unpack_ok(
@@ -915,7 +708,7 @@ fn basic_auth_with_a_password_file() {
 fn hostile_manifests_are_refused_before_any_layer() {
     let work = tempfile::tempdir().unwrap();
     let layout = Layout::create(work.path().join("l")).unwrap();
-    let good = gzip_layer(&layout, &[("etc/os-release", b"ID=x\n")]);
+    let good = gzip_layer(&layout, &tar_of(&[("etc/os-release", b"ID=x\n")]));
 
     let mut unknown = good.clone();
     unknown.desc.media_type = "application/vnd.example.exe".into();
@@ -1269,26 +1062,6 @@ fn bearer_token_auth_against_a_token_registry() {
     }
     // One token per run: it is cached for every later request.
     assert_eq!(seen.len(), 1, "{seen:?}");
-}
-
-/// What operators read: `unpack --help`, compared with the golden file
-/// (`UPDATE_GOLDEN=1` rewrites it).
-#[test]
-fn unpack_help_snapshot() {
-    let out = Command::new(BIN)
-        .args(["unpack", "--help"])
-        .env("COLUMNS", "100")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let golden = kubeslot_test_support::workspace_root().join("testdata/help/activator-unpack.txt");
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        fs::create_dir_all(golden.parent().unwrap()).unwrap();
-        fs::write(&golden, &out.stdout).unwrap();
-    }
-    let want =
-        fs::read_to_string(&golden).expect("golden file (run with UPDATE_GOLDEN=1 to create)");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
 /// A policy that can accept nothing is refused up front, naming where it

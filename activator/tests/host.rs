@@ -11,21 +11,19 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kubeslot_activator::digest::Digest;
 use kubeslot_activator::failpoint;
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{
-    Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
-    MEDIA_TYPE_MANIFEST,
-};
 use kubeslot_activator::paths::Root;
-use kubeslot_activator::state::{Slot, SlotStatus, State};
+use kubeslot_activator::slot::Slot;
+use kubeslot_activator::state::{SlotStatus, State};
+use kubeslot_image::digest::Digest;
+use kubeslot_image::oci::Platform;
+use kubeslot_test_support::image;
+use kubeslot_test_support::tar::tar_with_dirs;
 use kubeslot_test_support::{free_port, require_tool};
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----\n";
@@ -87,37 +85,6 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 "#;
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(bytes).unwrap();
-    gz.finish().unwrap()
-}
-
-fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (dir, _) in [("etc/", ()), ("usr/", ()), ("usr/bin/", ())] {
-        let mut h = tar::Header::new_ustar();
-        h.set_entry_type(tar::EntryType::Directory);
-        h.set_mode(0o755);
-        h.set_size(0);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
-        b.append_data(&mut h, dir, &[][..]).unwrap();
-    }
-    for (name, data) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        h.set_mtime(0);
-        h.set_uid(0);
-        h.set_gid(0);
-        b.append_data(&mut h, name, *data).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
 /// Writes a one-layer image tagged `tag` into the layout at `dir`; returns
 /// its manifest digest. `health` goes to `etc/fixture-health`.
 fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
@@ -127,49 +94,21 @@ fn add_image(dir: &Path, tag: &str, health: &str) -> Digest {
 /// [`add_image`] whose config names `diff_id` (when given) instead of the
 /// layer's real uncompressed digest.
 fn add_image_with(dir: &Path, tag: &str, health: &str, diff_id: Option<Digest>) -> Digest {
-    let layout = if dir.join("index.json").exists() {
-        Layout::open(dir).unwrap()
-    } else {
-        Layout::create(dir).unwrap()
-    };
+    let layout = image::open_or_create(dir);
     let version = format!("kubelet {tag}\n");
-    let tar = tar_of(&[
-        ("etc/fixture-health", health.as_bytes()),
-        ("etc/os-release", b"ID=kubeslot-test\n"),
-        ("usr/bin/kubelet-version", version.as_bytes()),
-    ]);
-    let blob = gzip(&tar);
-    let layer = layout.blobs().put_bytes(&blob).unwrap();
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": match std::env::consts::ARCH { "aarch64" => "arm64", _ => "amd64" },
-        "os": "linux",
-        "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id.unwrap_or_else(|| Digest::of(&tar))]},
-    }))
-    .unwrap();
-    let config_digest = layout.blobs().put_bytes(&config).unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
-        "config": Descriptor::new(MEDIA_TYPE_CONFIG, config_digest, config.len() as u64),
-        "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
-    }))
-    .unwrap();
-    let digest = layout.blobs().put_bytes(&manifest).unwrap();
-    let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, digest, manifest.len() as u64);
-    desc.annotations
-        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
-    let mut index = layout.index().unwrap_or(Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: vec![],
-        annotations: Default::default(),
-    });
-    index
-        .manifests
-        .retain(|d| d.annotations.get(ANNOTATION_REF_NAME) != Some(&tag.to_string()));
-    index.manifests.push(desc);
-    layout.write_index(&index).unwrap();
-    digest
+    let tar = tar_with_dirs(
+        &["etc/", "usr/", "usr/bin/"],
+        &[
+            ("etc/fixture-health", health.as_bytes()),
+            ("etc/os-release", b"ID=kubeslot-test\n"),
+            ("usr/bin/kubelet-version", version.as_bytes()),
+        ],
+    );
+    let mut layer = image::gzip_layer(&layout, &tar);
+    if let Some(d) = diff_id {
+        layer.diff_id = d;
+    }
+    image::write_manifest_image(&layout, tag, &Platform::host(), &[layer])
 }
 
 /// Four images in one layout: v1, v2 and v4 healthy, v3 never healthy.

@@ -18,19 +18,12 @@ use kubeslot_activator::config::{Config, GpuMode};
 use kubeslot_activator::gpu::{self, Arch};
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::render::{self, HostFacts, HostFiles};
-use kubeslot_activator::state::Slot;
+use kubeslot_activator::slot::Slot;
 use kubeslot_test_support::workspace_root;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
 
-fn update_golden() -> bool {
-    std::env::var_os("KUBESLOT_UPDATE_GOLDEN").is_some()
-        || std::env::var_os("UPDATE_GOLDEN").is_some()
-}
-
-fn testdata(rel: &str) -> PathBuf {
-    workspace_root().join("testdata").join(rel)
-}
+use kubeslot_test_support::golden::{testdata, updating as update_golden};
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIUKubeslotTestCAfilexxxxxxxxxxwCgYIKoZIzj0EAwIw\n-----END CERTIFICATE-----\n";
 
@@ -957,24 +950,6 @@ fn diff_shows_what_write_would_change() {
     );
     assert!(!outcome.dropin_changed);
     assert_eq!(fs::metadata(&kc).unwrap().mode() & 0o777, 0o600);
-}
-
-/// What operators read: `render --help`, compared with its golden file.
-#[test]
-fn render_help_snapshot() {
-    let out = Command::new(BIN)
-        .args(["render", "--help"])
-        .env("COLUMNS", "100")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let golden = testdata("help/activator-render.txt");
-    if update_golden() {
-        fs::write(&golden, &out.stdout).unwrap();
-    }
-    let want =
-        fs::read_to_string(&golden).expect("golden file (KUBESLOT_UPDATE_GOLDEN=1 creates it)");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
 // ---------------------------------------------------------------------------

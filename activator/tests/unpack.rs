@@ -11,9 +11,11 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kubeslot_activator::digest::Digest;
-use kubeslot_activator::oci::Compression;
-use kubeslot_activator::unpack::{Layer, Policy, Rule, UnpackError, Unpacker};
+use kubeslot_image::digest::Digest;
+use kubeslot_image::oci::Compression;
+use kubeslot_image::oci::Platform;
+use kubeslot_image::unpack::{Layer, Policy, Rule, UnpackError, Unpacker};
+use kubeslot_test_support::image::{self, LayerBlob};
 use kubeslot_test_support::{require_tool, workspace_root};
 
 // ---------------------------------------------------------------------------
@@ -826,59 +828,24 @@ fn semantics_layer() -> Vec<u8> {
     w.0.into_inner().unwrap()
 }
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(bytes).unwrap();
-    gz.finish().unwrap()
-}
-
-/// Writes `layers` (uncompressed tars) as a gzip OCI layout tagged `tag`
-/// with the activator's `layout` module. Returns each layer's (blob, diff_id).
+/// Writes `layers` (uncompressed tars) as a gzip OCI layout for amd64
+/// tagged `tag` (umoci reads it too). Returns each layer's (blob, diff_id).
 fn write_layout(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> Vec<(Vec<u8>, Digest)> {
-    use kubeslot_activator::layout::Layout;
-    use kubeslot_activator::oci::{
-        Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
-        MEDIA_TYPE_MANIFEST,
-    };
-    let layout = Layout::create(dir).unwrap();
-    let mut descs = Vec::new();
-    let mut out = Vec::new();
-    for tar in layers {
-        let blob = gzip(tar);
-        let digest = layout.blobs().put_bytes(&blob).unwrap();
-        descs.push(Descriptor::new(
-            Compression::Gzip.layer_media_type(),
-            digest,
-            blob.len() as u64,
-        ));
-        out.push((blob, Digest::of(tar)));
-    }
-    let config = serde_json::to_vec(&serde_json::json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {},
-        "rootfs": {"type": "layers", "diff_ids": out.iter().map(|(_, d)| d).collect::<Vec<_>>()},
-    }))
-    .unwrap();
-    let config_digest = layout.blobs().put_bytes(&config).unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
-        "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
-        "config": Descriptor::new(MEDIA_TYPE_CONFIG, config_digest, config.len() as u64),
-        "layers": descs,
-    }))
-    .unwrap();
-    let manifest_digest = layout.blobs().put_bytes(&manifest).unwrap();
-    let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, manifest_digest, manifest.len() as u64);
-    desc.annotations
-        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
-    layout
-        .write_index(&Index {
-            schema_version: 2,
-            media_type: Some(MEDIA_TYPE_INDEX.into()),
-            manifests: vec![desc],
-            annotations: Default::default(),
+    let layout = image::open_or_create(dir);
+    let blobs: Vec<LayerBlob> = layers
+        .iter()
+        .map(|tar| image::gzip_layer(&layout, tar))
+        .collect();
+    image::write_manifest_image(&layout, tag, &Platform::linux("amd64"), &blobs);
+    blobs
+        .iter()
+        .map(|b| {
+            (
+                fs::read(layout.blobs().path(&b.desc.digest)).unwrap(),
+                b.diff_id,
+            )
         })
-        .unwrap();
-    out
+        .collect()
 }
 
 /// Path → (type, mode, owner, symlink target or content digest, mtime,
@@ -899,8 +866,7 @@ fn tree_facts(root: &Path) -> BTreeMap<PathBuf, String> {
                 stack.push(p.clone());
                 ("dir", String::new())
             } else if ft.is_file() {
-                let mut h =
-                    kubeslot_activator::digest::HashingReader::new(fs::File::open(&p).unwrap());
+                let mut h = kubeslot_image::digest::HashingReader::new(fs::File::open(&p).unwrap());
                 std::io::copy(&mut h, &mut std::io::sink()).unwrap();
                 ("file", h.finish().0.to_string())
             } else {

@@ -1,5 +1,5 @@
 //! Image documents: the config (with `diff_ids` and history), one manifest
-//! per platform and the OCI index over them, serialised with the activator's
+//! per platform and the OCI index over them, serialised with kubeslot-image's
 //! `oci` types and stored as blobs.
 //!
 //! Given the layers of each platform (already written as blobs) and the
@@ -10,12 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use kubeslot_activator::layout::{BlobDir, LayoutError};
-use kubeslot_activator::oci::{
+use kubeslot_image::layout::{BlobDir, LayoutError};
+use kubeslot_image::oci::{
     Descriptor, History, ImageConfig, Index, Manifest, Platform, RootFs, MEDIA_TYPE_CONFIG,
     MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
-use kubeslot_activator::Digest;
+use kubeslot_image::Digest;
 
 /// One layer of an image, as the manifest and config see it.
 #[derive(Clone, Debug)]
@@ -100,21 +100,4 @@ pub fn assemble(
         index: Descriptor::new(MEDIA_TYPE_INDEX, digest, bytes.len() as u64),
         manifests,
     })
-}
-
-/// `1970-01-01T00:00:00Z` style UTC time of a Unix epoch.
-pub fn rfc3339(epoch: u64) -> String {
-    kubeslot_activator::report::rfc3339_seconds(epoch as i64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_matches_known_dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-    }
 }

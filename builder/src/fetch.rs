@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
-use kubeslot_activator::digest::{Hasher, HashingReader};
-use kubeslot_activator::Digest;
+use kubeslot_image::digest::{Hasher, HashingReader};
+use kubeslot_image::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::progress::{Progress, Task};
@@ -381,10 +381,10 @@ impl Fetcher {
         file.sync_all().await.map_err(io_at(&tmp_path))?;
         drop(file);
         tmp_path.persist(dest).map_err(|e| io_at(dest)(e.error))?;
-        kubeslot_activator::layout::sync_dir(&self.dir).map_err(|e| FetchError::Io {
+        kubeslot_image::atomic::sync_dir(&self.dir).map_err(|e| FetchError::Io {
             label: item.label.clone(),
-            path: self.dir.clone(),
-            source: std::io::Error::other(e.to_string()),
+            path: e.path,
+            source: e.source,
         })?;
         Ok(())
     }

@@ -3,11 +3,14 @@
 //! once and exit 1 on failure. The work lives in the modules below.
 
 mod assemble;
+mod build;
 mod cmd;
 mod creds;
 mod debian;
 mod fetch;
+mod layers;
 mod output;
+mod plan;
 mod progress;
 mod publish;
 mod recipe;
@@ -83,7 +86,7 @@ fn main() {
         }
     });
     if let Err(e) = result {
-        eprintln!("error: {}", kubeslot_activator::error_chain(e.as_ref()));
+        eprintln!("error: {}", kubeslot_image::error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }

@@ -1,5 +1,5 @@
 //! Writing OCI image layouts and `oci-archive` files, and re-reading what
-//! was written with the activator library before success is reported.
+//! was written with kubeslot-image (the hosts' library) before success is reported.
 //!
 //! Given a directory of verified blobs (a build's staging area, or another
 //! layout) and the `index.json` entries to add, [`write_layout`] creates a
@@ -15,13 +15,14 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use kubeslot_activator::digest::HashingReader;
-use kubeslot_activator::layout::{sync_dir, BlobDir, Layout, LayoutError};
-use kubeslot_activator::oci::{
+use kubeslot_image::atomic::{self, AtomicError};
+use kubeslot_image::digest::HashingReader;
+use kubeslot_image::layout::{BlobDir, Layout, LayoutError};
+use kubeslot_image::oci::{
     Descriptor, ImageConfig, Index, Manifest, ANNOTATION_REF_NAME, MEDIA_TYPE_DOCKER_LIST,
     MEDIA_TYPE_INDEX,
 };
-use kubeslot_activator::{Digest, ImageSource};
+use kubeslot_image::{Digest, ImageSource};
 
 /// Why an output could not be written or did not verify.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,8 @@ pub enum OutputError {
     },
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Write(#[from] AtomicError),
     #[error("output {0:?}: expected oci:DIR[:TAG] or oci-archive:FILE[:TAG]")]
     Target(String),
     #[error("{path}: {what}: {rule}")]
@@ -165,41 +168,21 @@ pub fn write_layout(
     if dest.exists() && !empty_dir {
         let layout = Layout::open(dest)?;
         copy_blobs(blobs, layout.blobs())?;
-        let mut index = layout.index()?;
-        merge_entries(&mut index, entries);
-        layout.write_index(&index)?;
+        layout.upsert_index(entries.iter().cloned())?;
         return Ok(());
     }
     let tmp = staging_dir(dest)?;
     let layout = Layout::create(tmp.path())?;
     copy_blobs(blobs, layout.blobs())?;
-    let mut index = Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: Vec::new(),
-        annotations: Default::default(),
-    };
-    merge_entries(&mut index, entries);
-    layout.write_index(&index)?;
-    sync_dir(tmp.path())?;
+    layout.upsert_index(entries.iter().cloned())?;
+    atomic::sync_dir(tmp.path())?;
     let staged = tmp.keep();
     fs::rename(&staged, dest).map_err(|e| {
         let _ = fs::remove_dir_all(&staged);
         io_err(dest)(e)
     })?;
-    sync_dir(&parent_of(dest))?;
+    atomic::sync_dir(&parent_of(dest))?;
     Ok(())
-}
-
-fn merge_entries(index: &mut Index, entries: &[Descriptor]) {
-    for e in entries {
-        let name = e.annotations.get(ANNOTATION_REF_NAME);
-        index.manifests.retain(|old| match name {
-            Some(n) => old.annotations.get(ANNOTATION_REF_NAME) != Some(n),
-            None => old.digest != e.digest || old.annotations.contains_key(ANNOTATION_REF_NAME),
-        });
-        index.manifests.push(e.clone());
-    }
 }
 
 /// Copies (hard links when possible) blobs that `to` lacks, each through a
@@ -228,7 +211,7 @@ fn copy_blobs(from: &BlobDir, to: &BlobDir) -> Result<(), OutputError> {
         }
         fs::rename(&tmp, &target).map_err(io_err(&target))?;
     }
-    sync_dir(&dst)?;
+    atomic::sync_dir(&dst)?;
     Ok(())
 }
 
@@ -298,7 +281,7 @@ pub fn write_archive(layout_dir: &Path, file: &Path) -> Result<(), OutputError> 
     }
     tmp.as_file().sync_all().map_err(io_err(file))?;
     tmp.persist(file).map_err(|e| io_err(file)(e.error))?;
-    sync_dir(&parent)?;
+    atomic::sync_dir(&parent)?;
     Ok(())
 }
 

@@ -3,23 +3,28 @@
 //! `--sign-key`, and `--push`.
 //!
 //! Given the recipe's pinned inputs per platform and the staged layout the
-//! build assembled; it reuses [`crate::sbom`], [`crate::cmd::sign`] and
+//! build assembled; it reuses [`crate::sbom`], [`crate::sign`] and
 //! [`crate::transfer`] so `build --sign-key --push` and the separate
-//! `sign`/`push` commands write the same bytes. It does not build layers.
+//! `sign`/`push` commands write the same bytes: [`sign_layout`] and
+//! [`sign_registry`] are the `sign` command's work too. It does not build
+//! layers.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{Descriptor, Platform};
-use kubeslot_activator::{Digest, ImageRef, ImageSource};
+use anyhow::Context as _;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{Descriptor, Manifest, Platform, ANNOTATION_REF_NAME};
+use kubeslot_image::{Digest, ImageRef, ImageSource};
 use p256::ecdsa::SigningKey;
+use serde::Serialize;
 
 use crate::assemble::PlatformImage;
 use crate::output::Target;
 use crate::recipe::{Input, InputKind, Recipe};
-use crate::registry::RegistryOptions;
+use crate::registry::{RegistryOptions, Remote};
 use crate::sbom::{generate, sbom_artifact, PackageKind, SbomInput, SbomPackage};
+use crate::sign::{signature_artifact, trusted};
 use crate::transfer::{self, Staged, TransferReport};
 
 /// The SPDX document of one platform: every pinned input (components with
@@ -99,7 +104,7 @@ pub fn attach(
         }
     }
     if let Some((key, identity)) = sign {
-        crate::cmd::sign::sign_layout(key, staged, Some(tag), identity)?;
+        sign_layout(key, staged, Some(tag), identity)?;
     }
     Ok(())
 }
@@ -134,4 +139,104 @@ pub async fn push_output(
             progress,
         )
         .await?)
+}
+
+/// What `sign` stored.
+#[derive(Debug, Serialize)]
+pub struct SignReport {
+    pub image: String,
+    pub signed: Vec<Signed>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Signed {
+    pub digest: Digest,
+    pub tag: String,
+    pub signature_manifest: Digest,
+}
+
+impl std::fmt::Display for SignReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "signed {}", self.image)?;
+        for s in &self.signed {
+            write!(f, "\n  {} -> {} (verified)", s.digest, s.tag)?;
+        }
+        Ok(())
+    }
+}
+
+/// Signs an image in a registry and verifies the stored signatures.
+pub async fn sign_registry(
+    key: &SigningKey,
+    image: &ImageRef,
+    identity: Option<&str>,
+    opts: &RegistryOptions,
+) -> anyhow::Result<SignReport> {
+    let remote = Remote::connect(image, opts, true).await?;
+    let tmp = tempfile::tempdir()?;
+    let layout = Layout::create(tmp.path())?;
+    let root = transfer::fetch_image(&remote, &image.reference(), &layout, false).await?;
+    let identity = identity.map_or_else(|| image.name(), str::to_string);
+    let mut signed = Vec::new();
+    for digest in transfer::manifest_digests(&layout, &root, &image.to_string())? {
+        let tag = digest.attachment_tag("sig");
+        let existing = match remote.pull_manifest(&tag).await? {
+            Some(raw) => Some(
+                serde_json::from_slice::<Manifest>(&raw.bytes)
+                    .with_context(|| format!("existing signature {tag} is not a manifest"))?,
+            ),
+            None => None,
+        };
+        let artifact = signature_artifact(key, &identity, digest, existing.as_ref());
+        let sig = transfer::add_artifact_to_registry(&remote, &artifact).await?;
+        transfer::verify_remote(&remote, digest, &trusted(key)).await?;
+        signed.push(Signed {
+            digest,
+            tag,
+            signature_manifest: sig,
+        });
+    }
+    Ok(SignReport {
+        image: image.with_digest(root.digest).to_string(),
+        signed,
+    })
+}
+
+/// Signs the image tagged `tag` (or the only image) in a layout and verifies
+/// the stored signatures.
+pub fn sign_layout(
+    key: &SigningKey,
+    layout: &Layout,
+    tag: Option<&str>,
+    identity: &str,
+) -> anyhow::Result<SignReport> {
+    let name = format!("oci:{}", layout.dir().display());
+    let root = transfer::select_root(&layout.index()?, tag)
+        .map_err(|reason| anyhow::anyhow!("{name}: {reason}"))?;
+    let digests = transfer::manifest_digests(layout, &root, &name)?;
+    let mut signed = Vec::new();
+    for &digest in &digests {
+        let tag = digest.attachment_tag("sig");
+        let index = layout.index()?;
+        let existing = match index
+            .manifests
+            .iter()
+            .find(|e| e.annotations.get(ANNOTATION_REF_NAME) == Some(&tag))
+        {
+            Some(e) => Some(layout.read_json::<Manifest>(&e.digest, Some(e.size))?),
+            None => None,
+        };
+        let artifact = signature_artifact(key, identity, digest, existing.as_ref());
+        transfer::add_artifact_to_layout(layout, &artifact)?;
+        signed.push(Signed {
+            digest,
+            tag,
+            signature_manifest: artifact.digest(),
+        });
+    }
+    transfer::verify_layout(layout, &digests, &trusted(key))?;
+    Ok(SignReport {
+        image: format!("{name}@{}", root.digest),
+        signed,
+    })
 }

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
-use kubeslot_activator::oci::Platform;
-use kubeslot_activator::{Digest, ImageSource};
+use kubeslot_image::oci::Platform;
+use kubeslot_image::{Digest, ImageSource};
 use serde::{Deserialize, Deserializer};
 
 use crate::debian::DebianBase;
@@ -298,6 +298,36 @@ pub struct Input {
 }
 
 impl Recipe {
+    /// Human list of what goes into a group.
+    pub fn layer_contents(&self, group: &str) -> Vec<String> {
+        let f = &self.file;
+        if group == BASE_GROUP {
+            return vec![match &f.base {
+                BaseSpec::Image(i) => format!("image {}@{}", i.image, i.digest),
+                BaseSpec::Rootfs(r) => format!("rootfs {}", r.url),
+                BaseSpec::Debian(d) => format!("debian {}", d.suite),
+            }];
+        }
+        let mut out: Vec<String> = f
+            .components
+            .iter()
+            .filter(|(_, c)| c.group == group)
+            .map(|(n, c)| format!("{n} {}", c.version))
+            .collect();
+        out.extend(
+            f.files
+                .iter()
+                .filter(|x| x.group == group)
+                .map(|x| x.path.clone()),
+        );
+        for u in &f.units.enable {
+            if self.unit_file(&u.unit).is_some_and(|x| x.group == group) {
+                out.push(format!("enable {} (wanted by {})", u.unit, u.wanted_by));
+            }
+        }
+        out
+    }
+
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Recipe, RecipeError> {
         let text = std::fs::read_to_string(path).map_err(|source| RecipeError::Read {

@@ -13,16 +13,17 @@
 //! [`crate::transfer`]) and does not retry: a failed push is resumed by
 //! running it again, which re-sends only the blobs the registry lacks.
 
-use kubeslot_activator::error_chain;
 use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt as _;
-use kubeslot_activator::digest::Hasher;
-use kubeslot_activator::layout::{sync_dir, BlobDir, MAX_DOCUMENT_BYTES};
-use kubeslot_activator::oci::{
+use kubeslot_image::atomic;
+use kubeslot_image::digest::Hasher;
+use kubeslot_image::error_chain;
+use kubeslot_image::layout::{BlobDir, MAX_DOCUMENT_BYTES};
+use kubeslot_image::oci::{
     MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
-use kubeslot_activator::{Digest, ImageRef};
+use kubeslot_image::{Digest, ImageRef};
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
@@ -465,7 +466,7 @@ impl Remote {
         let dest = blobs.path(digest);
         tmp.as_file().sync_all().map_err(|e| local(e, &dest))?;
         tmp.persist(&dest).map_err(|e| local(e.error, &dest))?;
-        sync_dir(&dir).map_err(|e| download(e.to_string()))?;
+        atomic::sync_dir(&dir).map_err(|e| download(e.to_string()))?;
         Ok(())
     }
 }

@@ -24,9 +24,9 @@ use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kubeslot_activator::digest::HashingWriter;
-use kubeslot_activator::oci::Compression;
-use kubeslot_activator::Digest;
+use kubeslot_image::digest::HashingWriter;
+use kubeslot_image::oci::Compression;
+use kubeslot_image::Digest;
 use tar::{EntryType, Header};
 
 /// gzip level used for every layer (fixed: it is part of the digest).

@@ -12,13 +12,13 @@
 //! It deliberately does not read recipes or locks (callers convert) and does
 //! not validate against the SPDX schema (the tests run `pyspdxtools`).
 
-use kubeslot_activator::oci::{
+use kubeslot_image::oci::{
     Descriptor, Manifest, MEDIA_TYPE_CONFIG, MEDIA_TYPE_MANIFEST, MEDIA_TYPE_SPDX_JSON,
 };
-use kubeslot_activator::Digest;
+use kubeslot_image::time;
+use kubeslot_image::Digest;
 use serde_json::{json, Value};
 
-use crate::assemble::rfc3339;
 use crate::sign::{Artifact, EMPTY_CONFIG};
 
 /// Where the SBOM lives inside the image.
@@ -148,7 +148,7 @@ pub fn generate(input: &SbomInput) -> Vec<u8> {
         "name": format!("{}-{}", input.name, input.version),
         "documentNamespace": "",
         "creationInfo": {
-            "created": rfc3339(input.created),
+            "created": time::rfc3339_seconds(input.created),
             "creators": [format!("Tool: kubeslot-builder-{}", env!("CARGO_PKG_VERSION"))],
         },
         "packages": packages,
@@ -246,13 +246,6 @@ mod tests {
                 purl: Some("pkg:generic/kubelet@v1.35.0".into()),
             }],
         }
-    }
-
-    #[test]
-    fn dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
 
     #[test]

@@ -3,14 +3,14 @@
 //! Owns key generation (`PREFIX.key`, PKCS#8 PEM, mode 0600, never
 //! overwritten; `PREFIX.pub`, SPKI PEM), loading a private key, and building
 //! the `.sig` artifact for a manifest digest: the payload from
-//! [`kubeslot_activator::signature::Payload`] (one format for signer and
+//! [`kubeslot_image::signature::Payload`] (one format for signer and
 //! verifier), an ECDSA P-256 SHA-256 signature (RFC 6979, so signing the same
 //! digest twice gives the same bytes), DER, base64 in the
 //! `dev.cosignproject.cosign/signature` annotation, in an OCI manifest with an
 //! empty `{}` config, as cosign writes it.
 //!
 //! It deliberately does not verify (that is
-//! [`kubeslot_activator::signature::verify`], run by the callers over what
+//! [`kubeslot_image::signature::verify`], run by the callers over what
 //! they published) and does not know where the artifact goes (registry or
 //! layout: [`crate::transfer`]).
 
@@ -19,12 +19,12 @@ use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use kubeslot_activator::oci::{
+use kubeslot_image::oci::{
     Descriptor, Manifest, ANNOTATION_COSIGN_SIGNATURE, MEDIA_TYPE_CONFIG, MEDIA_TYPE_MANIFEST,
     MEDIA_TYPE_SIMPLE_SIGNING,
 };
-use kubeslot_activator::signature::{Payload, TrustedKeys};
-use kubeslot_activator::Digest;
+use kubeslot_image::signature::{Payload, TrustedKeys};
+use kubeslot_image::Digest;
 use p256::ecdsa::signature::Signer as _;
 use p256::ecdsa::{Signature, SigningKey};
 use p256::pkcs8::{DecodePrivateKey as _, EncodePrivateKey as _, EncodePublicKey as _, LineEnding};
@@ -278,7 +278,7 @@ mod tests {
         let a = signature_artifact(&key, "127.0.0.1:5000/node", image, None);
         let m: Manifest = serde_json::from_slice(&a.manifest).unwrap();
         let payload = a.blobs[1].clone();
-        kubeslot_activator::signature::verify(&trusted(&key), image, &m, |_| Ok(payload.clone()))
+        kubeslot_image::signature::verify(&trusted(&key), image, &m, |_| Ok(payload.clone()))
             .unwrap();
         let again = signature_artifact(&key, "127.0.0.1:5000/node", image, Some(&m));
         assert_eq!(again.manifest, a.manifest);

@@ -19,13 +19,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use kubeslot_activator::layout::{BlobDir, Layout, LayoutError, MAX_DOCUMENT_BYTES};
-use kubeslot_activator::oci::{
+use kubeslot_image::layout::{BlobDir, Layout, LayoutError, MAX_DOCUMENT_BYTES};
+use kubeslot_image::oci::{
     Descriptor, Index, Manifest, ANNOTATION_REF_NAME, MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_INDEX,
     MEDIA_TYPE_SIMPLE_SIGNING,
 };
-use kubeslot_activator::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
-use kubeslot_activator::{Digest, ImageRef, ImageSource};
+use kubeslot_image::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
+use kubeslot_image::{Digest, ImageRef, ImageSource};
 use serde::Serialize;
 
 use crate::progress::Progress;
@@ -53,7 +53,7 @@ pub enum TransferError {
     #[error("archive {path}: {reason}")]
     Archive { path: PathBuf, reason: String },
     #[error(transparent)]
-    ReadArchive(#[from] kubeslot_activator::archive::ArchiveError),
+    ReadArchive(#[from] kubeslot_image::archive::ArchiveError),
     #[error(transparent)]
     WriteArchive(#[from] crate::output::OutputError),
     #[error("{destination}: after pushing, tag {tag} resolves to {actual}, not {expected}")]
@@ -160,8 +160,8 @@ impl Staged {
                     path: file.clone(),
                     reason: format!("cannot create a temp dir: {e}"),
                 })?;
-                // The activator's own reader: the same checks a host runs.
-                let layout = kubeslot_activator::archive::extract(file, tmp.path())?;
+                // kubeslot-image's reader: the same checks a host runs.
+                let layout = kubeslot_image::archive::extract(file, tmp.path())?;
                 Self::from_layout(layout, tag.clone(), src.to_string(), Some(tmp))
             }
             ImageSource::Registry(image) => {
@@ -223,7 +223,7 @@ impl Staged {
                 }
             }
         }
-        staged.layout.write_index(&new_index(entries))?;
+        staged.layout.write_index(&Index::new(entries))?;
         Ok(staged)
     }
 
@@ -481,7 +481,7 @@ impl Staged {
             entries.push(d);
             report.attachments.push(a.tag.clone());
         }
-        merge_index(&dest, entries)?;
+        dest.upsert_index(entries)?;
         Ok(report)
     }
 }
@@ -489,37 +489,6 @@ impl Staged {
 /// A descriptor without the layout-only annotations and platform.
 fn plain(d: &Descriptor) -> Descriptor {
     Descriptor::new(&d.media_type, d.digest, d.size)
-}
-
-fn new_index(entries: Vec<Descriptor>) -> Index {
-    Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: entries,
-        annotations: Default::default(),
-    }
-}
-
-/// Adds `entries` to a layout's `index.json`: an entry with the same tag
-/// replaces the old one; an untagged entry is added once.
-pub fn merge_index(layout: &Layout, entries: Vec<Descriptor>) -> Result<(), LayoutError> {
-    let mut index = if layout.dir().join("index.json").exists() {
-        layout.index()?
-    } else {
-        new_index(Vec::new())
-    };
-    for e in entries {
-        match e.annotations.get(ANNOTATION_REF_NAME) {
-            Some(tag) => index
-                .manifests
-                .retain(|old| old.annotations.get(ANNOTATION_REF_NAME) != Some(tag)),
-            None => index
-                .manifests
-                .retain(|old| !(old.digest == e.digest && old.annotations.is_empty())),
-        }
-        index.manifests.push(e);
-    }
-    layout.write_index(&index)
 }
 
 /// Stores an artifact (its blobs, then its manifest, then its tag) in a
@@ -532,7 +501,7 @@ pub fn add_artifact_to_layout(layout: &Layout, artifact: &Artifact) -> Result<()
     let mut d = Descriptor::new(&artifact.media_type, digest, artifact.manifest.len() as u64);
     d.annotations
         .insert(ANNOTATION_REF_NAME.into(), artifact.tag.clone());
-    merge_index(layout, vec![d])
+    layout.upsert_index([d])
 }
 
 /// Stores an artifact in a registry: blobs it lacks, then the manifest
@@ -590,15 +559,9 @@ pub fn select_root(index: &Index, tag: Option<&str>) -> Result<Descriptor, Strin
     }
 }
 
-/// `sha256-<64 hex>.<kind>` for a known kind.
+/// `sha256-<64 hex>.<kind>` for a kind this tool carries (`.sig`, `.sbom`).
 pub fn is_attachment_tag(tag: &str) -> bool {
-    let Some(rest) = tag.strip_prefix("sha256-") else {
-        return false;
-    };
-    match rest.split_once('.') {
-        Some((hex, kind)) => Digest::from_hex(hex).is_ok() && ATTACHMENT_KINDS.contains(&kind),
-        None => false,
-    }
+    Digest::parse_attachment_tag(tag).is_some_and(|(_, kind)| ATTACHMENT_KINDS.contains(&kind))
 }
 
 fn walk(

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use kubeslot_test_support::golden;
+use kubeslot_test_support::tar::sha256_hex;
 use kubeslot_test_support::{require_tool, workspace_root};
 
 const TAG: &str = "1.36.4-demo";
@@ -265,11 +267,6 @@ fn umoci_unpacks_the_expected_tree_and_skopeo_reads_it() {
         1_700_000_000,
         "mtime clamped to source_date_epoch"
     );
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 #[test]
@@ -753,36 +750,6 @@ fn image_bases_from_an_archive_and_a_registry_give_the_same_image() {
     assert!(!w.path().join("out2").exists());
 }
 
-/// Compares `actual` with a golden file (`UPDATE_GOLDEN=1` rewrites it).
-fn golden(name: &str, actual: &str) {
-    let path = workspace_root().join("testdata").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
-            path.display()
-        )
-    });
-    assert_eq!(
-        actual,
-        want,
-        "{} differs (UPDATE_GOLDEN=1 rewrites it)",
-        path.display()
-    );
-}
-
-/// What users read: `build --help` and `check --help`.
-#[test]
-fn help_snapshots() {
-    for cmd in ["build", "check"] {
-        let out = ok(bin().args([cmd, "--help"]).env("COLUMNS", "100"));
-        golden(&format!("help/builder-{cmd}.txt"), &out);
-    }
-}
-
 /// What the world sees of the demo: its amd64 manifest and config, pretty-printed.
 #[test]
 fn demo_documents_snapshot() {
@@ -795,11 +762,11 @@ fn demo_documents_snapshot() {
     };
     let manifest = read(summary["manifests"][0]["digest"].as_str().unwrap());
     let config = read(manifest["config"]["digest"].as_str().unwrap());
-    golden(
+    golden::check(
         "golden/demo-amd64-manifest.json",
         &(serde_json::to_string_pretty(&manifest).unwrap() + "\n"),
     );
-    golden(
+    golden::check(
         "golden/demo-amd64-config.json",
         &(serde_json::to_string_pretty(&config).unwrap() + "\n"),
     );

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
+use kubeslot_test_support::tar::sha256_hex;
 use kubeslot_test_support::{debian_mirror, free_port, require_tool, workspace_root};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-builder");
@@ -526,11 +527,6 @@ fn a_locked_deb_missing_from_the_mirror_is_named() {
     assert!(!out.exists());
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
-
 #[test]
 fn a_lock_older_than_the_recipe_or_none_is_refused() {
     let f = fixture();
@@ -607,27 +603,6 @@ fn a_package_that_does_not_resolve_is_a_clear_error() {
         !recipe.with_extension("lock").exists(),
         "a failed lock wrote a lock"
     );
-}
-
-/// What users read: `lock --help` and `base --help` (golden files under
-/// testdata/help; `UPDATE_GOLDEN=1` rewrites them).
-#[test]
-fn help_snapshots() {
-    for cmd in ["lock", "base"] {
-        let out = Command::new(BIN)
-            .args([cmd, "--help"])
-            .env("COLUMNS", "100")
-            .output()
-            .unwrap();
-        let text = ok(out);
-        let path = workspace_root().join(format!("testdata/help/builder-{cmd}.txt"));
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, &text).unwrap();
-        }
-        let want = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-        assert_eq!(text, want, "{} differs (UPDATE_GOLDEN=1)", path.display());
-    }
 }
 
 fn run(cmd: &mut Command) {

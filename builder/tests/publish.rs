@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{
-    Descriptor, ImageConfig, Index, Manifest, Platform, RootFs, ANNOTATION_REF_NAME,
-    MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_MANIFEST,
-};
-use kubeslot_activator::Digest;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{Descriptor, Index, Manifest, Platform, ANNOTATION_REF_NAME};
+use kubeslot_image::Digest;
+use kubeslot_test_support::image;
+use kubeslot_test_support::tar::{noise, tar_of};
+use kubeslot_test_support::tools::skopeo;
 use kubeslot_test_support::{require_tool, Registry};
 
 fn builder() -> Command {
@@ -47,111 +47,36 @@ fn run_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(run(&all).trim()).unwrap()
 }
 
-fn skopeo(args: &[&str]) -> String {
-    let bin = require_tool("skopeo", "skopeo");
-    check(
-        &format!("skopeo {}", args.join(" ")),
-        Command::new(bin).args(args).output().unwrap(),
-    )
-}
-
-/// Deterministic pseudo-random bytes (incompressible, unlike zeros).
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// A tar holding one file of `len` noise bytes.
 fn layer(seed: u64, len: usize) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    let mut h = tar::Header::new_gnu();
-    h.set_size(len as u64);
-    h.set_mode(0o644);
-    h.set_entry_type(tar::EntryType::Regular);
-    b.append_data(&mut h, format!("data/{seed}"), &noise(seed, len)[..])
-        .unwrap();
-    b.into_inner().unwrap()
+    tar_of(&[(&format!("data/{seed}"), &noise(seed, len))])
 }
 
 /// Writes a two-platform image (index → amd64, arm64 manifests) tagged `tag`
 /// into the layout `dir`; each platform gets `layers` layers of the given
 /// sizes. Returns the index digest and the platform manifest digests.
 fn write_image(dir: &Path, tag: &str, seed: u64, layers: &[usize]) -> (Digest, Vec<Digest>) {
-    let layout = Layout::create(dir).unwrap();
+    let layout = image::open_or_create(dir);
     let mut entries = Vec::new();
     for (p, arch) in ["amd64", "arm64"].iter().enumerate() {
-        let mut descs = Vec::new();
-        let mut diff_ids = Vec::new();
-        for (i, size) in layers.iter().enumerate() {
-            let tar = layer(seed * 100 + p as u64 * 10 + i as u64, *size);
-            diff_ids.push(Digest::of(&tar));
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            std::io::Write::write_all(&mut gz, &tar).unwrap();
-            let bytes = gz.finish().unwrap();
-            let d = layout.blobs().put_bytes(&bytes).unwrap();
-            descs.push(Descriptor::new(
-                MEDIA_TYPE_LAYER_GZIP,
-                d,
-                bytes.len() as u64,
-            ));
-        }
-        let config = ImageConfig {
-            created: Some("2024-01-01T00:00:00Z".into()),
-            architecture: arch.to_string(),
-            os: "linux".into(),
-            variant: None,
-            config: None,
-            rootfs: RootFs {
-                kind: "layers".into(),
-                diff_ids,
-            },
-            history: vec![],
-        };
-        let config = serde_json::to_vec(&config).unwrap();
-        let cd = layout.blobs().put_bytes(&config).unwrap();
-        let manifest = Manifest {
-            schema_version: 2,
-            media_type: Some(MEDIA_TYPE_MANIFEST.into()),
-            artifact_type: None,
-            config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
-            layers: descs,
-            subject: None,
-            annotations: Default::default(),
-        };
-        let bytes = serde_json::to_vec(&manifest).unwrap();
-        let md = layout.blobs().put_bytes(&bytes).unwrap();
-        let mut e = Descriptor::new(MEDIA_TYPE_MANIFEST, md, bytes.len() as u64);
-        e.platform = Some(Platform::linux(arch));
-        entries.push(e);
+        let blobs: Vec<_> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, size)| {
+                image::gzip_layer(
+                    &layout,
+                    &layer(seed * 100 + p as u64 * 10 + i as u64, *size),
+                )
+            })
+            .collect();
+        entries.push(image::write_manifest(
+            &layout,
+            &Platform::linux(arch),
+            &blobs,
+        ));
     }
     let platforms = entries.iter().map(|e| e.digest).collect();
-    let index = Index {
-        schema_version: 2,
-        media_type: Some(MEDIA_TYPE_INDEX.into()),
-        manifests: entries,
-        annotations: Default::default(),
-    };
-    let bytes = serde_json::to_vec(&index).unwrap();
-    let id = layout.blobs().put_bytes(&bytes).unwrap();
-    let mut root = Descriptor::new(MEDIA_TYPE_INDEX, id, bytes.len() as u64);
-    root.annotations
-        .insert(ANNOTATION_REF_NAME.into(), tag.to_string());
-    layout
-        .write_index(&Index {
-            schema_version: 2,
-            media_type: Some(MEDIA_TYPE_INDEX.into()),
-            manifests: vec![root],
-            annotations: Default::default(),
-        })
-        .unwrap();
-    (id, platforms)
+    (image::write_index(&layout, tag, entries), platforms)
 }
 
 fn p(path: &Path) -> &str {
@@ -754,44 +679,9 @@ fn demo_build_signs_pushes_and_carries_a_valid_sbom() {
     );
 }
 
-/// What users read: `--help` of the publishing subcommands (golden files
-/// under testdata/help; `UPDATE_GOLDEN=1` rewrites them).
-#[test]
-fn publishing_help_snapshots() {
-    for cmd in ["push", "sign", "keygen", "copy", "sbom"] {
-        let out = check(
-            cmd,
-            builder()
-                .args([cmd, "--help"])
-                .env("COLUMNS", "100")
-                .output()
-                .unwrap(),
-        );
-        let path = kubeslot_test_support::workspace_root()
-            .join("testdata/help")
-            .join(format!("builder-{cmd}.txt"));
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, &out).unwrap();
-        }
-        let want = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 creates it)", path.display()));
-        assert_eq!(out, want, "{} differs", path.display());
-    }
-}
-
-/// A `docker-registry` with htpasswd auth (user `kubeslot`, password
-/// `s3cret`, testdata/registry-auth).
-fn auth_registry() -> Registry {
-    let htpasswd = kubeslot_test_support::workspace_root().join("testdata/registry-auth/htpasswd");
-    Registry::start_with(&format!(
-        "auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n",
-        htpasswd.display()
-    ))
-}
-
 #[test]
 fn credentials_refused_and_accepted_from_each_source() {
-    let reg = auth_registry();
+    let reg = Registry::start_with_auth();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     let (index, _) = write_image(&src, "v1", 6, &[1000]);

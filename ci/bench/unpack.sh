@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Unpack benchmark: one Debian rootfs image (~300 MB uncompressed, from
 # ci/lib/debian-rootfs.sh), the same layer blobs unpacked by
-#   * the activator's unpacker alone (activator/examples/unpack_layout.rs, release),
+#   * the activator's unpacker alone (image/examples/unpack_layout.rs, release),
 #   * `kubeslot-activator unpack oci:DIR:TAG` (resolve, trust check, blob store
 #     with its blobs already present, unpack into staging, rename),
 #   * `umoci unpack` (gzip image),
@@ -30,8 +30,8 @@ mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
 echo "building the example binaries (release)..." >&2
-cargo build --release --quiet -p kubeslot-activator --bin kubeslot-activator \
-  --example unpack_layout --example make_layout
+cargo build --release --quiet -p kubeslot-activator --bin kubeslot-activator
+cargo build --release --quiet -p kubeslot-image --example unpack_layout --example make_layout
 bin=target/release/examples
 activator=target/release/kubeslot-activator
 

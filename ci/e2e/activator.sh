@@ -21,9 +21,7 @@ act_setup() {
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
     -subj /CN=kubeslot-e2e-ca -keyout "$WORK/keys-ca.key" -out "$WORK/ca.crt" 2>/dev/null ||
     die "openssl could not make the test CA"
-  if [ "${SIGNED:-0}" = 1 ]; then
-    install -m 0644 "$WORK/keys/e2e.pub" "$OUTER/etc/kubeslot/trust/e2e.pub"
-  fi
+  install -m 0644 "$WORK/keys/e2e.pub" "$OUTER/etc/kubeslot/trust/e2e.pub"
 }
 
 # write_config IMAGE: the activator config inside the outer host.
@@ -36,14 +34,15 @@ act_setup() {
 # KUBESLOT_E2E_NETWORK=veth writes "veth" instead (design_files proves both
 # modes by hand). The gate: 2 good probes 500 ms apart within 20 s.
 write_config() {
+  config_json "$1" /etc/kubeslot/trust/e2e.pub >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# config_json IMAGE KEY: the config text, trusting the public key file KEY
+# (a path inside the outer host).
+config_json() {
   local image=$1 trust
-  if [ "${SIGNED:-0}" = 1 ]; then
-    trust='{"public_keys": ["/etc/kubeslot/trust/e2e.pub"]}'
-  else
-    # Without the builder's signer the policy must say so explicitly; the
-    # refusal scenarios then fail and name why.
-    trust='{"allow_unsigned": true}'
-  fi
+  trust=$(jq -n --arg key "$2" '{public_keys: [$key]}')
   jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
     --arg network "${KUBESLOT_E2E_NETWORK:-host}" '{
     image: $image,
@@ -60,8 +59,7 @@ write_config() {
     network: $network,
     nameservers: ["192.0.2.53"],
     health: {timeout_secs: 20, successes: 2, interval_ms: 500}
-  }' >"$OUTER$CONFIG_IN_OUTER.tmp"
-  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+  }'
 }
 
 # act ARGS...: runs the activator in the outer host; its output goes to a
@@ -229,11 +227,6 @@ print_downtime() {
 
 # ---------------------------------------------------------------- scenarios
 
-activator_present() {
-  outer kubeslot-activator activate --help >/dev/null 2>&1 ||
-    { fail "kubeslot-activator has no 'activate' command yet (branches activator-core/host-side not merged)"; return 1; }
-}
-
 # hand_nspawn MACHINE: the .nspawn file DESIGN.md section 5 prescribes (with a
 # private veth, as the e2e config asks), written by hand for the scenarios
 # that run before `activate` renders it.
@@ -311,16 +304,12 @@ scenario_unpack_and_boot() {
   check "no v4 tree" test ! -e "$OUTER/var/tmp/v4-tree/usr" || return 1
 
   # Unsigned: refused by the default policy (keys configured, no signature).
-  if [ "$SIGNED" = 1 ]; then
-    rc=0
-    act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_UNSIGNED" /var/tmp/unsigned-tree || rc=$?
-    [ $rc != 0 ] || { show_log; fail "an unsigned image was unpacked"; return 1; }
-    log "  unsigned image refused: $(act_error)"
-    check "error names the missing signature" grep -qi 'signature' <<<"$(act_error)" || { show_log; return 1; }
-    check "no unsigned tree" test ! -e "$OUTER/var/tmp/unsigned-tree/usr" || return 1
-  else
-    fail "images are unsigned: the signature policy is not exercised"; return 1
-  fi
+  rc=0
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_UNSIGNED" /var/tmp/unsigned-tree || rc=$?
+  [ $rc != 0 ] || { show_log; fail "an unsigned image was unpacked"; return 1; }
+  log "  unsigned image refused: $(act_error)"
+  check "error names the missing signature" grep -qi 'signature' <<<"$(act_error)" || { show_log; return 1; }
+  check "no unsigned tree" test ! -e "$OUTER/var/tmp/unsigned-tree/usr" || return 1
 
   archive_with_signature v1 "$OUTER/var/tmp/node-v1.tar" || { fail "no oci-archive of v1"; return 1; }
   act unpack --config "$CONFIG_IN_OUTER" "oci-archive:/var/tmp/node-v1.tar:v1" /var/tmp/v1-from-archive ||
@@ -568,7 +557,6 @@ log_report() {
 # kube1 boots, containerd answers through `systemd-run -M`, the kubelet is
 # healthy; status --json names kube1 and v1's digest.
 scenario_activate_v1() {
-  activator_present || return 1
   act_setup
   write_config "$REF_v1"
   install -m 0644 "$REPO/activator/units/kubeslot-activator.service" "$OUTER/etc/systemd/system/"
@@ -600,7 +588,6 @@ scenario_activate_v1() {
 # tree stays for rollback; the downtime is printed beside the new kubelet's
 # own start.
 scenario_activate_v2_flip() {
-  activator_present || return 1
   local mark changed got watch=$WORK/flip-v2.txt
   # v2's new layers: its Kubernetes layer and the builder's SBOM layer.
   changed=$(comm -13 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort) | sort)
@@ -650,8 +637,6 @@ expect_unchanged() {
 # An image without a signature is refused before anything changes; the
 # running machine keeps running, the idle slot's tree is untouched.
 scenario_unsigned_refused() {
-  activator_present || return 1
-  [ "${SIGNED:-0}" = 1 ] || { fail "images are unsigned (kubeslot-builder sign missing): the policy cannot refuse"; return 1; }
   local before
   before=$(node_snapshot) || return 1
   write_config "$REF_UNSIGNED"
@@ -664,7 +649,6 @@ scenario_unsigned_refused() {
 # v5's Kubernetes layer is corrupted in the registry's storage: refused by
 # the digest check, never stored, the running machine keeps running.
 scenario_tampered_refused() {
-  activator_present || return 1
   local layer hex data before slots
   before=$(node_snapshot) || return 1
   slots=$(jq -c '.slots' "$OUTER/var/lib/kubeslot/state.json") || return 1
@@ -694,7 +678,6 @@ scenario_tampered_refused() {
 # rollback: back to kube1 (v1) without a single blob download; downtime
 # printed.
 scenario_rollback() {
-  activator_present || return 1
   local mark watch=$WORK/flip-rollback.txt watcher
   mark=$(registry_log_lines)
   flip_watch kube2 kube1 "$watch" &
@@ -712,7 +695,6 @@ scenario_rollback() {
 # back by itself, v3's digest is marked bad, the report names the failed
 # check; a second activate of v3 is refused without touching a machine.
 scenario_activate_v3_rolls_back() {
-  activator_present || return 1
   local before target rc=0 t0
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
@@ -749,7 +731,6 @@ scenario_activate_v3_rolls_back() {
 # exists); the running machine is untouched; the next run converges: the
 # idle slot runs v4, nothing half-written is left behind.
 scenario_kill_mid_unpack() {
-  activator_present || return 1
   local before target staging
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
@@ -776,7 +757,6 @@ scenario_kill_mid_unpack() {
 # non-zero for that reason only); either way exactly one machine runs, is
 # healthy, and status agrees with systemd.
 scenario_kill_mid_flip() {
-  activator_present || return 1
   local before target
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
@@ -805,7 +785,6 @@ scenario_kill_mid_flip() {
 # The next run finds the pending try, sees the new machine healthy and
 # commits it: the new slot runs v5, the old one is stopped.
 scenario_kill_mid_gate() {
-  activator_present || return 1
   local before target
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
@@ -825,7 +804,6 @@ scenario_kill_mid_gate() {
 # kubeslot-activator.service by itself; `kubeslot-activator wait` then
 # prints that run's report; v4 (kept in the idle slot) runs there.
 scenario_config_change_activates() {
-  activator_present || return 1
   install -m 0644 "$REPO/activator/units/kubeslot-activator.service" \
     "$REPO/activator/units/kubeslot-activator.path" "$OUTER/etc/systemd/system/"
   outer systemctl daemon-reload
@@ -869,7 +847,6 @@ config_change_body() {
 # nothing on the host has seen) activated from an oci-archive file holding
 # its signature. Last scenario: the registry stays down.
 scenario_airgap_archive() {
-  activator_present || return 1
   local archive=$OUTER/var/tmp/node-v6.tar before after
   archive_with_signature v6 "$archive" || { fail "no oci-archive of v6"; return 1; }
   registry_stop
@@ -882,4 +859,30 @@ scenario_airgap_archive() {
   after=$(other_machine "$before")
   expect_running "$after" v1.35.5-e2e.6 || return 1
   expect_status "$after" "$DIGEST_v6"
+}
+
+# An independent signer: v1 pushed to another repository and signed there by
+# ci/e2e/openssl-sign.py (openssl + the registry API, no kubeslot code) is
+# accepted by a host trusting that openssl key, and refused by a host that
+# trusts only the builder's key (the signature is bound to its key).
+scenario_openssl_signer() {
+  act_setup
+  local ref=$REGISTRY/kubeslot/e2e-openssl:v1 digest
+  push_one "oci:$IMAGE_LAYOUT:v1" "$ref"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/keys/openssl.key" 2>/dev/null
+  openssl ec -in "$WORK/keys/openssl.key" -pubout -out "$OUTER/etc/kubeslot/trust/openssl.pub" 2>/dev/null
+  digest=$(skopeo inspect --tls-verify=false --raw "docker://$ref" | sha256sum | sed 's/^/sha256:/; s/ .*//')
+  check_eq "pushed v1 keeps its digest" "$digest" "$DIGEST_v1" || return 1
+  openssl_sign "$WORK/keys/openssl.key" "$ref" "$digest"
+  config_json "$ref" /etc/kubeslot/trust/openssl.pub >"$OUTER/etc/kubeslot/openssl.json"
+  config_json "$ref" /etc/kubeslot/trust/e2e.pub >"$OUTER/etc/kubeslot/builder-key.json"
+  act unpack --config /etc/kubeslot/openssl.json --root / "$ref" /var/tmp/openssl-tree ||
+    { show_log; fail "an openssl-signed image was refused"; return 1; }
+  check "openssl-signed tree has the v1 kubelet" cmp "$OUTER/var/tmp/openssl-tree/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet" || return 1
+  local rc=0
+  act unpack --config /etc/kubeslot/builder-key.json --root / "$ref" /var/tmp/openssl-other-key || rc=$?
+  [ $rc != 0 ] || { show_log; fail "a signature by an untrusted key was accepted"; return 1; }
+  log "  other key refused: $(act_error)"
+  check "no tree for the untrusted signature" test ! -e "$OUTER/var/tmp/openssl-other-key/usr" || return 1
+  rm -rf "$OUTER/var/tmp/openssl-tree" "$OUTER/etc/kubeslot/openssl.json" "$OUTER/etc/kubeslot/builder-key.json"
 }

@@ -8,13 +8,12 @@
 # version); v3's kubelet never turns healthy; v4 is a fourth version (its
 # fresh Kubernetes layer is the one the tamper scenario corrupts).
 #
-# kubeslot-builder builds them from testdata/e2e/node.toml.in when its `build`
-# command exists (the product path); until then, and with
-# KUBESLOT_E2E_IMAGES=umoci, umoci (the reference implementation) assembles the
-# same images so the rest of the harness can be proven. The run prints
-# which path made the images.
+# The product path only: `kubeslot-builder build` makes them from
+# testdata/e2e/node.toml.in, `push` uploads them, `keygen` and `sign` sign
+# them and `copy` exports an air-gap archive. An independent signer
+# (ci/e2e/openssl-sign.py) is its own scenario (`openssl_signer`).
 #
-# Sets: IMAGES_BY (builder|umoci), IMAGE_LAYOUT (an oci: layout dir with the
+# Sets: IMAGE_LAYOUT (an oci: layout dir with the
 # tags v1..v6), and after images_push REF_v1..REF_v6 (tag references in the
 # local registry), DIGEST_v1..DIGEST_v6 (what each tag resolves to there) and
 # REF_UNSIGNED (v2's content under a name that has no signature).
@@ -24,8 +23,7 @@ IMAGE_REPO=kubeslot/e2e-node
 E2E_VERSIONS=(v1 v2 v3 v4 v5 v6)
 REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_UNSIGNED=""
 DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5="" DIGEST_v6=""
-SIGNED=0 SIGNED_BY=none
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6 SIGNED SIGNED_BY
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
@@ -45,31 +43,12 @@ images_stage() {
   done
 }
 
-# The builder path is taken once `build` has its `--output` (the issue's
-# CLI); KUBESLOT_E2E_IMAGES=builder|umoci forces one path.
-builder_can_build() {
-  case ${KUBESLOT_E2E_IMAGES:-} in
-    umoci) return 1 ;;
-    builder) return 0 ;;
-  esac
-  [ -f "$E2E_TESTDATA/node.toml.in" ] && "$BUILDER" build --help 2>/dev/null | grep -q -- '--output'
-}
-
 images_build() {
   mkdir -p "$WORK/images"
   images_stage
   IMAGE_LAYOUT=$WORK/images/layout
-  if builder_can_build; then
-    IMAGES_BY=builder
-    images_build_with_builder
-  else
-    IMAGES_BY=umoci
-    # The recipe the builder will get must stay valid meanwhile.
-    "$BUILDER" check "$(recipe_for v1)" >&2 || die "kubeslot-builder check rejects the e2e node recipe"
-    log "kubeslot-builder has no 'build --output' yet (or KUBESLOT_E2E_IMAGES=umoci): assembling the images with umoci"
-    images_build_with_umoci
-  fi
-  log "images ${E2E_VERSIONS[*]} built by $IMAGES_BY into oci:$IMAGE_LAYOUT"
+  images_build_with_builder
+  log "images ${E2E_VERSIONS[*]} built by kubeslot-builder into oci:$IMAGE_LAYOUT"
 }
 
 # recipe_for VERSION: the node recipe of one version, from the template. The
@@ -98,42 +77,15 @@ images_build_with_builder() {
   done
 }
 
-# The stand-in path: the same layers with umoci. The base layer is the node
-# rootfs tar without its /dev entries (device nodes never ship in an image;
-# nspawn provides /dev).
-images_build_with_umoci() {
-  command -v umoci >/dev/null || die "required tool 'umoci' is not installed: apt-get install -y umoci"
-  local base=$WORK/images/base.tar stage=$WORK/images/stage v
-  cp "$NODE_TAR" "$base"
-  tar --delete --wildcards -f "$base" './dev/?*'
-  tar -C "$stage/config" --numeric-owner --owner=0 --group=0 --sort=name --mtime=@1700000000 \
-    -cf "$WORK/images/config.tar" .
-  umoci init --layout "$IMAGE_LAYOUT"
-  umoci new --image "$IMAGE_LAYOUT:empty"
-  umoci raw add-layer --image "$IMAGE_LAYOUT:empty" --tag base "$base"
-  umoci raw add-layer --image "$IMAGE_LAYOUT:base" --tag common "$WORK/images/config.tar"
-  for v in "${E2E_VERSIONS[@]}"; do
-    tar -C "$stage/kubernetes-$v" --numeric-owner --owner=0 --group=0 --sort=name \
-      --mtime=@1700000000 -cf "$WORK/images/kubernetes-$v.tar" .
-    umoci raw add-layer --image "$IMAGE_LAYOUT:common" --tag "$v" "$WORK/images/kubernetes-$v.tar"
-  done
-  umoci gc --layout "$IMAGE_LAYOUT"
-  rm -f "$base"
-}
-
-# push_one SRC REF: `kubeslot-builder push` when it exists (the product
-# path), else skopeo; both keep the builder's index and its digest.
+# push_one SRC REF: `kubeslot-builder push` (keeps the builder's index and
+# its digest).
 push_one() {
-  if "$BUILDER" push --help >/dev/null 2>&1; then
-    "$BUILDER" push "$1" "$2" >>"$WORK/logs/push.log" 2>&1 ||
-      { cat "$WORK/logs/push.log" >&2; die "kubeslot-builder push $1 $2 failed"; }
-  else
-    skopeo copy --quiet --all --dest-tls-verify=false "$1" "docker://$2"
-  fi
+  "$BUILDER" push "$1" "$2" >>"$WORK/logs/push.log" 2>&1 ||
+    { cat "$WORK/logs/push.log" >&2; die "kubeslot-builder push $1 $2 failed"; }
 }
 
-# images_push: v1..v6 into the local registry (with signatures when the
-# builder can sign), plus an unsigned copy of v2 for the refusal scenario.
+# images_push: v1..v6 into the local registry, plus an unsigned copy of v2
+# for the refusal scenario.
 images_push() {
   local v
   for v in "${E2E_VERSIONS[@]}"; do
@@ -148,39 +100,33 @@ images_push() {
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
 
-# images_sign: a fresh key pair and signatures on v1..v6 (not on the
-# unsigned copy). kubeslot-builder keygen/sign when they exist (the product
-# path), else ci/e2e/openssl-sign.py with an openssl key (SIGNED_BY says
-# which). Sets SIGNED=1 and leaves the public key in WORK/keys/e2e.pub.
+# images_sign: a fresh key pair (`kubeslot-builder keygen`) and signatures
+# on v1..v6 (`kubeslot-builder sign`; not on the unsigned copy). Leaves the
+# public key in WORK/keys/e2e.pub.
 images_sign() {
   mkdir -p "$WORK/keys"
   local v ref digest
-  if [ "${KUBESLOT_E2E_SIGNER:-}" != openssl ] && "$BUILDER" sign --help >/dev/null 2>&1; then
-    SIGNED_BY=kubeslot-builder
-    "$BUILDER" keygen --out "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
-      { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
-    for v in "${E2E_VERSIONS[@]}"; do
-      ref=REF_$v; digest=DIGEST_$v
-      "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
-        { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
-    done
-  else
-    SIGNED_BY=openssl
-    log "kubeslot-builder has no 'sign' yet (or KUBESLOT_E2E_SIGNER=openssl): signing with openssl the cosign way"
-    openssl ecparam -name prime256v1 -genkey -noout -out "$WORK/keys/e2e.key" 2>/dev/null
-    openssl ec -in "$WORK/keys/e2e.key" -pubout -out "$WORK/keys/e2e.pub" 2>/dev/null
-    for v in "${E2E_VERSIONS[@]}"; do
-      digest=DIGEST_$v
-      # Both the tag's digest and the platform manifest's (they differ when
-      # the tag is an index).
-      python3 "$REPO/ci/e2e/openssl-sign.py" "$WORK/keys/e2e.key" "$REGISTRY" "$IMAGE_REPO" "${!digest}" >>"$WORK/logs/sign.log"
-      if [ "${PLATFORM_DIGEST[${!digest}]}" != "${!digest}" ]; then
-        python3 "$REPO/ci/e2e/openssl-sign.py" "$WORK/keys/e2e.key" "$REGISTRY" "$IMAGE_REPO" "${PLATFORM_DIGEST[${!digest}]}" >>"$WORK/logs/sign.log"
-      fi
-    done
+  "$BUILDER" keygen --out "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
+    { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
+  for v in "${E2E_VERSIONS[@]}"; do
+    ref=REF_$v; digest=DIGEST_$v
+    "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
+      { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
+  done
+  log "images v1..v6 signed by kubeslot-builder"
+}
+
+# openssl_sign KEY REF DIGEST: signs DIGEST of REF's repository (and its
+# linux/amd64 manifest when DIGEST is an index) with ci/e2e/openssl-sign.py,
+# an independent cosign-format signer made of openssl and the registry API.
+openssl_sign() {
+  local key=$1 repo=${2#"$REGISTRY"/} digest=$3 platform
+  repo=${repo%:*}
+  python3 "$REPO/ci/e2e/openssl-sign.py" "$key" "$REGISTRY" "$repo" "$digest" >>"$WORK/logs/sign.log"
+  platform=$(platform_digest "$2")
+  if [ "$platform" != "$digest" ]; then
+    python3 "$REPO/ci/e2e/openssl-sign.py" "$key" "$REGISTRY" "$repo" "$platform" >>"$WORK/logs/sign.log"
   fi
-  SIGNED=1
-  log "images v1..v6 signed by $SIGNED_BY"
 }
 
 # layer_digests REF: the layer digests of REF's manifest for this platform.
@@ -216,25 +162,12 @@ platform_digest() {
   fi
 }
 
-# archive_with_signature VERSION FILE: an oci-archive of VERSION's image with
-# its cosign `.sig` artifact beside it (a layout's index.json entry named
-# `sha256-<hex>.sig`): by `kubeslot-builder copy` when it exists, else by
-# skopeo, one tag at a time (skopeo alone would drop the signature).
+# archive_with_signature VERSION FILE: an oci-archive of VERSION's image,
+# made by `kubeslot-builder copy`: its cosign `.sig` (and `.sbom`) travel
+# inside as index.json entries named `sha256-<hex>.sig`.
 archive_with_signature() {
-  local v=$1 file=$2 dir=$WORK/archive-$1 ref digest sigtag
-  ref=REF_$v; digest=DIGEST_$v
-  if "$BUILDER" copy --help >/dev/null 2>&1; then
-    # The product path: signatures and SBOM travel with the copy.
-    "$BUILDER" copy "${!ref}" "oci-archive:$file:$v" >"$WORK/logs/copy-$v.log" 2>&1 ||
-      { cat "$WORK/logs/copy-$v.log" >&2; return 1; }
-    return 0
-  fi
-  rm -rf "$dir"
-  skopeo copy --quiet --all --src-tls-verify=false "docker://${!ref}" "oci:$dir:$v"
-  if [ "$SIGNED" = 1 ]; then
-    sigtag=${!digest/:/-}.sig
-    skopeo copy --quiet --src-tls-verify=false "docker://$REGISTRY/$IMAGE_REPO:$sigtag" "oci:$dir:$sigtag"
-  fi
-  tar -C "$dir" -cf "$file" .
-  rm -rf "$dir"
+  local v=$1 file=$2 ref
+  ref=REF_$v
+  "$BUILDER" copy "${!ref}" "oci-archive:$file:$v" >"$WORK/logs/copy-$v.log" 2>&1 ||
+    { cat "$WORK/logs/copy-$v.log" >&2; return 1; }
 }

@@ -8,10 +8,10 @@ Writes the simple-signing payload for DIGEST, signs it with `openssl dgst
 config as blobs and puts the `.sig` manifest under the cosign tag
 `sha256-<hex>.sig` (plain HTTP: the e2e registry is on 127.0.0.1).
 
-It is the e2e's independent signer: until `kubeslot-builder sign` exists it
-signs the test images, and afterwards it still shows that the activator
-accepts a signature no kubeslot code produced. It does not generate keys
-(openssl does) and does not verify anything.
+It is the e2e's independent signer (scenario `openssl_signer`): it shows
+that the activator accepts a signature no kubeslot code produced, and only
+under the key that made it. It does not generate keys (openssl does) and
+does not verify anything.
 """
 
 import base64

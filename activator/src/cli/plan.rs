@@ -35,7 +35,7 @@ pub fn show(host: &HostArgs, force: bool, json: bool) -> anyhow::Result<()> {
         let code = e.exit_code();
         super::Failed {
             code,
-            message: kubeslot_activator::error_chain(&e),
+            message: kubeslot_image::error_chain(&e),
         }
     })?;
     if json {

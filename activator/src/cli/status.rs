@@ -2,7 +2,8 @@
 //! without the lock and without writing.
 
 use kubeslot_activator::report::Report;
-use kubeslot_activator::state::{Slot, State};
+use kubeslot_activator::slot::Slot;
+use kubeslot_activator::state::State;
 
 use super::HostArgs;
 

@@ -12,8 +12,8 @@ use anyhow::Context as _;
 use kubeslot_activator::config::{RegistryConfig, Trust, UnpackSettings, MAX_CONFIG_BYTES};
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::stage::{self, Staged};
-use kubeslot_activator::verify::Verdict;
-use kubeslot_activator::ImageSource;
+use kubeslot_image::verify::Verdict;
+use kubeslot_image::ImageSource;
 use serde::Deserialize;
 
 /// Verify a signed image and unpack it into an empty directory.

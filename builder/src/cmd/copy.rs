@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use kubeslot_activator::ImageSource;
+use kubeslot_image::ImageSource;
 
 use super::Global;
 use crate::registry::RegistryOptions;

@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use kubeslot_activator::signature::TrustedKeys;
-use kubeslot_activator::{ImageRef, ImageSource};
+use kubeslot_image::signature::TrustedKeys;
+use kubeslot_image::{ImageRef, ImageSource};
 
 use super::Global;
 use crate::registry::RegistryOptions;

@@ -9,9 +9,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
-use kubeslot_activator::layout::{write_atomic, Layout};
-use kubeslot_activator::oci::Descriptor;
-use kubeslot_activator::{Digest, ImageSource};
+use kubeslot_image::atomic;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::Descriptor;
+use kubeslot_image::{Digest, ImageSource};
 use serde::Serialize;
 
 use super::Global;
@@ -71,7 +72,7 @@ pub async fn run(args: SbomArgs, global: &Global) -> anyhow::Result<()> {
         .with_context(|| format!("sbom input {}", args.input.display()))?;
     let doc = generate(&input);
     if let Some(out) = &args.out {
-        write_atomic(out, &doc)?;
+        atomic::write_file(out, &doc)?;
     }
     let attached = match &args.attach {
         None => None,

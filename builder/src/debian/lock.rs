@@ -96,7 +96,7 @@ impl Lock {
 
     /// Writes the lock atomically (temp, fsync, rename, fsync dir).
     pub fn write(&self, path: &Path) -> Result<(), DebianError> {
-        kubeslot_activator::layout::write_atomic(path, self.to_toml().as_bytes()).map_err(|e| {
+        kubeslot_image::atomic::write_file(path, self.to_toml().as_bytes()).map_err(|e| {
             DebianError::LockInvalid {
                 path: path.to_path_buf(),
                 reason: format!("writing: {e}"),

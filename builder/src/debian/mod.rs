@@ -24,11 +24,10 @@ pub mod resolve;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use error::io_err;
 pub use error::DebianError;
 use lock::PlatformLock;
+use serde::{Deserialize, Serialize};
 
 use crate::fetch::Pinned;
 use crate::sbom::{PackageKind, SbomPackage};
@@ -94,7 +93,7 @@ impl DebianBase {
     /// and formatting do not matter but every value does.
     pub fn sha256(&self) -> String {
         let json = serde_json::to_vec(self).expect("DebianBase serialises");
-        kubeslot_activator::Digest::of(&json).hex()
+        kubeslot_image::Digest::of(&json).hex()
     }
 
     /// The repositories apt resolves against for `arch` (URLs with
@@ -366,7 +365,7 @@ pub fn pinned(base: &DebianBase, platform: &PlatformLock) -> Result<Vec<Pinned>,
                         deb.name, deb.repository
                     ))
                 })?;
-            let sha256 = kubeslot_activator::Digest::from_hex(&deb.sha256)
+            let sha256 = kubeslot_image::Digest::from_hex(&deb.sha256)
                 .map_err(|e| invalid(format!("package {}: sha256: {e}", deb.name)))?;
             Ok(Pinned {
                 url: format!("{}{}", repo.root(), deb.path),
@@ -391,7 +390,7 @@ pub fn sbom_packages(
         .packages
         .iter()
         .map(|deb| {
-            let sha256 = kubeslot_activator::Digest::from_hex(&deb.sha256).map_err(|e| {
+            let sha256 = kubeslot_image::Digest::from_hex(&deb.sha256).map_err(|e| {
                 DebianError::LockInvalid {
                     path: "(lock)".into(),
                     reason: format!("package {}: sha256: {e}", deb.name),

@@ -76,7 +76,7 @@ fn resolve_platform(
         releases.push(ReleaseLock {
             repository: repo.name.clone(),
             suite: repo.suite.clone(),
-            inrelease_sha256: kubeslot_activator::Digest::of(&bytes).hex(),
+            inrelease_sha256: kubeslot_image::Digest::of(&bytes).hex(),
         });
         indexes.insert(repo.name.clone(), entries);
     }
@@ -177,7 +177,7 @@ pub fn download(
         let p = e.map_err(io_err(&archives))?.path();
         if p.extension().is_some_and(|x| x == "deb") {
             let bytes = std::fs::read(&p).map_err(io_err(&p))?;
-            by_sha.insert(kubeslot_activator::Digest::of(&bytes).hex(), p);
+            by_sha.insert(kubeslot_image::Digest::of(&bytes).hex(), p);
         }
     }
     for deb in &locked.packages {

@@ -2,8 +2,8 @@
 //! auth, GET manifest by tag or digest, GET blob streamed, each tried on the
 //! configured mirrors in order and then on the registry itself.
 //!
-//! Given the per-registry settings of the config (mirrors, `insecure`,
-//! credentials) and the root handle (to read `password_file`), it speaks just
+//! Given plain per-registry settings ([`RegistrySettings`]: mirrors,
+//! `insecure`, credentials with the path of a password file), it speaks just
 //! what the activator needs: `GET /v2/<repo>/manifests/<ref>` with the OCI and
 //! Docker Accept list, `GET /v2/<repo>/blobs/<digest>` (with `Range` to resume),
 //! `Bearer` tokens from the realm a `WWW-Authenticate` challenge names (with
@@ -25,19 +25,43 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine as _;
 
-use crate::config::RegistryConfig;
 use crate::digest::Digest;
 use crate::layout::MAX_DOCUMENT_BYTES;
 use crate::oci::{
     MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
-use crate::paths::Root;
 use crate::reference::ImageRef;
+
+/// What the client knows about one registry or mirror host (the key of
+/// [`Registries`]): plain values, resolved by the caller (the activator
+/// joins config paths under its root handle).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistrySettings {
+    /// Mirrors tried in order before the registry itself (`host[:port]`,
+    /// optionally with an `http(s)://` prefix).
+    pub mirrors: Vec<String>,
+    /// Plain HTTP. Loopback hosts may always use it; others only when set.
+    pub insecure: bool,
+    pub credentials: Option<Credentials>,
+}
+
+/// Basic credentials whose password is read from a file when a registry
+/// asks for it (never kept in a config or printed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    /// The file holding the password or token, as a path to open.
+    pub password_file: PathBuf,
+}
+
+/// Settings per registry host, as the image reference names it.
+pub type Registries = BTreeMap<String, RegistrySettings>;
 
 /// The manifest and index media types the activator accepts, in Accept order.
 pub const MANIFEST_MEDIA_TYPES: [&str; 4] = [
@@ -222,8 +246,7 @@ pub fn parse_challenge(header: &str) -> Option<Challenge> {
 /// The distribution API client for one config's registries.
 pub struct Client {
     agent: ureq::Agent,
-    registries: BTreeMap<String, RegistryConfig>,
-    root: Root,
+    registries: Registries,
     /// `Authorization` values per (endpoint host, repository).
     auth: Mutex<HashMap<(String, String), String>>,
 }
@@ -232,20 +255,19 @@ pub struct Client {
 type Attempt<T> = Result<T, String>;
 
 impl Client {
-    pub fn new(registries: &BTreeMap<String, RegistryConfig>, root: &Root) -> Client {
+    pub fn new(registries: &Registries) -> Client {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(15)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
-            .user_agent(concat!("kubeslot-activator/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("kubeslot/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();
         Client {
             agent,
             registries: registries.clone(),
-            root: root.clone(),
             auth: Mutex::new(HashMap::new()),
         }
     }
@@ -515,8 +537,8 @@ impl Client {
         else {
             return Ok(None);
         };
-        let p = self.root.join(&creds.password_file.to_string_lossy());
-        let password = std::fs::read_to_string(&p)
+        let p = &creds.password_file;
+        let password = std::fs::read_to_string(p)
             .map_err(|e| format!("credentials: password_file {}: {e}", p.display()))?;
         let pair = format!(
             "{}:{}",
@@ -699,19 +721,19 @@ mod tests {
         let mut regs = BTreeMap::new();
         regs.insert(
             "ghcr.io".to_string(),
-            RegistryConfig {
+            RegistrySettings {
                 mirrors: vec!["https://mirror.internal:5000/".into(), "127.0.0.1:9".into()],
                 ..Default::default()
             },
         );
         regs.insert(
             "mirror.internal:5000".to_string(),
-            RegistryConfig {
+            RegistrySettings {
                 insecure: true,
                 ..Default::default()
             },
         );
-        let c = Client::new(&regs, &Root::host());
+        let c = Client::new(&regs);
         let eps = c.endpoints(&"ghcr.io/a/b:v1".parse().unwrap());
         let shown: Vec<String> = eps.iter().map(ToString::to_string).collect();
         assert_eq!(
@@ -728,12 +750,12 @@ mod tests {
         // Settings are looked up by the registry as the image names it.
         regs.insert(
             "docker.io".to_string(),
-            RegistryConfig {
+            RegistrySettings {
                 insecure: true,
                 ..Default::default()
             },
         );
-        let c = Client::new(&regs, &Root::host());
+        let c = Client::new(&regs);
         let hub = c.endpoints(&"ubuntu".parse().unwrap());
         assert_eq!(
             (hub[0].scheme, hub[0].settings_key.as_str()),

@@ -1,16 +1,16 @@
 //! Writes an OCI image layout from tar files, one layer each, compressed
-//! with gzip or zstd (or not at all), with the activator's `layout` module.
+//! with gzip or zstd (or not at all), with the image crate's `layout` module.
 //! For the unpack benchmark (`ci/bench/unpack.sh`) and manual checks.
 //!
-//!     cargo run --release -p kubeslot-activator --example make_layout -- OUT TAG gzip|zstd|none TAR...
+//!     cargo run --release -p kubeslot-image --example make_layout -- OUT TAG gzip|zstd|none TAR...
 
 use std::fs::File;
 use std::io::{self, BufReader, Write};
 
 use anyhow::{bail, Context, Result};
-use kubeslot_activator::digest::HashingWriter;
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{
+use kubeslot_image::digest::HashingWriter;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{
     Compression, Descriptor, ImageConfig, Index, Manifest, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG,
     MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };

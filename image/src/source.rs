@@ -1,6 +1,6 @@
-//! Image sources the activator reads from: a registry with ordered mirrors,
-//! an OCI layout directory, an `oci-archive` file. One enum, no trait: the
-//! three differ only in where bytes come from.
+//! Image sources hosts (and the builder, for base images) read from: a
+//! registry with ordered mirrors, an OCI layout directory, an `oci-archive`
+//! file. One enum, no trait: the three differ only in where bytes come from.
 //!
 //! Given an [`ImageSource`] (from the config or the command line), the
 //! per-registry settings and a scratch directory (for archive extraction), a
@@ -18,14 +18,13 @@
 //! It does not verify signatures ([`crate::verify`]), check blob digests
 //! (the content store does while streaming) or write outside its scratch dir.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::archive::{self, ArchiveError};
-use crate::config::RegistryConfig;
 use crate::digest::Digest;
 use crate::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
 use crate::oci::{
@@ -33,9 +32,8 @@ use crate::oci::{
     MEDIA_TYPE_CONFIG, MEDIA_TYPE_DOCKER_CONFIG, MEDIA_TYPE_DOCKER_LIST,
     MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
-use crate::paths::Root;
 use crate::reference::{ImageRef, ImageSource};
-use crate::registry::{self, Client, Document, RegistryError};
+use crate::registry::{self, Client, Document, Registries, RegistryError};
 
 /// Why an image could not be read; every variant names the source.
 #[derive(Debug, thiserror::Error)]
@@ -147,26 +145,18 @@ fn runs_on(host: &Platform, image: &Platform) -> bool {
         && (host.variant.is_none() || image.variant.is_none() || host.variant == image.variant)
 }
 
-/// `sha256-<hex>.sig`/`.sbom`/`.att`: cosign attachment tags, never images.
-fn is_attachment_tag(tag: &str) -> bool {
-    tag.strip_prefix("sha256-")
-        .and_then(|r| r.split_once('.'))
-        .is_some_and(|(hex, _)| Digest::from_hex(hex).is_ok())
-}
-
 impl Source {
     /// Opens `src`. Registry sources connect lazily; an archive is extracted
     /// into a private directory under `scratch` now.
     pub fn open(
         src: &ImageSource,
-        registries: &BTreeMap<String, RegistryConfig>,
-        root: &Root,
+        registries: &Registries,
         scratch: &Path,
     ) -> Result<Source, SourceError> {
         let name = src.to_string();
         match src {
             ImageSource::Registry(image) => Ok(Source::Registry {
-                client: Client::new(registries, root),
+                client: Client::new(registries),
                 image: image.clone(),
                 cache: Mutex::new(HashMap::new()),
             }),
@@ -290,7 +280,7 @@ impl Source {
             None => index
                 .manifests
                 .iter()
-                .filter(|d| !ref_name(d).is_some_and(|n| is_attachment_tag(&n)))
+                .filter(|d| ref_name(d).is_none_or(|n| Digest::parse_attachment_tag(&n).is_none()))
                 .collect(),
         };
         match candidates.as_slice() {
@@ -581,14 +571,5 @@ mod tests {
         let mut other = Platform::linux("arm64");
         other.os = "windows".into();
         assert!(!runs_on(&host, &other));
-    }
-
-    #[test]
-    fn attachment_tags() {
-        let d = Digest::of(b"x");
-        assert!(is_attachment_tag(&d.attachment_tag("sig")));
-        assert!(is_attachment_tag(&d.attachment_tag("sbom")));
-        assert!(!is_attachment_tag("v1"));
-        assert!(!is_attachment_tag("sha256-abc.sig"));
     }
 }

@@ -3,14 +3,14 @@
 //! empty TARGET. For the unpack benchmark (`ci/bench/unpack.sh`) and manual
 //! checks; it verifies no signature (the `unpack` command does).
 //!
-//!     cargo run --release -p kubeslot-activator --example unpack_layout -- LAYOUT[:TAG] TARGET
+//!     cargo run --release -p kubeslot-image --example unpack_layout -- LAYOUT[:TAG] TARGET
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use kubeslot_activator::layout::Layout;
-use kubeslot_activator::oci::{Compression, ImageConfig, Manifest, ANNOTATION_REF_NAME};
-use kubeslot_activator::unpack::{Layer, Policy, Unpacker};
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{Compression, ImageConfig, Manifest, ANNOTATION_REF_NAME};
+use kubeslot_image::unpack::{Layer, Policy, Unpacker};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

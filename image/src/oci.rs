@@ -193,6 +193,34 @@ pub struct Index {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl Index {
+    /// An empty OCI index (`index.json` of a new layout).
+    pub fn new(manifests: Vec<Descriptor>) -> Index {
+        Index {
+            schema_version: 2,
+            media_type: Some(MEDIA_TYPE_INDEX.into()),
+            manifests,
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// The one rule for adding an entry to a layout's index, used by every
+    /// writer: an entry named by a tag (`org.opencontainers.image.ref.name`)
+    /// replaces the entry of that name; an untagged entry replaces an
+    /// untagged entry of the same digest (so it is listed once).
+    pub fn upsert(&mut self, entry: Descriptor) {
+        match entry.annotations.get(ANNOTATION_REF_NAME) {
+            Some(name) => self
+                .manifests
+                .retain(|old| old.annotations.get(ANNOTATION_REF_NAME) != Some(name)),
+            None => self.manifests.retain(|old| {
+                old.digest != entry.digest || old.annotations.contains_key(ANNOTATION_REF_NAME)
+            }),
+        }
+        self.manifests.push(entry);
+    }
+}
+
 /// The parts of an image config kubeslot writes and checks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageConfig {

@@ -36,16 +36,15 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 use std::rc::Rc;
 
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec};
-use rustix::io::Errno;
-
-use crate::digest::{Digest, HashingReader};
-use crate::oci::Compression;
-
 use apply::{Fail, Meta, Tree};
 pub use path::ImagePath;
 pub use rules::{escape, Limits, Policy, Rule, UnpackError};
+use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec};
+use rustix::io::Errno;
 use whiteout::Kind;
+
+use crate::digest::{Digest, HashingReader};
+use crate::oci::Compression;
 
 /// Read buffer between the decompressor and the tar reader, and for file
 /// contents. Memory use does not depend on layer size beyond this (plus the

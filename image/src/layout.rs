@@ -9,11 +9,12 @@
 //! are handled by the callers that need them (extract, then open as a layout).
 
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
+use crate::atomic::{self, AtomicError};
 use crate::digest::{Digest, HashingReader};
-use crate::oci::{Index, LayoutMarker};
+use crate::oci::{Descriptor, Index, LayoutMarker};
 
 /// Index and manifest documents larger than this are refused unread.
 pub const MAX_DOCUMENT_BYTES: u64 = 4 * 1024 * 1024;
@@ -52,34 +53,20 @@ pub enum LayoutError {
     },
 }
 
+impl From<AtomicError> for LayoutError {
+    fn from(e: AtomicError) -> Self {
+        LayoutError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LayoutError + '_ {
     move |source| LayoutError::Io {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// Writes `bytes` to `path` atomically: temp file in the same directory,
-/// fsync, rename, fsync the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), LayoutError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        // what other users may read (umask applies), not tempfile's 0600
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .tempfile_in(dir)
-        .map_err(io_err(dir))?;
-    tmp.write_all(bytes).map_err(io_err(path))?;
-    tmp.as_file().sync_all().map_err(io_err(path))?;
-    tmp.persist(path).map_err(|e| io_err(path)(e.error))?;
-    sync_dir(dir)
-}
-
-/// fsync a directory so a rename inside it survives power loss.
-pub fn sync_dir(dir: &Path) -> Result<(), LayoutError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
 }
 
 /// A `blobs/sha256/` directory: a layout's, or the activator's content store.
@@ -164,7 +151,7 @@ impl BlobDir {
     pub fn put_bytes(&self, bytes: &[u8]) -> Result<Digest, LayoutError> {
         let digest = Digest::of(bytes);
         if !self.contains(&digest) {
-            write_atomic(&self.path(&digest), bytes)?;
+            atomic::write_file(&self.path(&digest), bytes)?;
         }
         Ok(digest)
     }
@@ -211,7 +198,7 @@ impl BlobDir {
         }
         tmp.as_file().sync_all().map_err(io_err(&dest))?;
         tmp.persist(&dest).map_err(|e| io_err(&dest)(e.error))?;
-        sync_dir(&dir)?;
+        atomic::sync_dir(&dir)?;
         Ok(len)
     }
 }
@@ -255,7 +242,7 @@ impl Layout {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let marker = serde_json::to_vec(&LayoutMarker::default()).expect("marker serialises");
-        write_atomic(&dir.join("oci-layout"), &marker)?;
+        atomic::write_file(&dir.join("oci-layout"), &marker)?;
         let blobs = BlobDir::create(dir.join("blobs"))?;
         Ok(Layout { dir, blobs })
     }
@@ -289,7 +276,24 @@ impl Layout {
     /// a reader never sees an index pointing at missing blobs).
     pub fn write_index(&self, index: &Index) -> Result<(), LayoutError> {
         let bytes = serde_json::to_vec(index).expect("index serialises");
-        write_atomic(&self.dir.join("index.json"), &bytes)
+        Ok(atomic::write_file(&self.dir.join("index.json"), &bytes)?)
+    }
+
+    /// Adds `entries` to `index.json` (created when missing) by the rule of
+    /// [`Index::upsert`], then writes it atomically.
+    pub fn upsert_index(
+        &self,
+        entries: impl IntoIterator<Item = Descriptor>,
+    ) -> Result<(), LayoutError> {
+        let mut index = if self.dir.join("index.json").exists() {
+            self.index()?
+        } else {
+            Index::new(Vec::new())
+        };
+        for e in entries {
+            index.upsert(e);
+        }
+        self.write_index(&index)
     }
 
     /// Reads a JSON document blob (manifest, index, config), digest checked.

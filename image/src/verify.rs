@@ -1,8 +1,9 @@
 //! Trust policy: an image's signature is checked before any layer is
 //! fetched, and an image that fails the policy is refused (fail closed).
 //!
-//! Given the `trust` section of the config (public key paths under the root
-//! handle, `allow_unsigned`), a [`Source`] and a [`SelectedImage`], [`check`]
+//! Given a [`Policy`] (trusted public keys, `allow_unsigned`; the activator
+//! loads it from its config, the builder from the key it signed with), a
+//! [`Source`] and a [`SelectedImage`], [`check`]
 //! looks for the cosign `.sig` artifact of the index digest and then of the
 //! platform manifest digest, and runs [`crate::signature::verify`] (the one
 //! implementation of signature checking) on each. The builder signs both, so
@@ -16,14 +17,10 @@
 //!
 //! It does not fetch layers or decide where images come from.
 
-use std::path::PathBuf;
-
 use serde::Serialize;
 
-use crate::config::Trust;
 use crate::digest::Digest;
 use crate::layout::MAX_DOCUMENT_BYTES;
-use crate::paths::Root;
 use crate::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
 use crate::source::{SelectedImage, Source, SourceError};
 
@@ -61,22 +58,14 @@ pub enum Verdict {
 }
 
 impl Policy {
-    /// Loads the keys named by `trust` (paths are host paths under `root`).
-    pub fn load(trust: &Trust, root: &Root) -> Result<Policy, VerifyError> {
-        let paths: Vec<PathBuf> = trust
-            .public_keys
-            .iter()
-            .map(|p| root.join(&p.to_string_lossy()))
-            .collect();
-        let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
-        // Refuse now, before anything is fetched or even resolved.
-        if keys.is_empty() && !trust.allow_unsigned {
+    /// A policy from loaded keys. With no keys and `allow_unsigned` false it
+    /// is refused (no image could ever pass): decided here, before anything
+    /// is resolved or fetched.
+    pub fn usable(keys: TrustedKeys, allow_unsigned: bool) -> Result<Policy, VerifyError> {
+        if keys.is_empty() && !allow_unsigned {
             return Err(VerifyError::NoKeys);
         }
-        Ok(Policy {
-            keys,
-            allow_unsigned: trust.allow_unsigned,
-        })
+        Ok(Policy::new(keys, allow_unsigned))
     }
 
     /// A policy from keys already in memory (the builder checks its output

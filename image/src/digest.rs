@@ -55,6 +55,19 @@ impl Digest {
         format!("sha256-{}.{kind}", self.hex())
     }
 
+    /// The inverse of [`Digest::attachment_tag`]: the subject digest and the
+    /// kind (`sig`, `sbom`, `att`, …) of a tag `sha256-<hex>.<kind>`, or
+    /// `None` when the tag is not of that shape (an image's own tag).
+    pub fn parse_attachment_tag(tag: &str) -> Option<(Digest, &str)> {
+        let (hex, kind) = tag.strip_prefix("sha256-")?.split_once('.')?;
+        let kind_ok = !kind.is_empty()
+            && kind
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        kind_ok.then_some(())?;
+        Some((Digest::from_hex(hex).ok()?, kind))
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -249,6 +262,35 @@ mod tests {
         assert_eq!(
             d.attachment_tag("sig"),
             "sha256-e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855.sig"
+        );
+    }
+
+    #[test]
+    fn attachment_tags_parse_back() {
+        let d = Digest::of(b"x");
+        assert_eq!(
+            Digest::parse_attachment_tag(&d.attachment_tag("sig")),
+            Some((d, "sig"))
+        );
+        assert_eq!(
+            Digest::parse_attachment_tag(&d.attachment_tag("sbom")),
+            Some((d, "sbom"))
+        );
+        for not in [
+            "v1",
+            "sha256-abc.sig",
+            "latest.sig",
+            &format!("sha256-{}", d.hex()),
+        ] {
+            assert_eq!(Digest::parse_attachment_tag(not), None, "{not}");
+        }
+        assert_eq!(
+            Digest::parse_attachment_tag(&format!("sha256-{}.", d.hex())),
+            None
+        );
+        assert_eq!(
+            Digest::parse_attachment_tag(&format!("sha256-{}.SIG", d.hex())),
+            None
         );
     }
 }

@@ -1,0 +1,50 @@
+//! The host's inputs to the image crate, read from the config through the
+//! root handle: the trust policy (public key files) and the registry
+//! settings (mirrors, `insecure`, password files).
+//!
+//! Given the config's `trust` and `registries` sections and the root, it
+//! turns host paths into paths under the root and nothing else: signature
+//! checking is `kubeslot_image::verify`, fetching is
+//! `kubeslot_image::registry`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kubeslot_image::registry::{Credentials, Registries, RegistrySettings};
+use kubeslot_image::signature::TrustedKeys;
+use kubeslot_image::verify::{Policy, VerifyError};
+
+use crate::config::{RegistryConfig, Trust};
+use crate::paths::Root;
+
+/// Loads the keys named by `trust` (host paths under `root`). A policy that
+/// can accept nothing (no key, unsigned refused) is an error now, before
+/// anything is resolved.
+pub fn policy(trust: &Trust, root: &Root) -> Result<Policy, VerifyError> {
+    let paths: Vec<PathBuf> = trust
+        .public_keys
+        .iter()
+        .map(|p| root.join(&p.to_string_lossy()))
+        .collect();
+    let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
+    Policy::usable(keys, trust.allow_unsigned)
+}
+
+/// The registry client's settings for the config's `registries`, with each
+/// `password_file` under `root`.
+pub fn registries(config: &BTreeMap<String, RegistryConfig>, root: &Root) -> Registries {
+    config
+        .iter()
+        .map(|(host, r)| {
+            let settings = RegistrySettings {
+                mirrors: r.mirrors.clone(),
+                insecure: r.insecure,
+                credentials: r.credentials.as_ref().map(|c| Credentials {
+                    username: c.username.clone(),
+                    password_file: root.join(&c.password_file.to_string_lossy()),
+                }),
+            };
+            (host.clone(), settings)
+        })
+        .collect()
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The dependency rules Cargo alone does not state (ARCHITECTURE.md,
+# "Invariants"), checked over `cargo tree` by the test command:
+#
+#   * the activator (it runs as root on every node) links no async runtime,
+#     no async HTTP stack, no OCI client library, no TOML parser and no
+#     sigstore: tokio, reqwest, hyper, oci-client, toml, sigstore;
+#   * kubeslot-image (what both programs trust) links none of them either;
+#   * the builder never links the activator (host code), only kubeslot-image.
+#
+# Prints the activator's crate count; exits 1 naming the rule and the chain
+# that breaks it.
+#
+#   ci/lint/deps.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+FORBIDDEN=(tokio reqwest hyper oci-client toml sigstore)
+status=0
+
+# normal_tree PKG: "name version" per line, every crate PKG links in a
+# normal (non-dev, non-build) build.
+normal_tree() {
+  cargo tree --locked -q -p "$1" -e normal --prefix none | sed 's/ (.*//' | sort -u
+}
+
+for pkg in kubeslot-activator kubeslot-image; do
+  tree=$(normal_tree "$pkg")
+  for bad in "${FORBIDDEN[@]}"; do
+    if grep -q "^$bad v" <<<"$tree"; then
+      echo "ci/lint/deps.sh: $pkg links $bad (forbidden for code that runs on hosts); how:" >&2
+      cargo tree --locked -q -p "$pkg" -e normal -i "$bad" >&2 || true
+      status=1
+    fi
+  done
+done
+
+if normal_tree kubeslot-builder | grep -q '^kubeslot-activator v'; then
+  echo "ci/lint/deps.sh: kubeslot-builder links kubeslot-activator (the builder never links host code); how:" >&2
+  cargo tree --locked -q -p kubeslot-builder -e normal -i kubeslot-activator >&2 || true
+  status=1
+fi
+if cargo tree --locked -q -p kubeslot-builder -e dev --prefix none | grep -q '^kubeslot-activator v'; then
+  echo "ci/lint/deps.sh: kubeslot-builder's tests link kubeslot-activator (read images through kubeslot-image)" >&2
+  status=1
+fi
+
+crates=$(normal_tree kubeslot-activator | grep -vc '^kubeslot-')
+echo "ci/lint/deps.sh: kubeslot-activator links $crates third-party crates, none of: ${FORBIDDEN[*]}"
+exit $status
