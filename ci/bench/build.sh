@@ -18,6 +18,7 @@ for t in tar gzip zstd; do
   command -v "$t" >/dev/null || { echo "bench: $t is not installed: apt-get install -y $t" >&2; exit 1; }
 done
 
+# shellcheck disable=SC2046 # an empty word for the dev profile, `--release` otherwise
 cargo build --quiet $([ "$profile" = release ] && echo --release) -p kubeslot-builder
 bin=target/$profile/kubeslot-builder
 

@@ -29,6 +29,7 @@ mirror=$(
 )
 [ -n "$mirror" ] || { echo "bench: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
 
+# shellcheck disable=SC2046 # an empty word for the dev profile, `--release` otherwise
 cargo build --quiet $([ "$profile" = release ] && echo --release) -p kubeslot-builder
 bin=$PWD/target/$profile/kubeslot-builder
 work=$(mktemp -d "${TMPDIR:-/tmp}/kubeslot-bench.XXXXXX")

@@ -35,7 +35,7 @@ EOF
 docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
 reg_pid=$!
 for _ in $(seq 100); do
-  (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
   sleep 0.1
 done
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2154 # t_*, c_*, rss_* are assigned by run() through eval
 # Unpack benchmark: one Debian rootfs image (~300 MB uncompressed, from
 # ci/lib/debian-rootfs.sh), the same layer blobs unpacked by
 #   * the activator's unpacker alone (image/examples/unpack_layout.rs, release),
@@ -48,6 +49,7 @@ with tarfile.open(sys.argv[2], "w", format=tarfile.PAX_FORMAT) as dst:
 PY
 "$bin/make_layout" "$work/gz" t gzip "$work/rootfs.tar" >/dev/null
 "$bin/make_layout" "$work/zst" t zstd "$work/rootfs.tar" >/dev/null
+# shellcheck disable=SC2012 # blob names are sha256 hex: nothing for ls to mangle
 blob() { ls -S "$1"/blobs/sha256/* | head -n1; }   # the layer is the largest blob
 gzblob=$(blob "$work/gz"); zstblob=$(blob "$work/zst")
 size_mb=$(( $(stat -c %s "$work/rootfs.tar") / 1000000 ))
@@ -58,7 +60,7 @@ echo "image: $size_mb MB uncompressed, gzip $(( $(stat -c %s "$gzblob") / 100000
 # (the machine is shared: the minimum is the least disturbed run).
 run() {
   local name=$1; shift
-  local best= best_cpu= worst_rss=0 secs rss usr sys
+  local best='' best_cpu='' worst_rss=0 secs rss usr sys
   for _ in $(seq "${REPEAT:-1}"); do
     rm -rf "$work/out"; mkdir "$work/out"; sync
     /usr/bin/time -f "%e %M %U %S" -o "$work/$name.time" bash -c "$* && sync -f $work/out" >/dev/null 2>"$work/$name.err" \

@@ -1,4 +1,7 @@
 # shellcheck shell=bash
+# REF_vN/DIGEST_vN are assigned by images.sh (printf -v), sourced first by run.sh;
+# grep | wc -l counts stay as written (a style note only).
+# shellcheck disable=SC2154,SC2126
 # The activator scenarios, sourced by ci/e2e/run.sh: the real
 # kubeslot-activator binary (bound read-only into the outer host at
 # /usr/local/bin/kubeslot-activator and /usr/bin/kubeslot-activator) driven through nsenter against the
@@ -277,6 +280,7 @@ scenario_unpack_and_boot() {
   act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v2" /var/lib/machines/kube2 ||
     { show_log; fail "unpack v2 exited non-zero"; return 1; }
   got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") | sort || true)
+  # shellcheck disable=SC2086,SC2116 # echo unquoted: the lists compared as one line of words
   check_eq "layer blobs downloaded for v2" "$(echo $got)" "$(echo $changed)" || return 1
   hand_nspawn kube2
   local watch=$WORK/flip-manual.txt watcher
@@ -606,6 +610,7 @@ scenario_activate_v2_flip() {
   # Layer blobs fetched from the registry (the image config is a blob too and
   # changes with the layer list; it is not a layer).
   got=$(registry_blob_gets "$mark" | grep -Fxf <(layer_digests "$REF_v2") | sort || true)
+  # shellcheck disable=SC2086,SC2116 # echo unquoted: the lists compared as one line of words
   check_eq "layer blobs downloaded for v2 (registry log)" "$(echo $got)" "$(echo $changed)" || return 1
   check_eq "layer blobs the report counts as fetched" \
     "$(jq -r '.downloads.blobs_fetched' "$(report_file)")" "$(registry_blob_gets "$mark" | grep -Fxf <(image_blobs "$REF_v2") | wc -l)" || return 1

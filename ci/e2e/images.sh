@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2153 # REPO is set by ci/e2e/run.sh, which sources this file
 # The e2e node images v1 to v6, sourced by ci/e2e/run.sh.
 #
 # Six images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,

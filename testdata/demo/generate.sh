@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export LC_ALL=C TZ=UTC
 epoch=1700000000
-tarflags=(--sort=name --mtime=@$epoch --owner=0 --group=0 --numeric-owner --format=gnu)
+tarflags=(--sort=name "--mtime=@$epoch" --owner=0 --group=0 --numeric-owner --format=gnu)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 stand_in() { # NAME VERSION ARCH: a script that behaves like `NAME --version`
