@@ -7,6 +7,7 @@ mod build;
 mod cmd;
 mod creds;
 mod debian;
+mod diff;
 mod fetch;
 mod layers;
 mod output;
@@ -50,6 +51,7 @@ enum Command {
     Sign(cmd::sign::SignArgs),
     Copy(cmd::copy::CopyArgs),
     Sbom(cmd::sbom::SbomArgs),
+    Diff(cmd::diff::DiffArgs),
 }
 
 fn main() {
@@ -83,6 +85,7 @@ fn main() {
             Command::Sign(args) => cmd::sign::run(args, &global).await,
             Command::Copy(args) => cmd::copy::run(args, &global).await,
             Command::Sbom(args) => cmd::sbom::run(args, &global).await,
+            Command::Diff(args) => cmd::diff::run(args, &global).await,
         }
     });
     if let Err(e) = result {

@@ -32,10 +32,17 @@ served=sha256:$(sha256sum <"$PRIVATE/index.json" | cut -d' ' -f1)
 [ "$served" = "$digest" ] || die "$REF is $served, the build made $digest"
 manifests=0
 while read -r os arch manifest; do
-  got=$(skopeo inspect "${SKOPEO_ARGS[@]}" --override-os "$os" --override-arch "$arch" \
-    --format '{{.Digest}}' "docker://$IMAGE@$digest") ||
+  skopeo inspect "${SKOPEO_ARGS[@]}" --raw "docker://$IMAGE@$manifest" >"$PRIVATE/manifest.json" ||
+    die "skopeo cannot read the $os/$arch manifest $IMAGE@$manifest"
+  got=sha256:$(sha256sum <"$PRIVATE/manifest.json" | cut -d' ' -f1)
+  [ "$got" = "$manifest" ] || die "$IMAGE@$manifest is served as content that hashes to $got"
+  # What skopeo picks from the index for this platform: that manifest's layers.
+  skopeo inspect "${SKOPEO_ARGS[@]}" --override-os "$os" --override-arch "$arch" \
+    "docker://$IMAGE@$digest" >"$PRIVATE/inspect.json" ||
     die "skopeo cannot read the $os/$arch image of $IMAGE@$digest"
-  [ "$got" = "$manifest" ] || die "$IMAGE@$digest serves $got for $os/$arch, its index names $manifest"
+  jq -e --arg arch "$arch" --slurpfile m "$PRIVATE/manifest.json" \
+    '.Architecture == $arch and .Layers == [$m[0].layers[].digest]' "$PRIVATE/inspect.json" >/dev/null ||
+    die "skopeo's $os/$arch image of $IMAGE@$digest is not the manifest $manifest"
   skopeo inspect "${SKOPEO_ARGS[@]}" --raw "docker://$IMAGE:sha256-${manifest#sha256:}.sig" >/dev/null ||
     die "$IMAGE has no signature tag for the $os/$arch manifest $manifest"
   manifests=$((manifests + 1))

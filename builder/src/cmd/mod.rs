@@ -7,6 +7,7 @@ pub mod base;
 pub mod build;
 pub mod check;
 pub mod copy;
+pub mod diff;
 pub mod keygen;
 pub mod lock;
 pub mod push;
