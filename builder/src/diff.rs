@@ -724,8 +724,26 @@ fn short(d: &Digest) -> String {
     s[..s.len().min("sha256:".len() + 12)].to_string()
 }
 
+#[cfg(test)]
 fn value(v: &Option<String>) -> &str {
     v.as_deref().unwrap_or("-")
+}
+
+/// The values of a change, without its name: `1.36.3 -> 1.36.4`,
+/// `1.36.0 (added)`, `1.0 (removed)`.
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.old, &self.new) {
+            (Some(a), Some(b)) => write!(f, "{a} -> {b}")?,
+            (None, Some(b)) => write!(f, "{b} (added)")?,
+            (Some(a), None) => write!(f, "{a} (removed)")?,
+            (None, None) => {}
+        }
+        if let Some(note) = &self.note {
+            write!(f, " ({note})")?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Diff {
@@ -773,13 +791,7 @@ impl fmt::Display for PlatformDiff {
                 .max()
                 .unwrap_or(0);
             for c in &self.components {
-                writeln!(
-                    f,
-                    "    {:w$}  {} -> {}",
-                    c.name,
-                    value(&c.old),
-                    value(&c.new)
-                )?;
+                writeln!(f, "    {:w$}  {c}", c.name)?;
             }
         }
         let count = |s: Status| self.layers.iter().filter(|l| l.change == s).count();
@@ -833,16 +845,7 @@ impl fmt::Display for PlatformDiff {
                 )?;
                 let w = changes.iter().map(|c| c.name.len()).max().unwrap_or(0);
                 for c in changes {
-                    write!(
-                        f,
-                        "\n    {:w$}  {} -> {}",
-                        c.name,
-                        value(&c.old),
-                        value(&c.new)
-                    )?;
-                    if let Some(note) = &c.note {
-                        write!(f, " ({note})")?;
-                    }
+                    write!(f, "\n    {:w$}  {c}", c.name)?;
                 }
                 Ok(())
             }
