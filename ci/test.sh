@@ -16,6 +16,9 @@ ci/lint/modules.py
 # 2 cores, measured on a clean clone).
 cargo test --workspace --locked --no-run
 cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
+# Every shell script through shellcheck; the publishing workflow's schema, security
+# audit (zizmor) and shape.
+ci/lint.sh
 cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown

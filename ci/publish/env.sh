@@ -68,10 +68,12 @@ kb() { "$BUILDER" --progress plain --cache "$CACHE" "$@"; }
 
 # private_copy NAME VALUE: writes VALUE into PRIVATE/NAME (0600), prints the
 # path. VALUE reaches the file through printf, a shell builtin: it never
-# appears in a process's arguments.
+# appears in a process's arguments. Carriage returns and trailing blank
+# lines (a secret pasted with them) are dropped: PEM parsers refuse them.
 private_copy() {
-  local path=$PRIVATE/$1
-  (umask 077 && printf '%s\n' "$2" >"$path")
+  local path=$PRIVATE/$1 value=${2//$'\r'/}
+  value=${value%"${value##*[!$'\n']}"}
+  (umask 077 && printf '%s\n' "$value" >"$path")
   printf '%s\n' "$path"
 }
 
