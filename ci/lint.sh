@@ -29,7 +29,9 @@ while IFS= read -r -d '' f; do
 done < <(git ls-files -z)
 [ -f .ci/run ] && scripts+=(.ci/run)
 mapfile -t scripts < <(printf '%s\n' "${scripts[@]}" | sort -u)
-shellcheck -x "${scripts[@]}"
+# A few files per process, one process per core (shellcheck is single-threaded).
+printf '%s\0' "${scripts[@]}" | xargs -0 -n 4 -P "$(nproc)" shellcheck -x ||
+  fail "shellcheck found problems (above)"
 echo "shellcheck: ${#scripts[@]} scripts clean"
 
 check-jsonschema --builtin-schema vendor.github-workflows "$workflow"
