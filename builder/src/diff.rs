@@ -48,15 +48,18 @@ const STAGED_TAG: &str = "diff";
 pub enum DiffError {
     /// A local image (`oci:`, `oci-archive:`): the error names it.
     #[error(transparent)]
-    Local(#[from] SourceError),
+    Local(Box<SourceError>),
     /// A registry image, read from its staged copy: named by its reference.
     #[error("{image}: {error}")]
-    Source { image: String, error: SourceError },
+    Source {
+        image: String,
+        error: Box<SourceError>,
+    },
     #[error("{image}: {error}")]
     Registry { image: String, error: RegistryError },
     /// Staging a registry image (the error names it).
     #[error(transparent)]
-    Stage(TransferError),
+    Stage(Box<TransferError>),
     #[error("{image}: {error}")]
     Layout { image: String, error: LayoutError },
     #[error("{image}: {path}: {error}")]
@@ -80,6 +83,15 @@ pub enum DiffError {
     },
 }
 
+impl From<SourceError> for DiffError {
+    fn from(e: SourceError) -> Self {
+        DiffError::Local(Box::new(e))
+    }
+}
+
+/// Package name → (version, sha256), from one SBOM.
+pub type Packages = BTreeMap<String, (String, String)>;
+
 /// One image's documents, as the diff sees them.
 #[derive(Clone, Debug)]
 pub struct ImageInfo {
@@ -100,7 +112,7 @@ pub struct PlatformInfo {
     /// Base first, as in the manifest.
     pub layers: Vec<LayerInfo>,
     /// Package name → (version, sha256) from its SBOM; `None` without one.
-    pub packages: Option<BTreeMap<String, (String, String)>>,
+    pub packages: Option<Packages>,
 }
 
 /// A layer: its name (the recipe group that made it, or `#<position>`),
@@ -201,7 +213,7 @@ async fn stage_registry(
     let layout = Layout::create(dir.join("layout")).map_err(lay)?;
     let root = transfer::fetch_image(&remote, &image.reference(), &layout, false)
         .await
-        .map_err(DiffError::Stage)?;
+        .map_err(|e| DiffError::Stage(Box::new(e)))?;
     let manifests: Vec<Descriptor> = if is_index(&root.media_type) {
         let index: Index = layout
             .read_json(&root.digest, Some(root.size))
@@ -347,7 +359,7 @@ fn sbom_packages(
     name: &str,
     source: &Source,
     manifest: Digest,
-) -> Result<Option<BTreeMap<String, (String, String)>>, DiffError> {
+) -> Result<Option<Packages>, DiffError> {
     let layout = match source {
         Source::Layout { layout, .. } | Source::Archive { layout, .. } => layout,
         Source::Registry { .. } => unreachable!("registry images are staged into a layout"),
