@@ -18,7 +18,7 @@ cargo test --workspace --locked --no-run
 cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
 # Every shell script through shellcheck; the publishing workflow's schema, security
 # audit (zizmor) and shape.
-ci/lint.sh
+ci/lint/scripts.sh
 cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown

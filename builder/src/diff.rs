@@ -6,7 +6,7 @@
 //!
 //! Given two [`ImageSource`]s and the registry options, [`read`] loads each
 //! image's documents only: index, platform manifests, configs and SBOM
-//! attachments, never a layer. Local images are read with the activator's
+//! attachments, never a layer. Local images are read with `kubeslot_image`'s
 //! [`Source`] (the checks a host runs: digests, sizes, media types, the
 //! config's platform); a registry image is first staged document by document
 //! into a private layout with the builder's own registry client (so the
@@ -22,14 +22,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
-use kubeslot_activator::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
-use kubeslot_activator::oci::{
+use kubeslot_image::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
+use kubeslot_image::oci::{
     Descriptor, ImageConfig, Index, Manifest, Platform, ANNOTATION_REF_NAME,
     MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_INDEX, MEDIA_TYPE_SPDX_JSON,
 };
-use kubeslot_activator::paths::Root;
-use kubeslot_activator::source::{SelectedImage, Source, SourceError};
-use kubeslot_activator::{Digest, ImageRef, ImageSource};
+use kubeslot_image::source::{SelectedImage, Source, SourceError};
+use kubeslot_image::{Digest, ImageRef, ImageSource};
 use serde::Serialize;
 
 use crate::registry::{RegistryError, RegistryOptions, Remote};
@@ -177,7 +176,7 @@ async fn open(src: &ImageSource, opts: &RegistryOptions) -> Result<Opened, DiffE
         other => other.clone(),
     };
     // An archive is extracted under `dir` too, and removed with it.
-    let source = Source::open(&local, &BTreeMap::new(), &Root::host(), dir.path())?;
+    let source = Source::open(&local, &BTreeMap::new(), dir.path())?;
     Ok(Opened { source, _dir: dir })
 }
 
@@ -268,7 +267,7 @@ async fn stage_registry(
         d.annotations.insert(ANNOTATION_REF_NAME.into(), tag);
         entries.push(d);
     }
-    transfer::merge_index(&layout, entries).map_err(lay)
+    layout.upsert_index(entries).map_err(lay)
 }
 
 /// Reads every platform of an opened image.

@@ -2,13 +2,16 @@
 //! demo recipe (the release before: kubelet 1.36.3 and no crictl; the
 //! release after: the demo as committed), read as OCI layouts, an
 //! oci-archive and from a real `docker-registry`; the expected layer changes
-//! are computed from the written manifests, not restated.
+//! are computed from the written manifests, not restated. Its `--help` is
+//! snapshotted with every other one (tests/help.rs).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
+use kubeslot_test_support::golden;
+use kubeslot_test_support::tools::{run_fails as fails, run_ok as ok};
 use kubeslot_test_support::{require_tool, workspace_root, Registry};
 use serde_json::Value;
 
@@ -18,27 +21,6 @@ fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"));
     c.arg("--progress").arg("quiet");
     c
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("run kubeslot-builder")
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "command failed: {cmd:?}\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn fails(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(!out.status.success(), "command succeeded: {cmd:?}");
-    String::from_utf8(out.stderr).unwrap()
 }
 
 /// The demo recipe's text with its relative paths made absolute.
@@ -251,7 +233,7 @@ fn text_output_snapshot() {
     let text = out
         .replace(&f.old.display().to_string(), "OLD")
         .replace(&f.new.display().to_string(), "NEW");
-    golden("golden/diff-demo.txt", &text);
+    golden::check("golden/diff-demo.txt", &text);
 }
 
 #[test]
@@ -423,31 +405,4 @@ fn unreadable_images_are_named_with_the_rule_broken() {
             .arg(oci(&f.new)),
     );
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
-}
-
-/// Compares `actual` with a golden file (`UPDATE_GOLDEN=1` rewrites it).
-fn golden(name: &str, actual: &str) {
-    let path = workspace_root().join("testdata").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with UPDATE_GOLDEN=1 to create)",
-            path.display()
-        )
-    });
-    assert_eq!(
-        actual,
-        want,
-        "{} differs (UPDATE_GOLDEN=1 rewrites it)",
-        path.display()
-    );
-}
-
-#[test]
-fn help_snapshot() {
-    let out = ok(bin().args(["diff", "--help"]).env("COLUMNS", "100"));
-    golden("help/builder-diff.txt", &out);
 }

@@ -12,6 +12,7 @@ use kubeslot_test_support::{debian_mirror, require_tool, workspace_root, Registr
 use serde_json::Value;
 
 const BUILDER: &str = env!("CARGO_BIN_EXE_kubeslot-builder");
+/// The credentials `Registry::start_with_auth` accepts.
 const USER: &str = "kubeslot";
 const PASSWORD: &str = "s3cret";
 
@@ -27,16 +28,6 @@ fn tools() {
     ] {
         require_tool(tool, package);
     }
-}
-
-/// A `docker-registry` with htpasswd auth (user `kubeslot`, password
-/// `s3cret`, testdata/registry-auth).
-fn auth_registry() -> Registry {
-    let htpasswd = workspace_root().join("testdata/registry-auth/htpasswd");
-    Registry::start_with(&format!(
-        "auth:\n  htpasswd:\n    realm: kubeslot-test\n    path: {}\n",
-        htpasswd.display()
-    ))
 }
 
 /// The demo recipe's text with its relative paths made absolute.
@@ -238,7 +229,7 @@ fn digest_of(reference: &str) -> String {
 #[test]
 fn two_releases_go_through_build_verify_sbom_notes_and_promote() {
     tools();
-    let reg = auth_registry();
+    let reg = Registry::start_with_auth();
     let mut run = Run::new(&reg);
     let (private, public) = keypair(run.path(), "release");
     run.set("KUBESLOT_PUBLIC_KEY", &public);
@@ -375,7 +366,7 @@ fn two_releases_go_through_build_verify_sbom_notes_and_promote() {
 #[test]
 fn signatures_by_another_key_are_refused_before_and_after_the_push() {
     tools();
-    let reg = auth_registry();
+    let reg = Registry::start_with_auth();
     let mut run = Run::new(&reg);
     let (private, public) = keypair(run.path(), "release");
     let (_, other_public) = keypair(run.path(), "other");
@@ -427,7 +418,7 @@ fn signatures_by_another_key_are_refused_before_and_after_the_push() {
 #[test]
 fn pull_request_runs_sign_with_a_throwaway_key_and_publish_nothing() {
     tools();
-    let reg = auth_registry();
+    let reg = Registry::start_with_auth();
     let mut run = Run::new(&reg);
     let r = recipe(run.path(), "r", &demo_text());
     run.set("KUBESLOT_RECIPE", r.to_str().unwrap());

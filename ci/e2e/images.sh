@@ -1,5 +1,7 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2153 # REPO is set by ci/e2e/run.sh, which sources this file
+# REPO is set by ci/e2e/run.sh, which sources this file; what it assigns
+# (REF_vN, DIGEST_vN, PLATFORM_DIGEST) is read by activator.sh.
+# shellcheck disable=SC2153,SC2034
 # The e2e node images v1 to v6, sourced by ci/e2e/run.sh.
 #
 # Six images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,

@@ -7,19 +7,22 @@
 //! no signature and reads no layer.
 
 use anyhow::Context as _;
-use kubeslot_activator::oci::Platform;
-use kubeslot_activator::ImageSource;
+use kubeslot_image::oci::Platform;
+use kubeslot_image::ImageSource;
 
 use super::Global;
 use crate::diff;
 use crate::registry::RegistryOptions;
 
-/// Show what changes from image OLD to image NEW, per platform: layers
-/// (changed, added, removed, with sizes and the bytes an update downloads),
-/// component versions (the dev.kubeslot.version.* annotations) and
-/// packages (from each platform's .sbom attachment: components and, for a
-/// package base, every .deb). Reads documents only, never layers; checks no
-/// signature.
+/// Show what an update from image OLD to image NEW changes: layers, component
+/// versions and packages, per platform
+///
+/// Layers are changed, added or removed (named by the recipe group that made
+/// them), with sizes and the bytes an update downloads; component versions
+/// come from the dev.kubeslot.version.* annotations; packages from each
+/// platform's .sbom attachment (components and, for a package base, every
+/// .deb: the difference between the two locks). Reads documents only, never
+/// layers; checks no signature (push, copy and hosts do).
 #[derive(Clone, Debug, clap::Args)]
 pub struct DiffArgs {
     /// The image before: `registry/repo[:tag|@digest]`, `oci:DIR[:TAG]` or

@@ -11,9 +11,9 @@
 #     pinned to a full commit SHA with its version in a comment.
 # A missing tool fails with the command that installs it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 workflow=ci/github/publish.yml
-fail() { printf 'ci/lint.sh: %s\n' "$*" >&2; exit 1; }
+fail() { printf 'ci/lint/scripts.sh: %s\n' "$*" >&2; exit 1; }
 venv_hint="python3 -m venv /opt/kubeslot-ci/lint && /opt/kubeslot-ci/lint/bin/pip install 'check-jsonschema==0.39.0' 'zizmor==1.32.0' (.ci/run does this)"
 command -v shellcheck >/dev/null || fail "shellcheck is not installed: apt-get install -y shellcheck"
 command -v check-jsonschema >/dev/null || fail "check-jsonschema is not installed: $venv_hint"
