@@ -12,21 +12,33 @@
 //!    machine is up and passes the gate, otherwise rolled back and its image
 //!    marked bad (the one try was used); a slot left dirty is emptied. This
 //!    uses the config each slot was activated with (saved beside the state),
-//!    so a broken new config cannot block recovery;
+//!    so a broken new config cannot block recovery; then reconcile the state
+//!    with systemd: a running machine the state does not account for
+//!    (unbounded-agent's `kube1`) is refused (`adopt` takes it over), the
+//!    committed slot is the one enabled at boot, and when it is not running
+//!    it is started and gated (outcome `started`; also before the config is
+//!    read, so a broken config cannot keep the node down after a reboot);
 //! 3. read the config, gather the host facts, open the source and resolve
 //!    the reference once and verify it (fail closed): [`open_verified`]
 //!    keeps the source open (an archive extracted once) for staging;
 //! 4. [`plan::activate`]: up to date (no machine is touched), refused (the
-//!    image failed with these host-file inputs before), or a flip;
+//!    image failed with these host-file inputs before), or a flip, whose
+//!    target slot must not be running (its tree is never touched under a
+//!    machine); before a flip the host settings are written and applied
+//!    and the preflight checks run (a failure refuses with exit 3, nothing
+//!    of the slots changed);
 //! 5. fetch and unpack beside the inactive slot (the image resolved and
 //!    verified in 3, nothing resolved again; a refused blob or layer leaves
 //!    the slot as it was), mark the slot dirty, swap the tree in, render and write its host files (a
 //!    daemon-reload when its drop-in changed), record it staged, record
 //!    "pending, prepared", then "pending, trying": from here the try counts;
 //! 6. stop the old machine, start the new one, health gate ([`health`]);
-//! 7. commit (the old slot is kept as `previous` for `rollback`) or roll back
-//!    (stop the new machine, start the old one, check it, mark the image bad
-//!    with the name of the failed check).
+//! 7. commit (the old slot is kept as `previous` for `rollback`; the old
+//!    machine disabled at boot, then the new one enabled, then the commit
+//!    saved: a crash or power loss in between boots the old node, or none,
+//!    never both, and the next run's recovery decides) or roll back (stop the
+//!    new machine, start the old one, check it, mark the image bad with the
+//!    name of the failed check).
 //!
 //! [`fetch`] runs steps 1 to 4 and stages the slot (recorded staged, no host
 //! files rendered, no machine touched); the next `activate` reuses it.
@@ -53,9 +65,11 @@ use crate::config::{Config, ConfigError, Health};
 use crate::failpoint;
 use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
+use crate::host_settings;
 use crate::lock::{Lock, LockError};
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
+use crate::preflight;
 use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
 use crate::slot::Slot;
@@ -118,6 +132,22 @@ pub enum ActivateError {
     },
     #[error("rollback: slot {slot}: {reason}")]
     NotIntact { slot: Slot, reason: String },
+    /// A node machine runs that the state does not account for.
+    #[error("machine {machine} is running, but kubeslot has no record of a node on this host ({state} has no committed slot): it was set up by another tool (unbounded-agent names its machine kube1); take it over with `kubeslot-activator adopt`, or stop it; nothing was changed")]
+    Unmanaged { machine: Slot, state: PathBuf },
+    /// unbounded-agent provisioned this host (its applied config is there)
+    /// and kubeslot has no state yet.
+    #[error("{applied} exists and kubeslot has no state on this host: machine {machine} belongs to unbounded-agent; take it over with `kubeslot-activator adopt`; nothing was changed")]
+    Unbounded { machine: Slot, applied: PathBuf },
+    /// A machine runs where the run would write or start.
+    #[error("machine {machine} is running{why}; its tree is never touched while it runs: nothing was changed")]
+    MachineRunning { machine: Slot, why: String },
+    #[error("host settings: {reason}")]
+    HostSettings { reason: String },
+    #[error("preflight: {count} check(s) failed: {summary}; nothing was staged, stopped or started (fix the host, or ignore a check with the config's \"preflight\": {{\"ignore\": [NAME]}})")]
+    Preflight { count: usize, summary: String },
+    #[error("the committed node {slot} was not running: started it, but {failure}")]
+    NotHealthy { slot: Slot, failure: Failure },
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
     #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]
@@ -140,7 +170,11 @@ impl ActivateError {
         match self {
             ActivateError::Config(_)
             | ActivateError::Facts { .. }
-            | ActivateError::Trust { .. } => exit::CONFIG,
+            | ActivateError::Trust { .. }
+            | ActivateError::Unmanaged { .. }
+            | ActivateError::Unbounded { .. }
+            | ActivateError::MachineRunning { .. }
+            | ActivateError::Preflight { .. } => exit::CONFIG,
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::Bad { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
@@ -252,12 +286,24 @@ struct Begun {
     flip: Flip,
 }
 
-/// Recover, read the config, gather the facts, resolve once, plan. `None`
-/// when the plan says there is nothing to do (the report says why).
+/// What a run reconciles with systemd after recovery.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reconcile {
+    /// `activate`: refuse foreign machines, enable the committed slot at
+    /// boot, start it when it is not running.
+    StartCommitted,
+    /// `fetch`: only refuse foreign machines (it starts and enables nothing).
+    RefuseForeign,
+}
+
+/// Recover, reconcile, read the config, gather the facts, resolve once,
+/// plan. `None` when the plan says there is nothing to do (the report says
+/// why).
 fn begin(
     host: &Host<'_>,
     config_path: &Path,
     opts: &Options,
+    reconcile: Reconcile,
     report: &mut Report,
 ) -> Result<Option<Begun>, ActivateError> {
     let root = host.root;
@@ -266,6 +312,10 @@ fn begin(
     report.previous_slot = state.active;
     report.recovered = host.recover(&mut state)?;
     failpoint::hit("after-recover");
+    host.refuse_foreign(&state)?;
+    if reconcile == Reconcile::StartCommitted {
+        host.reconcile(&state, report)?;
+    }
 
     report.phase("config");
     let config = Config::load(config_path)?;
@@ -291,7 +341,8 @@ fn begin(
                 state.save(root)?;
             }
             report.slot = Some(slot);
-            report.outcome = Some(Outcome::UpToDate);
+            // `started` (by reconcile) says more than "up to date"
+            report.outcome.get_or_insert(Outcome::UpToDate);
             return Ok(None);
         }
         Plan::Refused(bad) => {
@@ -305,6 +356,18 @@ fn begin(
         Plan::Flip(f) => f,
     };
     report.slot = Some(flip.to);
+    // The target's tree is replaced (or its unit started): never under a
+    // machine that runs (started by hand, or by another tool).
+    if host.running(flip.to)? {
+        return Err(ActivateError::MachineRunning {
+            machine: flip.to,
+            why: format!(
+                ", but it is the slot this run would stage into{}",
+                flip.from
+                    .map_or(String::new(), |f| format!(" (the committed node is {f})"))
+            ),
+        });
+    }
     Ok(Some(Begun {
         state,
         config,
@@ -324,9 +387,10 @@ fn run_activate(
     report: &mut Report,
 ) -> Result<(), ActivateError> {
     let host = Host { root, systemd };
-    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+    let Some(mut b) = begin(&host, config_path, opts, Reconcile::StartCommitted, report)? else {
         return Ok(());
     };
+    host.preflight(&b, report)?;
     host.prepare(&mut b, report)?;
     // An archive's extraction (when staging did not take it) is not needed.
     drop(b.source.take());
@@ -344,7 +408,7 @@ fn run_fetch(
     report: &mut Report,
 ) -> Result<(), ActivateError> {
     let host = Host { root, systemd };
-    let Some(mut b) = begin(&host, config_path, opts, report)? else {
+    let Some(mut b) = begin(&host, config_path, opts, Reconcile::RefuseForeign, report)? else {
         return Ok(());
     };
     report.phase("stage");
@@ -365,6 +429,7 @@ fn run_fetch(
             status: SlotStatus::Staged,
             digest: Some(b.flip.digest),
             inputs: Some(b.inputs.clone()),
+            adopted: false,
         };
         host.save(&b.state)?;
         failpoint::hit("after-staged");
@@ -384,46 +449,54 @@ fn run_rollback(
     report.previous_slot = state.active;
     report.recovered = host.recover(&mut state)?;
     failpoint::hit("after-recover");
+    host.ensure_enabled(state.active)?;
 
     report.phase("plan");
-    let flip = plan::rollback(&state)?;
-    report.slot = Some(flip.to);
-    report.digest = Some(flip.digest);
+    let rb = plan::rollback(&state)?;
+    report.slot = Some(rb.to);
+    report.digest = rb.digest;
+    if host.running(rb.to)? {
+        return Err(ActivateError::MachineRunning {
+            machine: rb.to,
+            why: format!(" beside the committed node {}", rb.from),
+        });
+    }
     // The tree must still be what it was when its machine was stopped and
     // committed away from: nothing is downloaded to repair it.
-    fingerprint::check(root, flip.to.machine(), flip.digest).map_err(|e| {
-        ActivateError::NotIntact {
-            slot: flip.to,
-            reason: format!(
-                "refusing to start it: {}; the running machine is untouched",
-                kubeslot_image::error_chain(&e)
-            ),
-        }
+    fingerprint::check(root, rb.to.machine(), rb.digest).map_err(|e| ActivateError::NotIntact {
+        slot: rb.to,
+        reason: format!(
+            "refusing to start it: {}; the running machine is untouched",
+            kubeslot_image::error_chain(&e)
+        ),
     })?;
-    // The slot runs with the config it was activated with; only the device
-    // binds may differ, so its files are re-rendered from that config.
-    report.phase("render");
-    let config = load_slot_config(root, flip.to)?;
-    report.image = Some(config.image.to_string());
-    let facts = render::gather(root, &config)?;
-    let files = render::render(&config, flip.to, &facts);
-    host.write_files(&files)?;
+    let adopted = state.slot(rb.to).adopted;
+    let (gate, gpu) = if adopted {
+        // The tree and its host files are the other tool's, kept as they
+        // were: nothing is rendered.
+        (Gate::from(&fallback_health(root)), Vec::new())
+    } else {
+        // The slot runs with the config it was activated with; only the
+        // device binds may differ, so its files are re-rendered from it.
+        report.phase("render");
+        let config = load_slot_config(root, rb.to)?;
+        report.image = Some(config.image.to_string());
+        let facts = render::gather(root, &config)?;
+        let files = render::render(&config, rb.to, &facts);
+        host.write_files(&files)?;
+        (Gate::from(&config.health), facts.gpu.devices)
+    };
     state.pending = Some(Pending {
         kind: FlipKind::Rollback,
         phase: PendingPhase::Prepared,
-        to: flip.to,
-        digest: flip.digest,
-        from: flip.from,
-        inputs: state.slot(flip.to).inputs.clone().unwrap_or_default(),
+        to: rb.to,
+        digest: rb.digest,
+        from: Some(rb.from),
+        inputs: state.slot(rb.to).inputs.clone().unwrap_or_default(),
     });
     state.save(root)?;
     failpoint::hit("after-pending");
-    host.try_flip(
-        &mut state,
-        &Gate::from(&config.health),
-        &facts.gpu.devices,
-        report,
-    )?;
+    host.try_flip(&mut state, &gate, &gpu, report)?;
     report.outcome = Some(Outcome::Committed);
     Ok(())
 }
@@ -473,6 +546,14 @@ pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
     Ok(open_verified(root, config)?.digest())
 }
 
+/// The compressed size of the configured image's layers for this host's
+/// platform (resolved and verified; no layer is fetched): what the
+/// preflight's free-space estimate starts from.
+pub fn image_size(root: &Root, config: &Config) -> Result<u64, ActivateError> {
+    let r = open_verified(root, config)?;
+    Ok(r.verified.image.layers.iter().map(|(d, _, _)| d.size).sum())
+}
+
 /// The hash that names a set of host-file inputs (the files rendered for
 /// kube1, so the value does not depend on the slot): what a bad mark and a
 /// slot record.
@@ -499,6 +580,15 @@ pub fn files_current(root: &Root, config: &Config, slot: Slot, facts: &HostFacts
     render::diff(root, &render::render(config, slot, facts))
         .iter()
         .all(|d| d.diff.is_empty())
+}
+
+/// The gate settings for a slot without a saved config (an adopted tree,
+/// or a saved config that no longer loads): the host's current config's,
+/// else the defaults.
+fn fallback_health(root: &Root) -> Health {
+    Config::load(&root.default_config())
+        .map(|c| c.health)
+        .unwrap_or_default()
 }
 
 /// The config `slot` was last activated with (`render <machine>` and
@@ -549,8 +639,7 @@ impl Host<'_> {
         // or under a record that no longer matches its tree.
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Dirty,
-            digest: None,
-            inputs: None,
+            ..SlotState::default()
         };
         self.save(state)?;
         failpoint::hit("after-mark-dirty");
@@ -588,6 +677,7 @@ impl Host<'_> {
             status: SlotStatus::Staged,
             digest: Some(flip.digest),
             inputs: Some(b.inputs.clone()),
+            adopted: false,
         };
         self.save(state)?;
         failpoint::hit("after-staged");
@@ -595,7 +685,7 @@ impl Host<'_> {
             kind: FlipKind::Activate,
             phase: PendingPhase::Prepared,
             to,
-            digest: flip.digest,
+            digest: Some(flip.digest),
             from: flip.from,
             inputs: b.inputs.clone(),
         });
@@ -660,9 +750,19 @@ impl Host<'_> {
         if let Some(from) = p.from {
             // Its machine is stopped: the tree is frozen until a rollback
             // starts it again, which checks this mark first.
-            if let Some(d) = state.slot(from).digest {
-                fingerprint::record(self.root, from.machine(), d)?;
+            let old = state.slot(from);
+            if old.digest.is_some() || old.adopted {
+                fingerprint::record(self.root, from.machine(), old.digest)?;
             }
+        }
+        // Boot follows the commit: the old machine no longer starts at boot,
+        // then the new one does. Disabling first means a crash in between
+        // boots no node rather than two (they share the network and the
+        // node state); the saved commit below is what the next run
+        // reconciles the links with.
+        self.switch_enabled(p.from, p.to)?;
+        failpoint::hit("after-enable");
+        if let Some(from) = p.from {
             let old = state.slot_mut(from);
             old.status = SlotStatus::Previous;
             if p.kind == FlipKind::Rollback {
@@ -705,7 +805,7 @@ impl Host<'_> {
         if let Some(from) = p.from {
             let gate = load_slot_config(self.root, from)
                 .map(|c| Gate::from(&c.health))
-                .unwrap_or_else(|_| Gate::from(&Health::default()));
+                .unwrap_or_else(|_| Gate::from(&fallback_health(self.root)));
             old_failure = match self.systemd.start(&from.unit()) {
                 Err(e) => Some(Failure {
                     machine: from.machine().to_string(),
@@ -720,11 +820,13 @@ impl Host<'_> {
         }
         match p.kind {
             FlipKind::Activate => {
-                state.mark_bad(
-                    p.digest,
-                    p.inputs.clone(),
-                    format!("{}: {}", failure.check.name(), failure.detail),
-                );
+                if let Some(d) = p.digest {
+                    state.mark_bad(
+                        d,
+                        p.inputs.clone(),
+                        format!("{}: {}", failure.check.name(), failure.detail),
+                    );
+                }
                 // The tree is complete and verified, just not wanted.
                 state.slot_mut(p.to).status = SlotStatus::Staged;
             }
@@ -751,7 +853,8 @@ impl Host<'_> {
                     self.save(state)?;
                     done.push(format!(
                         "set aside a prepared flip to {} ({}) of a dead run",
-                        p.to, p.digest
+                        p.to,
+                        image_name(p.digest)
                     ));
                 }
                 PendingPhase::Trying => done.push(self.recover_try(state, &p)?),
@@ -779,7 +882,7 @@ impl Host<'_> {
                     .unwrap_or_default();
                 (Gate::from(&c.health), gpu)
             }
-            Err(_) => (Gate::from(&Health::default()), Vec::new()),
+            Err(_) => (Gate::from(&fallback_health(self.root)), Vec::new()),
         };
         let verdict = if self.systemd.is_active(&p.to.unit())? {
             health::wait_healthy(self.systemd, p.to, &gate, &gpu)
@@ -795,13 +898,15 @@ impl Host<'_> {
                 self.commit(state, p)?;
                 Ok(format!(
                     "finished a dead run's flip to {} ({}): healthy, committed",
-                    p.to, p.digest
+                    p.to,
+                    image_name(p.digest)
                 ))
             }
             Err(failure) => {
                 let what = format!(
                     "rolled back a dead run's flip to {} ({}): {failure}",
-                    p.to, p.digest
+                    p.to,
+                    image_name(p.digest)
                 );
                 match self.roll_back(state, p, failure) {
                     Err(ActivateError::RolledBack {
@@ -817,6 +922,190 @@ impl Host<'_> {
     }
 }
 
+/// A pending flip's image in messages (a rollback to an adopted tree has
+/// none).
+fn image_name(digest: Option<Digest>) -> String {
+    digest.map_or_else(|| "adopted tree".to_string(), |d| d.to_string())
+}
+
+/// The target that pulls the machines enabled at boot in.
+pub const MACHINES_TARGET: &str = "machines.target";
+
+/// Reconciling the state with systemd, boot enablement, preflight.
+impl Host<'_> {
+    /// Whether `slot`'s machine runs: its unit is active, or machined
+    /// knows a machine of that name (started some other way).
+    fn running(&self, slot: Slot) -> Result<bool, ActivateError> {
+        Ok(self.systemd.is_active(&slot.unit())?
+            || self.systemd.machine_registered(slot.machine())?)
+    }
+
+    /// Whether `slot`'s machine starts at boot (its `machines.target.wants`
+    /// link, made by `systemctl enable` or `machinectl enable`).
+    fn enabled(&self, slot: Slot) -> bool {
+        std::fs::symlink_metadata(self.root.machine_wants_link(slot.machine())).is_ok()
+    }
+
+    fn enable(&self, slot: Slot) -> Result<(), ActivateError> {
+        if !self.enabled(slot) {
+            // machinectl enable does both: the target may be off on a
+            // host that never ran a machine at boot
+            self.systemd.enable(MACHINES_TARGET)?;
+            self.systemd.enable(&slot.unit())?;
+        }
+        Ok(())
+    }
+
+    /// The committed slot (if any) starts at boot and no other does.
+    fn ensure_enabled(&self, active: Option<Slot>) -> Result<(), ActivateError> {
+        for slot in Slot::ALL {
+            if Some(slot) != active && self.enabled(slot) {
+                self.systemd.disable(&slot.unit())?;
+            }
+        }
+        match active {
+            Some(a) => self.enable(a),
+            None => Ok(()),
+        }
+    }
+
+    /// A commit's boot switch: `from` disabled first, then `to` enabled.
+    fn switch_enabled(&self, from: Option<Slot>, to: Slot) -> Result<(), ActivateError> {
+        if let Some(from) = from.filter(|f| self.enabled(*f)) {
+            self.systemd.disable(&from.unit())?;
+        }
+        self.enable(to)
+    }
+
+    /// Refuses a host whose node machines kubeslot does not account for: a
+    /// machine running while no slot is committed, or a host that
+    /// unbounded-agent provisioned (its applied config) with no kubeslot
+    /// state yet.
+    fn refuse_foreign(&self, state: &State) -> Result<(), ActivateError> {
+        if state.active.is_some() {
+            return Ok(());
+        }
+        for slot in Slot::ALL {
+            if self.running(slot)? {
+                return Err(ActivateError::Unmanaged {
+                    machine: slot,
+                    state: self.root.state_file(),
+                });
+            }
+        }
+        if !self.root.state_file().exists() {
+            for slot in Slot::ALL {
+                let applied = self.root.unbounded_applied_config(slot.machine());
+                if applied.exists() {
+                    return Err(ActivateError::Unbounded {
+                        machine: slot,
+                        applied,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `activate`'s reconcile: the committed slot is enabled at boot and
+    /// runs; when it does not (a host reboot that lost it, a machine that
+    /// was stopped by hand) it is started and gated, and the report's
+    /// outcome says `started`. A run never starts it beside the other slot's
+    /// running machine.
+    fn reconcile(&self, state: &State, report: &mut Report) -> Result<(), ActivateError> {
+        let Some(active) = state.active else {
+            return Ok(());
+        };
+        self.ensure_enabled(Some(active))?;
+        if self.running(active)? {
+            return Ok(());
+        }
+        let other = active.other();
+        if self.running(other)? {
+            return Err(ActivateError::MachineRunning {
+                machine: other,
+                why: format!(
+                    ", but the committed node is {active}: stop {other} (or roll back to it with `kubeslot-activator rollback`)"
+                ),
+            });
+        }
+        report.phase("reconcile");
+        let (gate, gpu) = match load_slot_config(self.root, active) {
+            Ok(c) => {
+                let gpu = render::gather(self.root, &c)
+                    .map(|f| f.gpu.devices)
+                    .unwrap_or_default();
+                (Gate::from(&c.health), gpu)
+            }
+            // an adopted tree has no slot config
+            Err(_) => (Gate::from(&fallback_health(self.root)), Vec::new()),
+        };
+        let verdict = match self.systemd.start(&active.unit()) {
+            Err(e) => Err(Failure {
+                machine: active.machine().to_string(),
+                check: Check::UnitStart,
+                detail: e.to_string(),
+            }),
+            Ok(()) => health::wait_healthy(self.systemd, active, &gate, &gpu),
+        };
+        report.slot = Some(active);
+        match verdict {
+            Ok(()) => {
+                report.outcome = Some(Outcome::Started);
+                Ok(())
+            }
+            Err(failure) => Err(ActivateError::NotHealthy {
+                slot: active,
+                failure,
+            }),
+        }
+    }
+
+    /// Before a flip: the host settings written and applied, then every
+    /// preflight check; a blocking failure refuses the flip before
+    /// anything of the slots changes.
+    fn preflight(&self, b: &Begun, report: &mut Report) -> Result<(), ActivateError> {
+        report.phase("preflight");
+        let written = host_settings::write(self.root).map_err(|e| ActivateError::HostSettings {
+            reason: kubeslot_image::error_chain(&e),
+        })?;
+        let mut notes: Vec<String> = written
+            .iter()
+            .map(|p| format!("wrote /{}", p.display()))
+            .collect();
+        if !written.is_empty() || !host_settings::sysctls_hold(self.root) {
+            let failed = host_settings::apply(self.systemd);
+            notes.push(if failed.is_empty() {
+                format!("applied ({})", host_settings::APPLY_UNITS.join(", "))
+            } else {
+                format!("applying: {}", failed.join("; "))
+            });
+        }
+        if !notes.is_empty() {
+            report.host_settings = Some(notes.join("; "));
+        }
+        let image_bytes = (!b.flip.reuse_staged)
+            .then(|| b.verified.image.layers.iter().map(|(d, _, _)| d.size).sum());
+        let result = preflight::run(
+            self.root,
+            &preflight::Inputs {
+                gpu: b.config.gpu,
+                ignore: b.config.preflight.ignore.clone(),
+                image_bytes,
+                settings_pending: false,
+            },
+        );
+        report.preflight = result.notable();
+        if result.passed() {
+            return Ok(());
+        }
+        Err(ActivateError::Preflight {
+            count: result.blocking().len(),
+            summary: result.failure_summary(),
+        })
+    }
+}
+
 /// What `plan` and `activate --dry-run` show, computed without the lock and
 /// without writing anything.
 pub struct Preview {
@@ -825,6 +1114,9 @@ pub struct Preview {
     pub plan: Plan,
     /// Diffs of the target slot's host files (empty when up to date).
     pub diffs: Vec<render::FileDiff>,
+    /// Diffs of the host settings (sysctl, modules-load drop-ins) the next
+    /// flip writes and applies (empty when they are current).
+    pub host_settings: Vec<render::FileDiff>,
 }
 
 pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, ActivateError> {
@@ -851,6 +1143,7 @@ pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, 
         image: config.image.to_string(),
         plan,
         diffs,
+        host_settings: host_settings::diff(root),
     })
 }
 
@@ -884,6 +1177,13 @@ mod tests {
         fail_stop: bool,
         fail_start: bool,
         gpu_visible: bool,
+        /// Machines machined knows that no unit of ours started.
+        foreign: RefCell<BTreeSet<String>>,
+    }
+
+    fn machine_of(unit: &str) -> Option<&str> {
+        unit.strip_prefix("systemd-nspawn@")?
+            .strip_suffix(".service")
     }
 
     impl Fake {
@@ -913,6 +1213,7 @@ mod tests {
                 fail_stop: false,
                 fail_start: false,
                 gpu_visible: true,
+                foreign: RefCell::default(),
             };
             (fake, url)
         }
@@ -963,8 +1264,45 @@ mod tests {
             Ok(())
         }
 
+        fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("restart {unit}"));
+            if unit == "systemd-sysctl.service" {
+                kubeslot_test_support::apply_sysctl_dropins(self.root.dir());
+            }
+            Ok(())
+        }
+
         fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
             Ok(self.active.borrow().contains(unit))
+        }
+
+        /// Makes (removes) the link a real `systemctl enable` makes for a
+        /// node machine's unit.
+        fn enable(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("enable {unit}"));
+            if let Some(m) = machine_of(unit) {
+                let link = self.root.machine_wants_link(m);
+                std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+                let _ =
+                    std::os::unix::fs::symlink("/lib/systemd/system/systemd-nspawn@.service", link);
+            }
+            Ok(())
+        }
+
+        fn disable(&self, unit: &str) -> Result<(), SystemdError> {
+            self.calls.borrow_mut().push(format!("disable {unit}"));
+            if let Some(m) = machine_of(unit) {
+                let _ = std::fs::remove_file(self.root.machine_wants_link(m));
+            }
+            Ok(())
+        }
+
+        fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError> {
+            Ok(self.foreign.borrow().contains(machine)
+                || self
+                    .active
+                    .borrow()
+                    .contains(&format!("systemd-nspawn@{machine}.service")))
         }
 
         fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
@@ -1048,6 +1386,8 @@ mod tests {
     fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake, Digest) {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path().join("root"));
+        // a host preflight passes once the sysctl drop-in is applied
+        kubeslot_test_support::fake_host(root.dir());
         let digest = image(&dir.path().join("img"), health);
         let (fake, served) = Fake::new(&root);
         let config = dir.path().join("activator.json");
@@ -1098,8 +1438,18 @@ mod tests {
         );
         assert_eq!(
             fake.calls(),
-            ["daemon-reload", "start systemd-nspawn@kube1.service"]
+            [
+                // the host settings, before the preflight
+                "restart systemd-modules-load.service",
+                "restart systemd-sysctl.service",
+                "daemon-reload",
+                "start systemd-nspawn@kube1.service",
+                // committed: kube1 starts at boot
+                "enable machines.target",
+                "enable systemd-nspawn@kube1.service",
+            ]
         );
+        assert!(s.root.machine_wants_link("kube1").is_symlink());
         let st = State::load(&s.root).unwrap();
         assert_eq!(st.active, Some(Slot::Kube1));
         assert_eq!(st.slot(Slot::Kube1).digest, Some(digest));
@@ -1112,7 +1462,7 @@ mod tests {
         // again: nothing to do, nothing called
         let r = run(&s, &fake);
         assert_eq!(r.outcome, Some(Outcome::UpToDate));
-        assert_eq!(fake.calls().len(), 2);
+        assert_eq!(fake.calls().len(), 6);
     }
 
     #[test]
@@ -1169,6 +1519,14 @@ mod tests {
         let (s, mut fake, _) = setup("healthy", None, "on");
         crate::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
         crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
+        // the driver preflight wants
+        let version = s.root.join("proc/driver/nvidia/version");
+        std::fs::create_dir_all(version.parent().unwrap()).unwrap();
+        std::fs::write(
+            &version,
+            "NVRM version: NVIDIA UNIX Kernel Module 550.54.15\n",
+        )
+        .unwrap();
         let ldconfig = s.root.ldconfig();
         std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
         let marker = match std::env::consts::ARCH {

@@ -51,6 +51,21 @@ pub struct Config {
     /// What the safe unpacker allows beyond its defaults.
     #[serde(default)]
     pub unpack: UnpackSettings,
+    /// Host checks run before every flip.
+    #[serde(default)]
+    pub preflight: PreflightSettings,
+}
+
+/// Preflight settings (see the `preflight` module).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PreflightSettings {
+    /// Checks whose failure does not stop a flip: names (`dev-kmsg`),
+    /// prefixes ending in `*` (`sysctl-*`) or `all`. Each should carry the
+    /// reason in the operator's own records: an ignored check is a node
+    /// that may fail in the way the check describes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
 }
 
 /// Unpack policy settings (owner: activator-core). Every field only widens

@@ -22,6 +22,7 @@
 //! | `after-stop-old`       | the old machine is stopped                        |
 //! | `after-start-new`      | the new machine's unit is started                 |
 //! | `after-health`         | the health gate passed                            |
+//! | `after-enable`         | the old machine disabled, the new enabled at boot |
 //! | `after-commit`         | the new slot is committed                         |
 //! | `after-rollback-stop`  | a failed new machine is stopped (rollback path)   |
 //! | `after-rollback-start` | the old machine is started again (rollback path)  |
@@ -47,6 +48,7 @@ pub const ALL: &[&str] = &[
     "after-stop-old",
     "after-start-new",
     "after-health",
+    "after-enable",
     "after-commit",
     "after-rollback-stop",
     "after-rollback-start",

@@ -29,8 +29,10 @@ use crate::paths::Root;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TreeMark {
-    /// The image the tree was unpacked from.
-    pub digest: Digest,
+    /// The image the tree was unpacked from (absent for a tree `adopt`
+    /// took over: it came from no image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Digest>,
     /// Every entry below the tree's root (directories, files, links, ...).
     pub entries: u64,
     /// The sum of the sizes of its regular files.
@@ -51,11 +53,15 @@ pub enum FingerprintError {
     Missing { path: PathBuf },
     #[error("tree mark {path}: unreadable or invalid: {reason}")]
     Invalid { path: PathBuf, reason: String },
-    #[error("tree mark {path} names image {marked}, but the state says the slot holds {expected}")]
+    #[error(
+        "tree mark {path} names {}, but the state says the slot holds {}",
+        image_name(marked),
+        image_name(expected)
+    )]
     OtherImage {
         path: PathBuf,
-        marked: Digest,
-        expected: Digest,
+        marked: Option<Digest>,
+        expected: Option<Digest>,
     },
     #[error("{tree} has {entries} entries and {bytes} bytes, but {path} recorded {marked_entries} entries and {marked_bytes} bytes when it was last stopped (changed since; activate the image again instead)")]
     Changed {
@@ -98,8 +104,21 @@ pub fn count(tree: &Path) -> Result<(u64, u64), FingerprintError> {
     Ok((entries, bytes))
 }
 
-/// Counts `machine`'s tree and records it as holding `digest`.
-pub fn record(root: &Root, machine: &str, digest: Digest) -> Result<TreeMark, FingerprintError> {
+/// How a mark's image reads in messages.
+fn image_name(digest: &Option<Digest>) -> String {
+    digest.map_or_else(
+        || "an adopted tree (no image)".to_string(),
+        |d| format!("image {d}"),
+    )
+}
+
+/// Counts `machine`'s tree and records it as holding `digest` (`None`: an
+/// adopted tree).
+pub fn record(
+    root: &Root,
+    machine: &str,
+    digest: Option<Digest>,
+) -> Result<TreeMark, FingerprintError> {
     let (entries, bytes) = count(&root.machine_tree(machine))?;
     let mark = TreeMark {
         digest,
@@ -142,7 +161,11 @@ pub fn load(root: &Root, machine: &str) -> Result<Option<TreeMark>, FingerprintE
 
 /// Checks that `machine`'s tree still is what its mark recorded for
 /// `digest`: the mark exists, names `digest`, and a recount agrees.
-pub fn check(root: &Root, machine: &str, digest: Digest) -> Result<TreeMark, FingerprintError> {
+pub fn check(
+    root: &Root,
+    machine: &str,
+    digest: Option<Digest>,
+) -> Result<TreeMark, FingerprintError> {
     let path = root.slot_tree_mark(machine);
     let mark = load(root, machine)?.ok_or(FingerprintError::Missing { path: path.clone() })?;
     if mark.digest != digest {
@@ -185,7 +208,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         let t = tree(&root);
-        let d = Digest::of(b"image");
+        let image = Digest::of(b"image");
+        let d = Some(image);
         // etc, etc/sub, etc/a, etc/sub/b, link; the link is not followed
         assert_eq!(count(&t).unwrap(), (5, 7));
         let e = check(&root, "kube1", d).unwrap_err().to_string();
@@ -193,10 +217,12 @@ mod tests {
 
         assert_eq!(record(&root, "kube1", d).unwrap().entries, 5);
         check(&root, "kube1", d).unwrap();
-        let e = check(&root, "kube1", Digest::of(b"other"))
+        let e = check(&root, "kube1", Some(Digest::of(b"other")))
             .unwrap_err()
             .to_string();
-        assert!(e.contains(&d.to_string()), "{e}");
+        assert!(e.contains(&image.to_string()), "{e}");
+        let e = check(&root, "kube1", None).unwrap_err().to_string();
+        assert!(e.contains("adopted tree"), "{e}");
 
         // a truncated file
         fs::write(t.join("etc/a"), b"1234").unwrap();
@@ -211,5 +237,28 @@ mod tests {
         fs::remove_file(t.join("etc/sub/b")).unwrap();
         let e = check(&root, "kube1", d).unwrap_err().to_string();
         assert!(e.contains("4 entries and 5 bytes"), "{e}");
+    }
+
+    #[test]
+    fn an_adopted_tree_is_marked_without_an_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        tree(&root);
+        record(&root, "kube1", None).unwrap();
+        check(&root, "kube1", None).unwrap();
+        let e = check(&root, "kube1", Some(Digest::of(b"image")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("names an adopted tree"), "{e}");
+        // a mark written before adopted trees existed still loads
+        fs::write(
+            root.slot_tree_mark("kube1"),
+            format!(
+                r#"{{"digest": "{}", "entries": 5, "bytes": 7}}"#,
+                Digest::of(b"old")
+            ),
+        )
+        .unwrap();
+        check(&root, "kube1", Some(Digest::of(b"old"))).unwrap();
     }
 }

@@ -248,7 +248,19 @@ mod tests {
         fn stop(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
             Ok(())
         }
+        fn restart(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
         fn is_active(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
+            Ok(true)
+        }
+        fn enable(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
+        fn disable(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
+            Ok(())
+        }
+        fn machine_registered(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
             Ok(true)
         }
         fn run_in_machine(

@@ -10,14 +10,17 @@
 //! builder (see ARCHITECTURE.md, "Invariants").
 
 pub mod activate;
+pub mod adopt;
 pub mod config;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod gpu;
 pub mod health;
+pub mod host_settings;
 pub mod lock;
 pub mod paths;
 pub mod plan;
+pub mod preflight;
 pub mod progress;
 pub mod render;
 pub mod report;
@@ -27,3 +30,4 @@ pub mod state;
 pub mod store;
 pub mod systemd;
 pub mod trust;
+pub mod uninstall;

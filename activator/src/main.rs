@@ -14,13 +14,17 @@ enum Cli {
     Version,
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
-    // host side: flip, fetch, plan, status, rollback, wait (about text: each Args)
+    // host side: flip, fetch, plan, status, rollback, wait, preflight, adopt,
+    // uninstall (about text: each Args)
     Activate(cli::activate::Args),
     Fetch(cli::fetch::Args),
     Plan(cli::plan::Args),
     Status(cli::status::Args),
     Rollback(cli::rollback::Args),
     Wait(cli::wait::Args),
+    Preflight(cli::preflight::Args),
+    Adopt(cli::adopt::Args),
+    Uninstall(cli::uninstall::Args),
     // about text: the doc comment of `cli::render::Args`
     Render(cli::render::Args),
 }
@@ -46,6 +50,9 @@ fn main() {
         Cli::Status(args) => cli::status::run(args),
         Cli::Rollback(args) => cli::rollback::run(args),
         Cli::Wait(args) => cli::wait::run(args),
+        Cli::Preflight(args) => cli::preflight::run(args),
+        Cli::Adopt(args) => cli::adopt::run(args),
+        Cli::Uninstall(args) => cli::uninstall::run(args),
         Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {

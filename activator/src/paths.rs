@@ -170,6 +170,70 @@ impl Root {
     pub fn systemd_system_dir(&self) -> PathBuf {
         self.join("etc/systemd/system")
     }
+
+    /// `/etc/systemd/system/machines.target.wants/systemd-nspawn@<machine>.service`:
+    /// the link `systemctl enable` (and `machinectl enable`) makes, so the
+    /// machine starts at boot.
+    pub fn machine_wants_link(&self, machine: &str) -> PathBuf {
+        self.systemd_system_dir()
+            .join("machines.target.wants")
+            .join(format!("systemd-nspawn@{machine}.service"))
+    }
+
+    /// `/etc/sysctl.d/99-kubeslot.conf`: the kernel settings the node needs
+    /// (after `99-kubernetes.conf` of unbounded-agent hosts, so ours win).
+    pub fn sysctl_dropin(&self) -> PathBuf {
+        self.join("etc/sysctl.d/99-kubeslot.conf")
+    }
+
+    /// `/etc/modules-load.d/kubeslot.conf`: the kernel modules the node needs.
+    pub fn modules_load_dropin(&self) -> PathBuf {
+        self.join("etc/modules-load.d/kubeslot.conf")
+    }
+
+    /// `/proc/sys/<key with dots as slashes>`: a sysctl's current value.
+    pub fn proc_sys(&self, key: &str) -> PathBuf {
+        self.join("proc/sys").join(key.replace('.', "/"))
+    }
+
+    /// `/proc/<name>` (`swaps`, `modules`, `filesystems`, ...).
+    pub fn proc(&self, name: &str) -> PathBuf {
+        self.join("proc").join(name)
+    }
+
+    /// `/sys/module/<name>`: present for a loaded module (and for a
+    /// built-in one with parameters).
+    pub fn sys_module(&self, name: &str) -> PathBuf {
+        self.join("sys/module").join(name)
+    }
+
+    /// `/sys/fs/cgroup`: the cgroup v2 mount on a unified host.
+    pub fn cgroup_fs(&self) -> PathBuf {
+        self.join("sys/fs/cgroup")
+    }
+
+    /// `/lib/modules/<release>`: the modules a kernel can load.
+    pub fn kernel_modules(&self, release: &str) -> PathBuf {
+        self.lib_modules().join(release)
+    }
+
+    /// `/run/systemd/system`: exists when systemd is the init system.
+    pub fn systemd_running_marker(&self) -> PathBuf {
+        self.join("run/systemd/system")
+    }
+
+    /// `/var/lib/dpkg/status`: installed package versions on Debian-family
+    /// hosts.
+    pub fn dpkg_status(&self) -> PathBuf {
+        self.join("var/lib/dpkg/status")
+    }
+
+    /// `/etc/unbounded/agent/<machine>-applied-config.json`: what
+    /// unbounded-agent last applied to its machine (read by `adopt`).
+    pub fn unbounded_applied_config(&self, machine: &str) -> PathBuf {
+        self.join("etc/unbounded/agent")
+            .join(format!("{machine}-applied-config.json"))
+    }
 }
 
 /// Absolute host paths as they appear *inside rendered files* (the `.nspawn`
@@ -184,8 +248,9 @@ pub mod host {
     pub const NODE_CONTAINERD: &str = "/var/lib/kubeslot/node/containerd";
     /// Where `machinectl` lives (the drop-in's `ExecStartPre=`).
     pub const MACHINECTL: &str = "/usr/bin/machinectl";
-    /// Where the activator binary is installed (units call it).
-    pub const ACTIVATOR_BIN: &str = "/usr/local/bin/kubeslot-activator";
+    /// Where the activator binary is installed (units call it; the Debian
+    /// package puts it there).
+    pub const ACTIVATOR_BIN: &str = "/usr/bin/kubeslot-activator";
 }
 
 /// The template unit file name of the render oneshot.

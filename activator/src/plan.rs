@@ -24,6 +24,8 @@ pub struct Flip {
     /// The slot running now (stopped during the flip), if any.
     pub from: Option<Slot>,
     pub from_digest: Option<Digest>,
+    /// `from` is a tree `adopt` took over (it has no digest).
+    pub from_adopted: bool,
     /// The slot switched to.
     pub to: Slot,
     pub digest: Digest,
@@ -45,6 +47,18 @@ pub enum Plan {
     /// not retried without `--force` or new inputs.
     Refused(BadImage),
     Flip(Flip),
+}
+
+/// A flip back to the previous slot (`rollback`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rollback {
+    /// The slot running now.
+    pub from: Slot,
+    pub from_digest: Option<Digest>,
+    /// The previous slot, switched to.
+    pub to: Slot,
+    /// The image it holds; `None` for an adopted tree.
+    pub digest: Option<Digest>,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +109,7 @@ pub fn activate(
         kind: FlipKind::Activate,
         from: state.active,
         from_digest: state.active_digest(),
+        from_adopted: state.active.is_some_and(|a| state.slot(a).adopted),
         to,
         digest,
         replaces: target.digest,
@@ -104,32 +119,51 @@ pub fn activate(
     })
 }
 
-/// What `rollback` does: back to the slot that ran before, without
-/// downloading anything.
-pub fn rollback(state: &State) -> Result<Flip, PlanError> {
+/// What `rollback` does: back to the slot that ran before (a committed
+/// image or an adopted tree), without downloading anything.
+pub fn rollback(state: &State) -> Result<Rollback, PlanError> {
     if let Some(p) = &state.pending {
         return Err(PlanError::Pending { to: p.to });
     }
     let from = state.active.ok_or(PlanError::NothingActive)?;
     let to = from.other();
     let target = state.slot(to);
-    let digest = match (target.status, target.digest) {
-        (SlotStatus::Previous, Some(d)) => d,
-        (status, _) => return Err(PlanError::NoPrevious { slot: to, status }),
-    };
-    Ok(Flip {
-        kind: FlipKind::Rollback,
-        from: Some(from),
-        from_digest: state.active_digest(),
-        to,
-        digest,
-        replaces: None,
-        reuse_staged: true,
-    })
+    match (target.status, target.digest) {
+        (SlotStatus::Previous, digest) if digest.is_some() || target.adopted => Ok(Rollback {
+            from,
+            from_digest: state.active_digest(),
+            to,
+            digest,
+        }),
+        (status, _) => Err(PlanError::NoPrevious { slot: to, status }),
+    }
 }
 
 fn short(d: &Option<Digest>) -> String {
     d.map_or_else(|| "nothing".to_string(), |d| d.to_string())
+}
+
+/// A slot's image in messages: its digest, "adopted" for a tree `adopt`
+/// took over, "nothing" for an empty one.
+fn image_of(d: &Option<Digest>, adopted: bool) -> String {
+    match (d, adopted) {
+        (Some(d), _) => d.to_string(),
+        (None, true) => "adopted tree".to_string(),
+        (None, false) => "nothing".to_string(),
+    }
+}
+
+impl fmt::Display for Rollback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "roll back {} ({}) -> {} ({})",
+            self.from,
+            short(&self.from_digest),
+            self.to,
+            image_of(&self.digest, self.digest.is_none())
+        )
+    }
 }
 
 impl fmt::Display for Plan {
@@ -158,7 +192,7 @@ impl fmt::Display for Flip {
             Some(from) => write!(
                 f,
                 "{verb} {from} ({}) -> {} ({})",
-                short(&self.from_digest),
+                image_of(&self.from_digest, self.from_adopted),
                 self.to,
                 self.digest
             )?,
@@ -202,6 +236,7 @@ mod tests {
             status: SlotStatus::Active,
             digest: Some(digest),
             inputs: Some("in".into()),
+            adopted: false,
         };
         s
     }
@@ -261,6 +296,7 @@ mod tests {
             status: SlotStatus::Staged,
             digest: Some(d("v2")),
             inputs: Some("in".into()),
+            adopted: false,
         };
         let Plan::Flip(f) = activate(&s, d("v2"), "in", true, false) else {
             panic!()
@@ -286,12 +322,53 @@ mod tests {
             status: SlotStatus::Previous,
             digest: Some(d("v1")),
             inputs: Some("in".into()),
+            adopted: false,
         };
         let f = rollback(&s).unwrap();
         assert_eq!(
             (f.from, f.to, f.digest),
-            (Some(Slot::Kube2), Slot::Kube1, d("v1"))
+            (Slot::Kube2, Slot::Kube1, Some(d("v1")))
         );
         assert_eq!(rollback(&State::default()), Err(PlanError::NothingActive));
+    }
+
+    #[test]
+    fn an_adopted_tree_is_flipped_away_from_and_rolled_back_to() {
+        let mut s = State {
+            active: Some(Slot::Kube1),
+            ..State::default()
+        };
+        *s.slot_mut(Slot::Kube1) = SlotState {
+            status: SlotStatus::Active,
+            adopted: true,
+            ..SlotState::default()
+        };
+        // never up to date (no digest): the first activation flips to kube2
+        let Plan::Flip(f) = activate(&s, d("v1"), "in", true, false) else {
+            panic!()
+        };
+        assert_eq!(
+            (f.from, f.to, f.from_adopted),
+            (Some(Slot::Kube1), Slot::Kube2, true)
+        );
+        assert!(
+            f.to_string()
+                .starts_with("flip kube1 (adopted tree) -> kube2"),
+            "{f}"
+        );
+        // committed kube2; the adopted kube1 is the previous slot
+        s.active = Some(Slot::Kube2);
+        s.slot_mut(Slot::Kube1).status = SlotStatus::Previous;
+        *s.slot_mut(Slot::Kube2) = SlotState {
+            status: SlotStatus::Active,
+            digest: Some(d("v1")),
+            ..SlotState::default()
+        };
+        let r = rollback(&s).unwrap();
+        assert_eq!((r.from, r.to, r.digest), (Slot::Kube2, Slot::Kube1, None));
+        assert!(r.to_string().ends_with("-> kube1 (adopted tree)"), "{r}");
+        // an empty previous slot without the mark is no rollback target
+        s.slot_mut(Slot::Kube1).adopted = false;
+        assert!(rollback(&s).is_err());
     }
 }

@@ -40,6 +40,9 @@ pub enum Outcome {
     UpToDate,
     /// A new slot was committed.
     Committed,
+    /// The committed node was not running (after a reboot, or stopped by
+    /// hand); the run started it and it passed the health gate.
+    Started,
     /// Only staged (`fetch`); nothing was flipped.
     Staged,
     /// The new machine failed; the old one runs again.
@@ -87,6 +90,14 @@ pub struct Report {
     pub recovered: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downloads: Option<Downloads>,
+    /// What happened to the host settings (sysctl and modules-load
+    /// drop-ins) before a flip, when anything did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_settings: Option<String>,
+    /// The preflight checks before a flip that did not simply pass
+    /// (failed, ignored, warned).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preflight: Vec<crate::preflight::Finding>,
     pub started: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
@@ -106,6 +117,8 @@ impl Report {
             previous_slot: None,
             recovered: None,
             downloads: None,
+            host_settings: None,
+            preflight: Vec::new(),
             started: now_rfc3339(),
             finished: None,
             phases: Vec::new(),
@@ -183,6 +196,19 @@ impl Report {
         }
         if let Some(r) = &self.recovered {
             s += &format!("  recovered: {r}\n");
+        }
+        if let Some(h) = &self.host_settings {
+            s += &format!("  host settings: {h}\n");
+        }
+        for f in &self.preflight {
+            s += &format!(
+                "  preflight {} {}{}: seen {}; needed {}\n",
+                crate::state::serde_name(&f.status),
+                f.name,
+                if f.ignored { " (ignored)" } else { "" },
+                f.seen,
+                f.needed
+            );
         }
         if let Some(d) = self.downloads {
             s += &format!(

@@ -75,6 +75,12 @@ pub struct SlotState {
     /// The hash of the host files rendered for this slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<String>,
+    /// The tree was set up by another tool (unbounded-agent) and taken over
+    /// by `adopt`: it has no image digest, was never verified, and keeps the
+    /// host files that tool wrote; it stays a rollback target until a flip
+    /// stages an image over it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 /// Why a flip is under way.
@@ -107,7 +113,9 @@ pub struct Pending {
     pub phase: PendingPhase,
     /// The slot being switched to.
     pub to: Slot,
-    pub digest: Digest,
+    /// The image it holds (absent for a rollback to an adopted tree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<Digest>,
     /// The slot that was active (restarted on rollback), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<Slot>,
@@ -381,6 +389,7 @@ static EMPTY: SlotState = SlotState {
     status: SlotStatus::Empty,
     digest: None,
     inputs: None,
+    adopted: false,
 };
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The systemd boundary: the few things the activator asks of the host's
 //! service manager, as one small trait, and the real implementation that runs
-//! `systemctl`, `systemd-run -M` found on `PATH`.
+//! `systemctl`, `machinectl`, `systemd-run -M` found on `PATH`.
 //!
 //! Given unit and machine names (never paths). It does not decide when to
 //! start or stop anything (that is `activate`), and it does not parse unit
@@ -17,7 +17,18 @@ pub trait Systemd {
     fn start(&self, unit: &str) -> Result<(), SystemdError>;
     /// Stops a unit (a no-op when it is not running).
     fn stop(&self, unit: &str) -> Result<(), SystemdError>;
+    /// Restarts a unit and waits for the job (the host-settings oneshots
+    /// `systemd-modules-load`/`systemd-sysctl` re-read their drop-ins).
+    fn restart(&self, unit: &str) -> Result<(), SystemdError>;
     fn is_active(&self, unit: &str) -> Result<bool, SystemdError>;
+    /// Creates the unit's `[Install]` links (`systemctl enable`), so it
+    /// starts at boot; a no-op when they exist.
+    fn enable(&self, unit: &str) -> Result<(), SystemdError>;
+    /// Removes the unit's `[Install]` links; a no-op when there are none.
+    fn disable(&self, unit: &str) -> Result<(), SystemdError>;
+    /// Whether machined knows a machine of that name (`machinectl show`):
+    /// also one started outside its `systemd-nspawn@` unit.
+    fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError>;
     /// Runs a command inside a running machine; `Ok(true)` when it exited 0.
     fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError>;
 }
@@ -83,6 +94,26 @@ impl Systemd for SystemCtl {
 
     fn stop(&self, unit: &str) -> Result<(), SystemdError> {
         run_ok("systemctl", &["stop", unit])
+    }
+
+    fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["restart", unit])
+    }
+
+    fn enable(&self, unit: &str) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["enable", "--quiet", unit])
+    }
+
+    fn disable(&self, unit: &str) -> Result<(), SystemdError> {
+        run_ok("systemctl", &["disable", "--quiet", unit])
+    }
+
+    fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError> {
+        // exit 0 with the machine's properties, non-zero ("No machine
+        // 'kube1' known") otherwise
+        Ok(run("machinectl", &["show", "--property=Name", machine])?
+            .status
+            .success())
     }
 
     fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {

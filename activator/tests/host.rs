@@ -61,8 +61,46 @@ case "$cmd" in
       rm -f "$F/pids/$unit"
     fi
     echo inactive > "$F/units/$unit" ;;
+  restart)
+    # systemd-sysctl applies the sysctl.d files to the (fake) kernel; on a
+    # host whose /proc/sys is read-only its condition fails: nothing applied
+    if [ "$1" = systemd-sysctl.service ] && [ ! -e "$F/proc-sys-read-only" ]; then
+      for f in $(ls "$KUBESLOT_FAKE_ROOT"/etc/sysctl.d/*.conf 2>/dev/null | sort); do
+        while IFS= read -r line; do
+          case $line in ''|'#'*|';'*) continue ;; esac
+          k=$(echo ${line%%=*}); v=$(echo ${line#*=})
+          p="$KUBESLOT_FAKE_ROOT/proc/sys/${k//.//}"
+          [ -f "$p" ] && echo "$v" > "$p"
+        done < "$f"
+      done
+    fi
+    exit 0 ;;
+  enable|disable)
+    [ "$1" = --quiet ] && shift
+    unit=$1
+    case $unit in
+      systemd-nspawn@*)
+        link="$KUBESLOT_FAKE_ROOT/etc/systemd/system/machines.target.wants/$unit"
+        if [ "$cmd" = enable ]; then
+          mkdir -p "${link%/*}" && ln -sfn /lib/systemd/system/systemd-nspawn@.service "$link"
+        else
+          rm -f "$link"
+        fi ;;
+    esac ;;
   *) echo "fake systemctl: unexpected $cmd" >&2; exit 1 ;;
 esac
+"#;
+
+/// machined: `show` knows a machine whose unit runs, or one started
+/// outside kubeslot's units (a file in `foreign/`).
+const MACHINECTL: &str = r#"#!/bin/bash
+F="$KUBESLOT_FAKE"
+echo "machinectl $*" >> "$F/calls.log"
+if [ "$1" = show ]; then
+  m=${!#}
+  [ -e "$F/foreign/$m" ] || [ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ]
+  exit $?
+fi
 "#;
 
 const OTHER: &str = r#"#!/bin/bash
@@ -150,12 +188,12 @@ impl Host {
         require_tool("python3", "python3");
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("fake");
-        for d in ["bin", "units", "pids"] {
+        for d in ["bin", "units", "pids", "foreign"] {
             fs::create_dir_all(fake.join(d)).unwrap();
         }
         for (name, text) in [
             ("systemctl", SYSTEMCTL),
-            ("machinectl", OTHER),
+            ("machinectl", MACHINECTL),
             ("systemd-run", OTHER),
         ] {
             let p = fake.join("bin").join(name);
@@ -170,6 +208,8 @@ impl Host {
             layout: images.layout.clone(),
         };
         fs::create_dir_all(h.root().join("etc/kubeslot")).unwrap();
+        // a host the preflight passes once kubeslot's sysctls are applied
+        kubeslot_test_support::fake_host(&h.root());
         h.set_config("v1", serde_json::json!({}));
         h
     }
@@ -207,7 +247,7 @@ impl Host {
             "gpu": "off",
             "nameservers": ["192.0.2.53"],
             "health": {
-                "timeout_secs": 2,
+                "timeout_secs": 5,
                 "successes": 2,
                 "interval_ms": 50,
                 "kubelet_healthz_url": format!("http://127.0.0.1:{}/healthz", self.port),
@@ -275,6 +315,15 @@ impl Host {
             .unwrap()
             .lines()
             .map(str::to_string)
+            .collect()
+    }
+
+    /// The calls that change something (not the `is-active` and
+    /// `machinectl show` queries).
+    fn changes(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| !c.starts_with("systemctl is-active") && !c.starts_with("machinectl show"))
             .collect()
     }
 
@@ -412,7 +461,18 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
         .collect();
     assert_eq!(
         names,
-        ["recover", "config", "resolve", "stage", "render", "stop", "start", "health", "commit"]
+        [
+            "recover",
+            "config",
+            "resolve",
+            "preflight",
+            "stage",
+            "render",
+            "stop",
+            "start",
+            "health",
+            "commit"
+        ]
     );
     let s = h.state();
     assert_eq!(s.active, Some(Slot::Kube1));
@@ -821,7 +881,7 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
         assert!(!root.machines_dir().exists(), "{name}");
         assert!(!h.root().join("etc/systemd").exists(), "{name}");
         assert!(!root.state_file().exists(), "{name}");
-        assert!(h.calls().is_empty(), "{name}: {:?}", h.calls());
+        assert!(h.changes().is_empty(), "{name}: {:?}", h.changes());
     }
     // a config file that does not exist at all
     fs::remove_file(h.config_path()).unwrap();
@@ -878,7 +938,7 @@ fn an_image_that_fails_verification_changes_nothing() {
     );
     assert!(!Root::new(h.root()).state_file().exists());
     assert!(!h.root().join("var/lib/machines/kube1").exists());
-    assert!(h.calls().is_empty(), "{:?}", h.calls());
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
 }
 
 /// Flips the last byte of the (only) layer blob of `manifest` in the
@@ -1159,7 +1219,7 @@ fn fetch_stages_the_inactive_slot_without_touching_the_running_machine() {
     );
     assert_eq!(h.report(), r);
     // nothing a running machine uses was touched, nothing was called
-    assert!(h.calls().is_empty(), "{:?}", h.calls());
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
     assert_eq!(h.running(), [Slot::Kube1]);
     assert_eq!(h.slot_snapshot(Slot::Kube1), kube1);
     assert!(!root.nspawn_file("kube2").exists());
@@ -1246,7 +1306,7 @@ fn fetch_crash_case(img: &Images, fp: &str) {
     );
     assert_eq!(h.slot_snapshot(Slot::Kube2), active, "{fp}");
     assert_eq!(h.running(), [Slot::Kube2], "{fp}");
-    assert!(h.calls().is_empty(), "{fp}: {:?}", h.calls());
+    assert!(h.changes().is_empty(), "{fp}: {:?}", h.changes());
     let s = h.state();
     assert_eq!(s.active, Some(Slot::Kube2), "{fp}");
     assert_eq!(s.slot(Slot::Kube2).status, SlotStatus::Active, "{fp}");
@@ -1272,7 +1332,7 @@ fn fetch_crash_case(img: &Images, fp: &str) {
     assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Staged, "{fp}");
     assert_eq!(s.slot(Slot::Kube1).digest, Some(img.v4), "{fp}");
     assert_eq!(h.tree_version(Slot::Kube1), "kubelet v4\n", "{fp}");
-    assert!(h.calls().is_empty(), "{fp}: {:?}", h.calls());
+    assert!(h.changes().is_empty(), "{fp}: {:?}", h.changes());
     assert_eq!(h.slot_snapshot(Slot::Kube2), active, "{fp}");
 
     // and activate only flips
@@ -1426,4 +1486,551 @@ fn the_first_save_ever_killed_between_its_writes_is_repaired() {
     assert_eq!(code, 0, "{err}\n{r:#}");
     assert_eq!(h.state().active, Some(Slot::Kube1));
     assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+// ---------------------------------------------------------------------------
+// The host's whole life: boot enablement, reconcile, foreign machines,
+// preflight, adopt, uninstall.
+
+impl Host {
+    /// The host loses power: every machine is gone, unit state reset.
+    fn power_off(&self) {
+        if let Ok(rd) = fs::read_dir(self.fake().join("pids")) {
+            for e in rd.flatten() {
+                if let Ok(pid) = fs::read_to_string(e.path()) {
+                    let _ = Command::new("kill").arg(pid.trim()).status();
+                }
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        for slot in Slot::ALL {
+            let _ = fs::write(self.fake().join("units").join(slot.unit()), "inactive\n");
+        }
+        // wait for the servers to free the port
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// machined knows `slot`'s machine, started outside kubeslot's units.
+    fn foreign(&self, slot: Slot, running: bool) {
+        let p = self.fake().join("foreign").join(slot.machine());
+        if running {
+            fs::write(p, "").unwrap();
+        } else {
+            let _ = fs::remove_file(p);
+        }
+    }
+
+    /// `slot`'s machine starts at boot (its machines.target.wants link).
+    fn enabled(&self, slot: Slot) -> bool {
+        Root::new(self.root())
+            .machine_wants_link(slot.machine())
+            .is_symlink()
+    }
+}
+
+#[test]
+fn boot_follows_the_commit_and_a_reboot_starts_the_committed_node() {
+    let img = images();
+    let h = Host::new(&img);
+    assert_eq!(h.activate().0, 0);
+    assert!(h.enabled(Slot::Kube1) && !h.enabled(Slot::Kube2));
+    h.set_config("v2", serde_json::json!({}));
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert!(h.enabled(Slot::Kube2) && !h.enabled(Slot::Kube1));
+    // the old machine loses its boot link before the new one gets it
+    let calls = h.calls();
+    let pos = |c: &str| {
+        calls
+            .iter()
+            .position(|x| x == c)
+            .unwrap_or_else(|| panic!("{c}: {calls:?}"))
+    };
+    assert!(
+        pos("systemctl start systemd-nspawn@kube2.service")
+            < pos("systemctl disable --quiet systemd-nspawn@kube1.service")
+            && pos("systemctl disable --quiet systemd-nspawn@kube1.service")
+                < pos("systemctl enable --quiet systemd-nspawn@kube2.service"),
+        "{calls:?}"
+    );
+
+    // power loss; at boot nothing runs (no systemd here to start the
+    // enabled machine): the boot-time activate starts and gates kube2
+    h.power_off();
+    h.clear_calls();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(
+        (r["outcome"].as_str(), r["slot"].as_str()),
+        (Some("started"), Some("kube2"))
+    );
+    assert!(r["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "reconcile"));
+    assert_eq!(
+        starts_and_stops(&h.calls()),
+        ["systemctl start systemd-nspawn@kube2.service"]
+    );
+    assert_eq!(h.running(), [Slot::Kube2]);
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(
+        out.contains("active: kube2") && out.contains("exit 0, started"),
+        "{out}"
+    );
+    // running: the next boot-time run is up to date and starts nothing
+    h.clear_calls();
+    let (code, r, _) = h.activate();
+    assert_eq!((code, r["outcome"].as_str()), (0, Some("up-to-date")));
+    assert!(starts_and_stops(&h.calls()).is_empty());
+
+    // a lost boot link is put back; a stray one of the other slot removed
+    fs::remove_file(Root::new(h.root()).machine_wants_link("kube2")).unwrap();
+    std::os::unix::fs::symlink("/x", Root::new(h.root()).machine_wants_link("kube1")).unwrap();
+    assert_eq!(h.activate().0, 0);
+    assert!(h.enabled(Slot::Kube2) && !h.enabled(Slot::Kube1));
+
+    // the previous node started by hand while the committed one is down:
+    // refused, nothing started or stopped
+    h.power_off();
+    h.cmd(&["status"]);
+    let out = Command::new(h.fake().join("bin/systemctl"))
+        .args(["start", "systemd-nspawn@kube1.service"])
+        .env("KUBESLOT_FAKE", h.fake())
+        .env("KUBESLOT_FAKE_ROOT", h.root())
+        .env("KUBESLOT_FAKE_PORT", h.port.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    h.clear_calls();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 3, "{r:#}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("machine kube1 is running, but the committed node is kube2"),
+        "{e}"
+    );
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+#[test]
+fn a_running_machine_is_never_staged_over_and_a_foreign_one_names_adopt() {
+    let img = images();
+    // a fresh host where machined runs a kube1 nobody recorded
+    let h = Host::new(&img);
+    h.foreign(Slot::Kube1, true);
+    for cmd in ["activate", "fetch"] {
+        let (code, out, err) = h.cmd(&[cmd, "--json"]);
+        assert_eq!(code, 3, "{cmd}: {out}\n{err}");
+        assert!(
+            err.contains("machine kube1 is running, but kubeslot has no record")
+                && err.contains("kubeslot-activator adopt"),
+            "{cmd}: {err}"
+        );
+    }
+    assert!(!Root::new(h.root()).state_file().exists());
+    assert!(!h.root().join("var/lib/machines/kube1").exists());
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
+
+    // unbounded-agent's applied config, its machine stopped: refused too
+    h.foreign(Slot::Kube1, false);
+    let applied = Root::new(h.root()).unbounded_applied_config("kube1");
+    fs::create_dir_all(applied.parent().unwrap()).unwrap();
+    fs::write(&applied, "{}").unwrap();
+    let (code, _, err) = h.cmd(&["activate"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("kube1-applied-config.json exists") && err.contains("adopt"),
+        "{err}"
+    );
+    fs::remove_file(&applied).unwrap();
+
+    // a managed host: kube1 committed; something runs a kube2 machine
+    assert_eq!(h.activate().0, 0);
+    let before = h.state();
+    h.foreign(Slot::Kube2, true);
+    h.set_config("v2", serde_json::json!({}));
+    h.clear_calls();
+    for cmd in ["activate", "fetch"] {
+        let (code, _, err) = h.cmd(&[cmd]);
+        assert_eq!(code, 3, "{cmd}: {err}");
+        assert!(
+            err.contains("machine kube2 is running, but it is the slot this run would stage into"),
+            "{cmd}: {err}"
+        );
+    }
+    assert_eq!(h.state(), before);
+    assert!(!h.root().join("var/lib/machines/kube2").exists());
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    // and once it is gone, the flip goes ahead
+    h.foreign(Slot::Kube2, false);
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.running(), [Slot::Kube2]);
+}
+
+#[test]
+fn a_failed_preflight_refuses_the_flip_before_anything_changes() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    // before the first activation: plan shows the host settings it writes,
+    // the preflight command warns about what activate applies first
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(
+        out.contains("host settings, written and applied before the next flip:")
+            && out.contains("+net.ipv4.ip_forward = 1"),
+        "{out}"
+    );
+    let (code, out, err) = h.cmd(&["preflight"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("[WARN] sysctl-net.ipv4.ip_forward: seen 0; needed 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("[PASS] disk-space") && out.ends_with("[preflight] passed\n"),
+        "{out}"
+    );
+
+    // swap on: the activation is refused, the report names the check
+    let swaps = h.root().join("proc/swaps");
+    fs::write(
+        &swaps,
+        "Filename Type Size Used Priority\n/swapfile file 1024 0 -2\n",
+    )
+    .unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 3, "{err}\n{r:#}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("preflight: 1 check(s) failed: swap (seen: on: /swapfile"),
+        "{e}"
+    );
+    assert_eq!(r["preflight"][0]["name"], "swap");
+    assert_eq!(r["preflight"][0]["status"], "fail");
+    assert!(!root.state_file().exists());
+    assert!(!h.root().join("var/lib/machines/kube1").exists());
+    assert!(h.running().is_empty() && starts_and_stops(&h.calls()).is_empty());
+    // the host settings were written and applied first (they are the
+    // host's, whatever image runs): the sysctls now hold
+    assert!(root.sysctl_dropin().is_file() && root.modules_load_dropin().is_file());
+    assert_eq!(
+        fs::read_to_string(root.proc_sys("kernel.panic")).unwrap(),
+        "10\n"
+    );
+    let (code, out, _) = h.cmd(&["preflight"]);
+    assert_eq!(code, 3);
+    assert!(out.contains("[FAIL] swap: seen on: /swapfile"), "{out}");
+    let (code, out, err) = h.cmd(&["preflight", "--json", "--ignore", "swap"]);
+    assert_eq!(code, 0, "{err}");
+    let v = json(&out, &err);
+    assert_eq!(v["passed"], true);
+    assert!(v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["name"] == "swap" && c["ignored"] == true));
+
+    // a host whose /proc/sys does not take the settings (a container host)
+    fs::write(&swaps, "Filename Type Size Used Priority\n").unwrap();
+    fs::write(h.fake().join("proc-sys-read-only"), "").unwrap();
+    fs::write(root.proc_sys("vm.overcommit_memory"), "0\n").unwrap();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 3, "{r:#}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("sysctl-vm.overcommit_memory (seen: 0; needed: 1"),
+        "{r:#}"
+    );
+    assert!(
+        r["host_settings"].as_str().unwrap().contains("applied"),
+        "{r:#}"
+    );
+    // ignored in the config (with the reason in the operator's records)
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["preflight"] = serde_json::json!({"ignore": ["sysctl-*"]});
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["preflight"][0]["ignored"], true);
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+/// An unbounded-agent host: kube1's tree, the agent's `.nspawn` file and
+/// drop-in, its boot link, its applied config with the sidecar; kube1
+/// running (the fake's healthy server).
+fn unbounded_host(h: &Host) {
+    let root = Root::new(h.root());
+    let tree = root.machine_tree("kube1");
+    fs::create_dir_all(tree.join("etc")).unwrap();
+    fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    fs::write(tree.join("etc/fixture-health"), "healthy").unwrap();
+    fs::write(tree.join("usr/bin/kubelet-version"), "kubelet unbounded\n").unwrap();
+    for (p, text) in [
+        (
+            root.nspawn_file("kube1"),
+            "# unbounded-agent\n[Exec]\nCapability=all\n",
+        ),
+        (
+            root.dropin_file("kube1"),
+            "# unbounded-agent\n[Service]\nRestart=on-failure\n",
+        ),
+    ] {
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+    let link = root.machine_wants_link("kube1");
+    fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/lib/systemd/system/systemd-nspawn@.service", link).unwrap();
+    let applied = root.unbounded_applied_config("kube1");
+    fs::create_dir_all(applied.parent().unwrap()).unwrap();
+    let bytes = fs::read(
+        kubeslot_test_support::workspace_root()
+            .join("testdata/adopt/token-snapshot/applied-config.json"),
+    )
+    .unwrap();
+    fs::write(&applied, &bytes).unwrap();
+    fs::write(
+        format!("{}.sha256", applied.display()),
+        format!("{}\n", Digest::of(&bytes).hex()),
+    )
+    .unwrap();
+    let out = Command::new(h.fake().join("bin/systemctl"))
+        .args(["start", "systemd-nspawn@kube1.service"])
+        .env("KUBESLOT_FAKE", h.fake())
+        .env("KUBESLOT_FAKE_ROOT", h.root())
+        .env("KUBESLOT_FAKE_PORT", h.port.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}
+
+#[test]
+fn adopt_takes_over_unbounded_agents_kube1_flips_away_and_rolls_back_to_it() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    let kube1_before = h.slot_snapshot(Slot::Kube1);
+    let (code, _, err) = h.cmd(&["activate"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("adopt"), "{err}");
+
+    // --write-config: refused without an image and key, shown by --dry-run
+    let (code, _, err) = h.cmd(&["adopt", "--write-config"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, out, err) = h.cmd(&[
+        "adopt",
+        "--dry-run",
+        "--write-config",
+        "--force",
+        "--image",
+        "registry.example:5000/node:v1",
+        "--public-key",
+        "/etc/kubeslot/trust/release.pub",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("would adopt kube1 (running)"), "{out}");
+    assert!(
+        out.contains(
+            "carried over: api_server, ca_data, bootstrap_token, cluster_dns, labels, taints"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("OCIImage: unbounded-agent's thin image"),
+        "{out}"
+    );
+    assert!(!root.state_file().exists(), "dry-run wrote the state");
+    // adopt for real (the test's own config stays: images here are unsigned)
+    let (code, out, err) = h.cmd(&["adopt"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("adopted kube1 (running)"), "{out}");
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube1));
+    assert!(s.slot(Slot::Kube1).adopted && s.slot(Slot::Kube1).digest.is_none());
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(out.contains("kube1: active (adopted"), "{out}");
+    let (code, _, err) = h.cmd(&["adopt"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("kubeslot already manages this host"), "{err}");
+    assert_eq!(
+        h.slot_snapshot(Slot::Kube1),
+        kube1_before,
+        "adopt changed kube1"
+    );
+
+    // the next activation flips into kube2; kube1 is kept as it was
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(out.contains("flip kube1 (adopted tree) -> kube2"), "{out}");
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["slot"], "kube2");
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert!(h.enabled(Slot::Kube2) && !h.enabled(Slot::Kube1));
+    let s = h.state();
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Previous);
+    assert!(s.slot(Slot::Kube1).adopted);
+    // the agent's files of kube1 and its tree are untouched
+    let mut after = h.slot_snapshot(Slot::Kube1);
+    assert_eq!(after, kube1_before);
+    after.clear();
+
+    // rollback to the adopted kube1: nothing rendered for it
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet unbounded\n");
+    assert_eq!(h.slot_snapshot(Slot::Kube1), kube1_before);
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube1));
+    assert!(s.slot(Slot::Kube1).adopted);
+    assert!(s.bad.iter().any(|b| b.digest == img.v1), "{s:?}");
+    // and forward again with another image
+    h.set_config("v2", serde_json::json!({}));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.running(), [Slot::Kube2]);
+}
+
+#[test]
+fn adopt_writes_the_activator_config_from_the_applied_config() {
+    let img = images();
+    let h = Host::new(&img);
+    unbounded_host(&h);
+    let written = h.root().join("etc/kubeslot/adopted.json");
+    let args = [
+        "adopt",
+        "--write-config",
+        "--config",
+        written.to_str().unwrap(),
+        "--image",
+        "ghcr.io/example/kubeslot-node:v1.35.1",
+        "--public-key",
+        "/etc/kubeslot/trust/release.pub",
+    ];
+    // an applied config that does not match its sidecar: nothing changes
+    let applied = Root::new(h.root()).unbounded_applied_config("kube1");
+    let good = fs::read(&applied).unwrap();
+    fs::write(&applied, [&good[..], b" "].concat()).unwrap();
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("kube1-applied-config.json.sha256 says"),
+        "{err}"
+    );
+    assert!(!written.exists() && !Root::new(h.root()).state_file().exists());
+    fs::write(&applied, &good).unwrap();
+
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains(&format!("wrote {} (mode 0600)", written.display())),
+        "{out}"
+    );
+    assert!(
+        !out.contains("0123456789abcdef"),
+        "the token was printed: {out}"
+    );
+    let meta = fs::metadata(&written).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let want = fs::read_to_string(
+        kubeslot_test_support::workspace_root()
+            .join("testdata/adopt/token-snapshot/activator.json"),
+    )
+    .unwrap();
+    assert_eq!(fs::read_to_string(&written).unwrap(), want);
+    assert!(h.state().slot(Slot::Kube1).adopted);
+    // an existing config is replaced only with --force (the state is
+    // recorded now, so this is refused for that reason first)
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 1, "{err}");
+}
+
+#[test]
+fn uninstall_removes_machines_units_files_and_state_and_keeps_node_state() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    fs::write(root.node_state().join("kubelet/identity"), "node-a").unwrap();
+    // the package's units (a host without them skips them)
+    let units = h.root().join("usr/lib/systemd/system");
+    fs::create_dir_all(&units).unwrap();
+    for u in ["kubeslot-activator.path", "kubeslot-activator.service"] {
+        fs::write(units.join(u), "[Unit]\n").unwrap();
+    }
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let calls = h.changes();
+    for c in [
+        "systemctl stop kubeslot-activator.path",
+        "systemctl disable --quiet kubeslot-activator.path",
+        "systemctl stop systemd-nspawn@kube2.service",
+        "systemctl disable --quiet systemd-nspawn@kube2.service",
+        "systemctl daemon-reload",
+    ] {
+        assert!(calls.contains(&c.to_string()), "{c}: {calls:?}");
+    }
+    assert!(h.running().is_empty());
+    for gone in [
+        root.machine_tree("kube1"),
+        root.machine_tree("kube2"),
+        root.nspawn_file("kube1"),
+        root.dropin_file("kube2").parent().unwrap().to_path_buf(),
+        root.machine_wants_link("kube2"),
+        root.render_unit(),
+        root.host_files("kube1"),
+        root.sysctl_dropin(),
+        root.modules_load_dropin(),
+        root.state_file(),
+        root.store(),
+    ] {
+        assert!(
+            fs::symlink_metadata(&gone).is_err(),
+            "{} is still there",
+            gone.display()
+        );
+    }
+    assert!(out.contains("removed /var/lib/machines/kube2\n"), "{out}");
+    let left: Vec<_> = fs::read_dir(root.state_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, ["node"]);
+    assert_eq!(
+        fs::read_to_string(root.node_state().join("kubelet/identity")).unwrap(),
+        "node-a"
+    );
+    assert!(h.config_path().exists(), "the operator's config is kept");
+    // again: nothing left to do; --purge takes the node state too
+    assert_eq!(h.cmd(&["uninstall"]).0, 0);
+    let (code, out, _) = h.cmd(&["uninstall", "--purge"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("removed /var/lib/kubeslot\n"), "{out}");
+    assert!(!root.state_dir().exists());
+}
+
+/// The example config the Debian package ships loads as a real one does.
+#[test]
+fn the_packaged_example_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("dist/activator.example.json");
+    let c = kubeslot_activator::config::Config::load(&path).unwrap();
+    assert_eq!(c.trust.public_keys.len(), 1);
+    assert!(c.kubelet.ca_file.is_some() && c.kubelet.bootstrap_token.is_some());
 }

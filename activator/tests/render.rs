@@ -1034,7 +1034,7 @@ fn golden_files_pass_systemds_own_parsers() {
         let render_unit =
             fs::read_to_string(files.join("etc/systemd/system/kubeslot-render@.service"))
                 .unwrap()
-                .replace("/usr/local/bin/kubeslot-activator", BIN);
+                .replace("/usr/bin/kubeslot-activator", BIN);
         fs::write(
             units.join(format!("kubeslot-render@{machine}.service")),
             render_unit,

@@ -238,8 +238,8 @@ fn umoci_unpacks_the_expected_tree_and_skopeo_reads_it() {
     assert_eq!(mode("tmp"), 0o1777, "sticky bit survives");
     assert_eq!(mode("etc/containerd/config.toml"), 0o644);
     assert_eq!(
-        std::fs::read_to_string(root.join("etc/sysctl.d/99-kubernetes.conf")).unwrap(),
-        "net.ipv4.ip_forward = 1\nnet.bridge.bridge-nf-call-iptables = 1\n"
+        std::fs::read_to_string(root.join("etc/modules-load.d/kubernetes.conf")).unwrap(),
+        "overlay\nbr_netfilter\n"
     );
     assert_eq!(
         std::fs::read_to_string(root.join("etc/systemd/system/containerd.service")).unwrap(),

@@ -93,11 +93,14 @@ OUTER=""
 OUTER_NAME=""
 OUTER_NSPAWN_PID=""
 OUTER_LEADER=""
+# The extra nspawn arguments of the first boot, used again by every reboot.
+OUTER_ARGS=()
 
 # outer_boot ROOTFS_TAR [extra nspawn args...]: extracts the outer rootfs and
 # boots it with systemd as PID 1, exactly as E2E.md measured.
 outer_boot() {
   local tar=$1; shift
+  OUTER_ARGS=("$@")
   OUTER=$WORK/outer
   OUTER_NAME=ks-e2e-$$
   mkdir -p "$OUTER"
@@ -109,17 +112,26 @@ outer_boot() {
   # machine, and nspawn refuses to start when a bind source is missing); this
   # CI machine and its minbase rootfs have none, so give the outer an empty one.
   mkdir -p "$OUTER/usr/lib/modules"
+  outer_start
+}
+
+# outer_start: boots the extracted outer (again, for the reboot scenarios)
+# and waits for its systemd. The PIDs go to WORK/outer.ids too: a scenario
+# that reboots the outer runs in a subshell, and the scenarios after it (and
+# cleanup) read them back with outer_reload.
+outer_start() {
   log "booting outer host $OUTER_NAME"
   local procs=()
   local dir
   for dir in "${CGROUP_DIRS[@]}"; do procs+=("$dir/cgroup.procs"); done
+  OUTER_LEADER=""
   # The subshell moves itself into our private cgroups, then becomes nspawn.
   # shellcheck disable=SC2016
   setsid bash -c 'for f in "${@:2:$1}"; do echo $$ > "$f"; done; shift $(($1 + 1)); exec "$@"' \
     _ "${#procs[@]}" "${procs[@]}" \
     systemd-nspawn -D "$OUTER" -M "$OUTER_NAME" --boot --register=no --keep-unit \
       --console=passive --capability=all --system-call-filter='@keyring bpf' \
-      "$@" </dev/null >"$WORK/logs/outer-console.log" 2>&1 &
+      "${OUTER_ARGS[@]}" </dev/null >>"$WORK/logs/outer-console.log" 2>&1 &
   OUTER_NSPAWN_PID=$!
   local deadline=$((SECONDS + 30))
   while [ -z "$OUTER_LEADER" ]; do
@@ -128,6 +140,7 @@ outer_boot() {
     [ $SECONDS -lt $deadline ] || die "outer has no leader process after 30 s"
     [ -n "$OUTER_LEADER" ] || sleep 0.1
   done
+  echo "$OUTER_NSPAWN_PID $OUTER_LEADER" >"$WORK/outer.ids"
   local state=""
   deadline=$((SECONDS + 60))
   while :; do
@@ -142,13 +155,57 @@ outer_boot() {
   fi
 }
 
+# outer_reload: the outer's PIDs as the last (re)boot left them.
+outer_reload() {
+  OUTER_NSPAWN_PID="" OUTER_LEADER=""
+  if [ -s "$WORK/outer.ids" ]; then read -r OUTER_NSPAWN_PID OUTER_LEADER <"$WORK/outer.ids"; fi
+  return 0
+}
+
+# outer_kill: power loss: SIGKILL to the outer's PID 1 (the kernel kills
+# every process of its PID namespace, the node machines inside included),
+# then to nspawn; waits until both are gone and the outer's cgroups are
+# empty, and removes them so the next boot starts clean.
+outer_kill() {
+  log "power loss: SIGKILL to the outer's init (pid $OUTER_LEADER) and nspawn ($OUTER_NSPAWN_PID)"
+  kill -KILL "$OUTER_LEADER" 2>/dev/null || true
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  kill -KILL "$OUTER_NSPAWN_PID" 2>/dev/null || true
+  while kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null || kill -0 "$OUTER_LEADER" 2>/dev/null; do
+    [ "$(awk '{ print $3 }' "/proc/$OUTER_NSPAWN_PID/stat" 2>/dev/null)" = Z ] && break
+    sleep 0.1
+  done
+  wait "$OUTER_NSPAWN_PID" 2>/dev/null || true
+  OUTER_NSPAWN_PID="" OUTER_LEADER=""
+  : >"$WORK/outer.ids"
+  cgroup_reset
+}
+
+# cgroup_reset: removes what the outer left below our cgroup dirs (its
+# payload/ and supervisor/ trees), keeping the dirs themselves for the next
+# boot; waits up to 10 s for the kernel to empty them.
+cgroup_reset() {
+  local dir deadline=$((SECONDS + 10))
+  for dir in "${CGROUP_DIRS[@]}"; do
+    [ -d "$dir" ] || continue
+    while :; do
+      find "$dir" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true
+      [ -z "$(find "$dir" -mindepth 1 -type d -print -quit)" ] && break
+      [ $SECONDS -lt $deadline ] || { log "warning: $dir still has busy children"; break; }
+      sleep 0.2
+    done
+  done
+}
+
 # outer CMD...: runs CMD inside the outer host (all its namespaces).
 outer() {
   nsenter -t "$OUTER_LEADER" -m -u -i -n -p -C -- "$@"
 }
 
-# outer_stop: SIGTERM to the nspawn process (systemd shuts down cleanly),
-# SIGKILL after 30 s.
+# outer_stop: SIGTERM to the nspawn process (systemd shuts down cleanly, as
+# at `poweroff`), SIGKILL after 30 s. Its nspawn may be a child of an ended
+# scenario subshell: the loop polls the PID rather than `wait`ing.
 outer_stop() {
   [ -n "$OUTER_NSPAWN_PID" ] || return 0
   if kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null; then
@@ -165,6 +222,7 @@ outer_stop() {
   wait "$OUTER_NSPAWN_PID" 2>/dev/null || true
   OUTER_NSPAWN_PID=""
   OUTER_LEADER=""
+  [ -z "${WORK:-}" ] || : >"$WORK/outer.ids"
 }
 
 # ---------------------------------------------------------------- registry
@@ -355,6 +413,7 @@ kill_tree() {
 cleanup() {
   local rc=$?
   set +e
+  [ -n "${WORK:-}" ] && outer_reload
   outer_stop
   registry_stop
   cgroup_cleanup

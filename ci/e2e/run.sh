@@ -28,6 +28,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/images.sh"
 # shellcheck source=ci/e2e/activator.sh
 . "$REPO/ci/e2e/activator.sh"
+# shellcheck source=ci/e2e/host.sh
+. "$REPO/ci/e2e/host.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -51,6 +53,8 @@ tar tar
 python3 python3
 jq jq
 openssl openssl
+dpkg-deb dpkg
+objdump binutils
 EOF
   # The node machines share this machine's network (see write_config): the
   # fixture kubelet's port must be free, or the gate would probe someone else.
@@ -69,6 +73,9 @@ build_binaries() {
   cargo build --quiet --locked --workspace --tests
   ACTIVATOR=$REPO/target/debug/kubeslot-activator
   BUILDER=$REPO/target/debug/kubeslot-builder
+  # The outer host gets the activator as a host does: the Debian package
+  # (of this debug binary), installed with dpkg -i after boot.
+  DEB=$("$REPO/ci/deb/build.sh" --binary "$ACTIVATOR" --out "$WORK/kubeslot-activator.deb")
   # The fixture kubelet in six builds: v1, v2, v4, v5, v6 (other versions, so only
   # the Kubernetes layer differs) and v3 (never healthy). Each has its own target
   # dir so the build-time switches never make the main target dir rebuild.
@@ -194,14 +201,19 @@ scenario_images() {
 
 SCENARIOS=(
   images
+  deb_install
   nspawn_smoke
   unpack_and_boot
   unpack_killed
   openssl_signer
   design_files
+  unmanaged_machine_refused
+  adopt_unbounded
   activate_v1
   activate_v2_flip
+  reboot
   unsigned_refused
+  preflight_fails
   rollback
   activate_v3_rolls_back
   kill_mid_unpack
@@ -209,6 +221,7 @@ SCENARIOS=(
   kill_mid_flip
   kill_mid_gate
   config_change_activates
+  reboot_mid_flip
   airgap_archive
 )
 
@@ -248,9 +261,8 @@ main() {
   images_push
   images_sign
   outer_boot "$OUTER_TAR" \
-    --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator" \
-    --bind-ro="$ACTIVATOR:/usr/bin/kubeslot-activator" \
     --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
+  install_deb
   log "setup done in $((SECONDS - started)) s"
 
   local passed=0 failed=0 failures=() t0 rc
@@ -271,6 +283,8 @@ main() {
     rc=$?
     SCENARIO_PID=""
     set -e
+    # a scenario that rebooted the outer left its new PIDs in a file
+    outer_reload
     if [ $rc = 0 ]; then
       passed=$((passed + 1)); log "=== PASS $s ($((SECONDS - t0)) s)"
     else

@@ -3,13 +3,15 @@
 //! real Debian artifacts ([`debian`]), tar and gzip builders ([`tar`]), OCI
 //! image writers and a cosign-format test signer ([`image`]), `skopeo` and
 //! command helpers ([`tools`]), and golden-file comparison with one variable
-//! to refresh every golden file, `KUBESLOT_UPDATE_GOLDEN=1` ([`golden`]).
+//! to refresh every golden file, `KUBESLOT_UPDATE_GOLDEN=1` ([`golden`]),
+//! and a fake host tree for preflight checks ([`host`]).
 //! A missing tool fails the test with the install command, never skips it.
 //!
 //! It deliberately mocks nothing: tests get real processes and real files.
 
 pub mod debian;
 pub mod golden;
+pub mod host;
 pub mod image;
 pub mod registry;
 pub mod tar;
@@ -19,6 +21,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 pub use debian::{debian_mirror, debian_rootfs};
+pub use host::{apply_sysctl_dropins, fake_host, BOOT_SYSCTLS};
 pub use registry::Registry;
 
 /// Panics with an install hint when `tool` is not on PATH. Tests call this

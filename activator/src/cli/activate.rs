@@ -12,16 +12,24 @@ use super::HostArgs;
 /// Resolves and verifies the image, stages it into the inactive slot
 /// (kube1/kube2), renders its host files, stops the running machine, starts
 /// the new one and waits for it to be healthy (unit active, kubelet
-/// /healthz, GPU devices): then commits, or starts the old machine again and
-/// marks the image bad. A run that finds the leftovers of a run that died
-/// finishes or undoes them first. Writes report.json in every case.
+/// /healthz, GPU devices): then commits (the new machine is the one enabled
+/// at boot), or starts the old machine again and marks the image bad. A run
+/// that finds the leftovers of a run that died finishes or undoes them
+/// first, then reconciles with systemd: the committed machine not running
+/// (after a reboot) is started and gated (outcome "started"). Before a
+/// flip it writes and applies the host settings (sysctl.d, modules-load.d)
+/// and runs the preflight checks. Writes report.json in every case.
 ///
-/// Exit codes: 0 committed or already up to date; 1 error (nothing was
-/// flipped, or recovery could not finish, or the old machine did not pass
-/// its gate either after a rollback); 2 the new machine failed its health
-/// gate and the old one runs again; 3 the config cannot be read, is
-/// invalid, or names what this host lacks (CA file, trusted key, device); 4 the image failed on this host before and is not retried
-/// (see --force); 5 another run holds the lock.
+/// Exit codes: 0 committed, already up to date, or the committed node
+/// started; 1 error (nothing was flipped, or recovery could not finish, or
+/// the old machine did not pass its gate either after a rollback); 2 the
+/// new machine failed its health gate and the old one runs again; 3 the
+/// config cannot be read, is invalid, or names what this host lacks (CA
+/// file, trusted key, device), a preflight check failed, the target
+/// slot's machine is running, or a machine runs that kubeslot has no
+/// record of (see `adopt`): nothing was changed; 4 the image failed on this
+/// host before and is not retried (see --force); 5 another run holds the
+/// lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]

@@ -23,8 +23,10 @@ use super::HostArgs;
 /// slot already runs the image).
 ///
 /// Exit codes: 0 staged or up to date; 1 error; 3 the config cannot be
-/// read, is invalid, or names what this host lacks; 4 the image failed on
-/// this host before (see --force); 5 another run holds the lock.
+/// read, is invalid, or names what this host lacks, the inactive slot's
+/// machine is running, or a machine runs that kubeslot has no record of
+/// (see `adopt`); 4 the image failed on this host before (see --force); 5
+/// another run holds the lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]

@@ -3,11 +3,14 @@
 //! library call and print its result.
 
 pub mod activate;
+pub mod adopt;
 pub mod fetch;
 pub mod plan;
+pub mod preflight;
 pub mod render;
 pub mod rollback;
 pub mod status;
+pub mod uninstall;
 pub mod unpack;
 pub mod wait;
 

@@ -9,7 +9,8 @@ use kubeslot_activator::plan::Plan;
 use super::HostArgs;
 
 /// Show what `activate` would change: the slot flipped from and to, the
-/// digests, and a diff of the host files it would write.
+/// digests, a diff of the host files it would write, and of the host
+/// settings (sysctl.d, modules-load.d) it writes before a flip.
 ///
 /// Resolves and verifies the configured image (fetching no layer) and reads
 /// the state; writes nothing and does not take the run lock. Exit code 0
@@ -53,6 +54,7 @@ fn to_json(p: &Preview) -> serde_json::Value {
         "pending": p.state.pending,
         "summary": p.plan.to_string(),
         "files": p.diffs.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
+        "host_settings": p.host_settings.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
     });
     match &p.plan {
         Plan::UpToDate { slot, digest } => {
@@ -89,6 +91,12 @@ fn to_text(p: &Preview) -> String {
         s += &format!("--- {}\n{}", d.path.display(), d.diff);
         if !d.diff.ends_with('\n') {
             s.push('\n');
+        }
+    }
+    if !p.host_settings.is_empty() {
+        s += "host settings, written and applied before the next flip:\n";
+        for d in &p.host_settings {
+            s += &d.diff;
         }
     }
     s

@@ -9,15 +9,18 @@ use super::HostArgs;
 /// Flip back to the slot that ran before, without downloading anything.
 ///
 /// The previous slot must hold a committed former node (its tree is kept
-/// after every flip), and its tree must still match the fingerprint (entry
-/// count and size, /var/lib/kubeslot/slots/<machine>.tree) recorded when
-/// its machine was stopped: otherwise the rollback is refused (exit 1) and
-/// nothing is stopped or started. Its host files are re-rendered from the config it was
-/// activated with, the running machine is stopped, the previous one started
-/// and health-checked: on success it is committed and the image rolled away
-/// from is marked bad (so `activate` does not bring it back); on failure the
-/// machine that ran before the rollback runs again. --config is ignored.
-/// Exit codes as `activate`.
+/// after every flip) or the tree `adopt` took over, and its tree must still
+/// match the fingerprint (entry count and size,
+/// /var/lib/kubeslot/slots/<machine>.tree) recorded when its machine was
+/// stopped, and its machine must not be running: otherwise the rollback is
+/// refused (exit 1, or 3 for a running machine) and nothing is stopped or
+/// started. Its host files are re-rendered from the config it was activated
+/// with (an adopted tree keeps the files its tool wrote), the running
+/// machine is stopped, the previous one started and health-checked: on
+/// success it is committed (and enabled at boot instead) and the image
+/// rolled away from is marked bad (so `activate` does not bring it back);
+/// on failure the machine that ran before the rollback runs again.
+/// --config is ignored. Exit codes as `activate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]

@@ -56,13 +56,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for slot in Slot::ALL {
         let s = state.slot(slot);
         println!(
-            "  {slot}: {}{}",
+            "  {slot}: {}{}{}",
             s.status,
-            s.digest.map_or(String::new(), |d| format!(" {d}"))
+            s.digest.map_or(String::new(), |d| format!(" {d}")),
+            if s.adopted {
+                " (adopted: set up by another tool, not verified)"
+            } else {
+                ""
+            }
         );
     }
     if let Some(p) = &state.pending {
-        println!("pending: {} {} to {} ({})", p.kind, p.phase, p.to, p.digest);
+        println!(
+            "pending: {} {} to {} ({})",
+            p.kind,
+            p.phase,
+            p.to,
+            p.digest
+                .map_or_else(|| "adopted tree".to_string(), |d| d.to_string())
+        );
     }
     for b in &state.bad {
         println!("bad: {} at {}: {}", b.digest, b.at, b.reason);

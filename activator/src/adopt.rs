@@ -1,0 +1,612 @@
+//! `adopt`: take over a node that another tool set up, so the next
+//! activation flips away from it and `rollback` can return to it.
+//!
+//! The host it is for is one provisioned by unbounded-agent: a machine
+//! `kube1` (or `kube2` after an agent update) under `/var/lib/machines`,
+//! its `.nspawn` file and drop-in, `machines.target.wants` link, and the
+//! agent's `/etc/unbounded/agent/<machine>-applied-config.json` (with a
+//! `.sha256` sidecar), and no kubeslot state. [`adopt`] records that machine
+//! as the active slot, marked adopted and unverified (no image digest: it
+//! was never pulled or checked by kubeslot), and keeps its tree and files
+//! as they are: the next `activate` stages into the other slot and flips,
+//! and the adopted tree stays the rollback target until an image is staged
+//! over it. [`config_from_applied`] (pure, golden-tested) turns the applied
+//! config into an activator config: API server, cluster CA, bootstrap token
+//! or exec credential, cluster DNS, labels, taints, node name; every other
+//! field is listed with the reason it is not carried over.
+//!
+//! Given the root handle and the [`Systemd`] boundary (only to see whether
+//! machines run). It starts, stops, enables and renders nothing, and it
+//! refuses a host kubeslot already manages. Secrets (the token, exec
+//! credential environment) are written only into the 0600 config, never
+//! into messages.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+
+use crate::config::{Config, ConfigError, MAX_CONFIG_BYTES};
+use crate::lock::{Lock, LockError};
+use crate::paths::Root;
+use crate::slot::Slot;
+use crate::state::{SlotState, SlotStatus, State, StateError};
+use crate::systemd::{Systemd, SystemdError};
+use kubeslot_image::digest::Digest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error("adopt: kubeslot already manages this host ({state}: {what}); adopt takes over a host without kubeslot state")]
+    Managed { state: PathBuf, what: String },
+    #[error("adopt: no unbounded-agent applied config ({kube1} or {kube2}): name the machine to adopt with --machine")]
+    NoMachine { kube1: PathBuf, kube2: PathBuf },
+    #[error(
+        "adopt: both {kube1} and {kube2} exist: name the machine that runs the node with --machine"
+    )]
+    Ambiguous { kube1: PathBuf, kube2: PathBuf },
+    #[error("adopt: machine {machine}: {tree} is not a directory: nothing to adopt")]
+    NoTree { machine: Slot, tree: PathBuf },
+    #[error("adopt: machine {other} is running beside {machine}: stop the one that is not the node first")]
+    BothRunning { machine: Slot, other: Slot },
+    #[error("applied config {path}: {reason}")]
+    Applied { path: PathBuf, reason: String },
+    #[error("applied config {path}: {field}: {reason}")]
+    Field {
+        path: PathBuf,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("applied config {path}: content hashes to {actual} but {sidecar} says {expected} (edited or torn; unbounded-agent refuses it too)")]
+    Sidecar {
+        path: PathBuf,
+        sidecar: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("config {path} exists: pass --force to replace it")]
+    ConfigExists { path: PathBuf },
+    #[error("the written config would not load: {0}")]
+    Invalid(#[source] ConfigError),
+    #[error("config {path}: cannot write: {reason}")]
+    Write { path: PathBuf, reason: String },
+}
+
+/// What `adopt` is asked to do.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The machine to adopt; by default the one whose applied config
+    /// exists.
+    pub machine: Option<Slot>,
+    /// Also write an activator config from the applied config.
+    pub write_config: Option<WriteConfig>,
+    /// Change nothing; say what would be recorded and written.
+    pub dry_run: bool,
+}
+
+/// The activator config `adopt` writes.
+#[derive(Clone, Debug)]
+pub struct WriteConfig {
+    /// Where (the activator config path).
+    pub path: PathBuf,
+    /// The kubeslot image to activate next (not in the applied config:
+    /// the agent's image is a different, thin one).
+    pub image: String,
+    /// Trusted keys (`trust.public_keys`).
+    pub public_keys: Vec<PathBuf>,
+    /// Replace an existing config.
+    pub force: bool,
+    /// The applied config to read (default: the adopted machine's).
+    pub applied: Option<PathBuf>,
+}
+
+/// What `adopt` did (or would do, with `dry_run`).
+#[derive(Clone, Debug)]
+pub struct Adopted {
+    pub machine: Slot,
+    /// Whether its machine runs now.
+    pub running: bool,
+    /// The applied config the settings came from, when a config was made.
+    pub applied: Option<PathBuf>,
+    /// The activator config written (or to be written).
+    pub config: Option<Value>,
+    /// The config keys filled in, and why each other field was left out.
+    pub notes: Notes,
+}
+
+/// The outcome of converting an applied config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Notes {
+    /// `kubelet.*` keys set, in order.
+    pub carried: Vec<String>,
+    /// `(applied-config field, why it is not carried over)`.
+    pub dropped: Vec<(String, String)>,
+}
+
+impl Notes {
+    /// The notes as text (golden-tested; no values, so no secrets).
+    pub fn to_text(&self) -> String {
+        let mut s = format!("carried over: {}\n", self.carried.join(", "));
+        if !self.dropped.is_empty() {
+            s += "not carried over:\n";
+            for (field, why) in &self.dropped {
+                s += &format!("  {field}: {why}\n");
+            }
+        }
+        s
+    }
+}
+
+/// Applied-config fields kubeslot knows and does not use, and why.
+const KNOWN_DROPPED: &[(&str, &str)] = &[
+    ("MachineName", "the Machine custom resource's name; kubeslot does not register Machine objects"),
+    ("Cluster.Version", "the image's kubelet decides the Kubernetes version"),
+    ("CRI", "containerd and runc are baked into kubeslot images"),
+    ("CNI", "the CNI plugins are baked into kubeslot images"),
+    ("OCIImage", "unbounded-agent's thin image; the config's \"image\" is the kubeslot image given with --image"),
+    ("Downloads", "nothing is downloaded at provisioning time"),
+    ("Attest", "TPM attestation is not supported: the bootstrap token must be in the applied config"),
+    ("HostPrefix", "kubeslot installs nothing on the host's /usr"),
+    ("Kubelet.NodeIP", "not supported by kubeslot's kubelet settings yet"),
+    ("Kubelet.Configuration", "the KubeletConfiguration is the image's"),
+    ("Kubelet.ImageCredentialProvider", "not supported by kubeslot's kubelet settings yet"),
+    ("LocalDNS", "not supported: pods use the cluster DNS"),
+    ("OfflineArtifacts", "images come from the configured source (an oci-archive for air gaps)"),
+    ("AdditionalHostDevices", "use the config's \"devices\""),
+    ("AdditionalHostMounts", "not supported"),
+    ("Gantry", "not supported"),
+    ("ProvisioningFormat", "provisioning-time only"),
+    ("Kubelet.Auth.ExecCredential.installHint", "not used by kubeslot's exec credential"),
+    ("Kubelet.Auth.ExecCredential.provideClusterInfo", "kubeslot's kubeconfig sets provideClusterInfo: false"),
+    ("Kubelet.Auth.ExecCredential.interactiveMode", "kubeslot's kubeconfig sets interactiveMode: Never"),
+];
+
+/// Removes and returns `v[path...]`, leaving emptied objects in place.
+fn take(v: &mut Value, path: &[&str]) -> Option<Value> {
+    let (last, parents) = path.split_last()?;
+    let mut cur = v;
+    for p in parents {
+        cur = cur.get_mut(*p)?;
+    }
+    cur.as_object_mut()?.remove(*last)
+}
+
+/// The dotted paths of what is left in `v` (a known field reported as a
+/// whole, anything else leaf by leaf).
+fn leftovers(v: &Value, prefix: &str, out: &mut Vec<(String, String)>) {
+    let Value::Object(m) = v else {
+        if !prefix.is_empty() {
+            out.push((
+                prefix.to_string(),
+                "unknown field: not carried over".to_string(),
+            ));
+        }
+        return;
+    };
+    for (k, child) in m {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if child.as_object().is_some_and(Map::is_empty) || child.is_null() {
+            continue;
+        }
+        if let Some((_, why)) = KNOWN_DROPPED.iter().find(|(f, _)| *f == path) {
+            out.push((path, why.to_string()));
+        } else {
+            leftovers(child, &path, out);
+        }
+    }
+}
+
+/// Turns an applied config (unbounded-agent's `AgentConfig` JSON,
+/// PascalCase) into an activator config for `image` trusting
+/// `public_keys`, with notes. `path` names the file in errors.
+pub fn config_from_applied(
+    path: &Path,
+    bytes: &[u8],
+    image: &str,
+    public_keys: &[PathBuf],
+) -> Result<(Value, Notes), AdoptError> {
+    let field = |field: &'static str, reason: &str| AdoptError::Field {
+        path: path.to_path_buf(),
+        field,
+        reason: reason.to_string(),
+    };
+    let mut v: Value = serde_json::from_slice(bytes).map_err(|e| AdoptError::Applied {
+        path: path.to_path_buf(),
+        reason: format!("not JSON: {e}"),
+    })?;
+    if !v.is_object() {
+        return Err(AdoptError::Applied {
+            path: path.to_path_buf(),
+            reason: "not a JSON object".into(),
+        });
+    }
+    let mut notes = Notes::default();
+    let mut kubelet = Map::new();
+
+    let api = take(&mut v, &["Kubelet", "ApiServer"])
+        .and_then(|s| s.as_str().map(str::to_string))
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| field("Kubelet.ApiServer", "missing"))?;
+    // the agent prepends the scheme when it is missing; so do we
+    let api = if api.starts_with("https://") {
+        api
+    } else {
+        format!("https://{api}")
+    };
+    kubelet.insert("api_server".into(), api.into());
+    notes.carried.push("api_server".into());
+
+    let ca64 = take(&mut v, &["Cluster", "CaCertBase64"])
+        .and_then(|s| s.as_str().map(str::to_string))
+        .ok_or_else(|| field("Cluster.CaCertBase64", "missing"))?;
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(ca64.trim())
+        .map_err(|_| field("Cluster.CaCertBase64", "not base64"))?;
+    let ca = String::from_utf8(ca)
+        .ok()
+        .filter(|p| p.contains("-----BEGIN CERTIFICATE-----"))
+        .ok_or_else(|| {
+            field(
+                "Cluster.CaCertBase64",
+                "does not decode to a PEM certificate",
+            )
+        })?;
+    kubelet.insert("ca_data".into(), ca.into());
+    notes.carried.push("ca_data".into());
+
+    let token = take(&mut v, &["Kubelet", "Auth", "BootstrapToken"])
+        .and_then(|t| t.as_str().map(str::to_string))
+        .filter(|t| !t.is_empty());
+    let exec = take(&mut v, &["Kubelet", "Auth", "ExecCredential"]).filter(|e| !e.is_null());
+    match (token, exec) {
+        (Some(_), Some(_)) => {
+            return Err(field(
+                "Kubelet.Auth",
+                "both BootstrapToken and ExecCredential are set",
+            ))
+        }
+        (None, None) => {
+            return Err(field(
+                "Kubelet.Auth",
+                "neither BootstrapToken nor ExecCredential is set (an attested host's token is not in its applied config)",
+            ))
+        }
+        (Some(t), None) => {
+            kubelet.insert("bootstrap_token".into(), t.into());
+            notes.carried.push("bootstrap_token".into());
+        }
+        (None, Some(mut e)) => {
+            let command = take(&mut e, &["command"])
+                .and_then(|c| c.as_str().map(str::to_string))
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| field("Kubelet.Auth.ExecCredential.command", "missing"))?;
+            let mut exec = Map::new();
+            exec.insert("command".into(), command.into());
+            if let Some(args) = take(&mut e, &["args"]).filter(|a| !a.is_null()) {
+                exec.insert("args".into(), args);
+            }
+            if let Some(env) = take(&mut e, &["env"]).filter(|a| !a.is_null()) {
+                // [{"name", "value"}] → {"name": "value"}
+                let mut map = Map::new();
+                for item in env.as_array().into_iter().flatten() {
+                    let (Some(n), Some(val)) = (
+                        item.get("name").and_then(Value::as_str),
+                        item.get("value").and_then(Value::as_str),
+                    ) else {
+                        return Err(field(
+                            "Kubelet.Auth.ExecCredential.env",
+                            "entries must be {\"name\", \"value\"} strings",
+                        ));
+                    };
+                    map.insert(n.into(), val.into());
+                }
+                exec.insert("env".into(), map.into());
+            }
+            if let Some(api) = take(&mut e, &["apiVersion"]).filter(|a| !a.is_null()) {
+                exec.insert("api_version".into(), api);
+            }
+            kubelet.insert("exec_credential".into(), exec.into());
+            notes.carried.push("exec_credential".into());
+            // what is left of it is reported below
+            v["Kubelet"]["Auth"]["ExecCredential"] = e;
+        }
+    }
+
+    if let Some(dns) =
+        take(&mut v, &["Cluster", "ClusterDNS"]).and_then(|d| d.as_str().map(str::to_string))
+    {
+        let list: Vec<Value> = dns
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.to_string().into())
+            .collect();
+        if !list.is_empty() {
+            kubelet.insert("cluster_dns".into(), list.into());
+            notes.carried.push("cluster_dns".into());
+        }
+    }
+    match take(&mut v, &["NodeName"]).and_then(|n| n.as_str().map(str::to_string)) {
+        Some(n) if !n.is_empty() => {
+            kubelet.insert("node_name".into(), n.into());
+            notes.carried.push("node_name".into());
+        }
+        _ => notes.dropped.push((
+            "NodeName".into(),
+            "absent: unbounded-agent named the node after the host, and so does kubeslot by default".into(),
+        )),
+    }
+    if let Some(labels) = take(&mut v, &["Kubelet", "Labels"])
+        .filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
+    {
+        kubelet.insert("labels".into(), labels);
+        notes.carried.push("labels".into());
+    }
+    if let Some(taints) = take(&mut v, &["Kubelet", "RegisterWithTaints"])
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        kubelet.insert("taints".into(), taints);
+        notes.carried.push("taints".into());
+    }
+    leftovers(&v, "", &mut notes.dropped);
+
+    let config = json!({
+        "image": image,
+        "trust": {"public_keys": public_keys},
+        "kubelet": kubelet,
+    });
+    // The result must load as the activator will load it.
+    Config::parse(path, &serde_json::to_vec(&config).expect("json"))
+        .map_err(AdoptError::Invalid)?;
+    Ok((config, notes))
+}
+
+/// Reads an applied config and checks its `.sha256` sidecar as
+/// unbounded-agent does (a missing sidecar is accepted: the agent's own
+/// crash window).
+pub fn read_applied(path: &Path) -> Result<Vec<u8>, AdoptError> {
+    let applied = |reason: String| AdoptError::Applied {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| applied(e.to_string()))?;
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(applied(format!("larger than {MAX_CONFIG_BYTES} bytes")));
+    }
+    let bytes = std::fs::read(path).map_err(|e| applied(e.to_string()))?;
+    let mut sidecar = path.as_os_str().to_owned();
+    sidecar.push(".sha256");
+    let sidecar = PathBuf::from(sidecar);
+    if let Ok(text) = std::fs::read_to_string(&sidecar) {
+        let actual = Digest::of(&bytes).hex();
+        if text.trim() != actual {
+            return Err(AdoptError::Sidecar {
+                path: path.to_path_buf(),
+                sidecar,
+                expected: text.trim().to_string(),
+                actual,
+            });
+        }
+    }
+    Ok(bytes)
+}
+
+/// Records the machine as the adopted active slot (and writes the config),
+/// under the run lock. See the module doc.
+pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopted, AdoptError> {
+    let lock = Lock::try_exclusive(root)?;
+    let mut state = State::load_repairing(root)?;
+    let managed: Vec<String> = Slot::ALL
+        .iter()
+        .filter(|s| state.slot(**s).status != SlotStatus::Empty)
+        .map(|s| format!("{s} {}", state.slot(*s).status))
+        .chain(state.active.map(|a| format!("{a} active")))
+        .chain(
+            state
+                .pending
+                .as_ref()
+                .map(|p| format!("a flip to {} pending", p.to)),
+        )
+        .collect();
+    if !managed.is_empty() {
+        return Err(AdoptError::Managed {
+            state: root.state_file(),
+            what: managed.join(", "),
+        });
+    }
+    let machine = match opts.machine {
+        Some(m) => m,
+        None => {
+            let [k1, k2] = Slot::ALL.map(|s| root.unbounded_applied_config(s.machine()));
+            match (k1.exists(), k2.exists()) {
+                (true, false) => Slot::Kube1,
+                (false, true) => Slot::Kube2,
+                (true, true) => {
+                    return Err(AdoptError::Ambiguous {
+                        kube1: k1,
+                        kube2: k2,
+                    })
+                }
+                (false, false) => {
+                    return Err(AdoptError::NoMachine {
+                        kube1: k1,
+                        kube2: k2,
+                    })
+                }
+            }
+        }
+    };
+    let tree = root.machine_tree(machine.machine());
+    if !tree.is_dir() {
+        return Err(AdoptError::NoTree { machine, tree });
+    }
+    let running_of = |s: Slot| -> Result<bool, AdoptError> {
+        Ok(systemd.is_active(&s.unit())? || systemd.machine_registered(s.machine())?)
+    };
+    let running = running_of(machine)?;
+    let other = machine.other();
+    if running_of(other)? {
+        return Err(AdoptError::BothRunning { machine, other });
+    }
+    // The config first, in memory: a bad applied config changes nothing.
+    let mut made = None;
+    if let Some(w) = &opts.write_config {
+        let applied = w
+            .applied
+            .clone()
+            .unwrap_or_else(|| root.unbounded_applied_config(machine.machine()));
+        let bytes = read_applied(&applied)?;
+        let (config, notes) = config_from_applied(&applied, &bytes, &w.image, &w.public_keys)?;
+        if w.path.exists() && !w.force {
+            return Err(AdoptError::ConfigExists {
+                path: w.path.clone(),
+            });
+        }
+        made = Some((applied, config, notes, w));
+    }
+    if !opts.dry_run {
+        *state.slot_mut(machine) = SlotState {
+            status: SlotStatus::Active,
+            adopted: true,
+            ..SlotState::default()
+        };
+        state.active = Some(machine);
+        state.save(root)?;
+    }
+    // The config is written after the lock is released: a path unit
+    // watching it starts an activation at once, which must find the
+    // adoption recorded and the lock free.
+    drop(lock);
+    let mut adopted = Adopted {
+        machine,
+        running,
+        applied: None,
+        config: None,
+        notes: Notes::default(),
+    };
+    if let Some((applied, config, notes, w)) = made {
+        if !opts.dry_run {
+            if let Some(dir) = w.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| AdoptError::Write {
+                    path: w.path.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+            let mut bytes = serde_json::to_vec_pretty(&config).expect("json");
+            bytes.push(b'\n');
+            // it holds the credential: root only
+            kubeslot_image::atomic::write_file_mode(&w.path, &bytes, 0o600).map_err(|e| {
+                AdoptError::Write {
+                    path: w.path.clone(),
+                    reason: kubeslot_image::error_chain(&e),
+                }
+            })?;
+        }
+        adopted.applied = Some(applied);
+        adopted.config = Some(config);
+        adopted.notes = notes;
+    }
+    Ok(adopted)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Golden conversions of applied configs written from unbounded-agent's
+    //! documented schema (`testdata/adopt/<scenario>/applied-config.json`
+    //! → `activator.json` and `notes.txt`, or `error.txt`);
+    //! `KUBESLOT_UPDATE_GOLDEN=1` rewrites the expected files.
+
+    use super::*;
+
+    fn scenarios() -> Vec<PathBuf> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/adopt");
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn golden(path: &Path, got: &str) {
+        if std::env::var_os("KUBESLOT_UPDATE_GOLDEN").is_some() {
+            std::fs::write(path, got).unwrap();
+            return;
+        }
+        let want = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (KUBESLOT_UPDATE_GOLDEN=1 writes it)",
+                path.display()
+            )
+        });
+        assert_eq!(got, want, "{} differs", path.display());
+    }
+
+    #[test]
+    fn applied_configs_convert_as_the_golden_files_say() {
+        let all = scenarios();
+        assert!(all.len() >= 5, "{all:?}");
+        for dir in all {
+            let applied = dir.join("applied-config.json");
+            let bytes = std::fs::read(&applied).unwrap();
+            // the file name in errors is the host path, not the checkout's
+            let shown = Path::new("/etc/unbounded/agent/kube1-applied-config.json");
+            match config_from_applied(
+                shown,
+                &bytes,
+                "ghcr.io/example/kubeslot-node:v1.35.1",
+                &[PathBuf::from("/etc/kubeslot/trust/release.pub")],
+            ) {
+                Ok((config, notes)) => {
+                    let mut text = serde_json::to_string_pretty(&config).unwrap();
+                    text.push('\n');
+                    golden(&dir.join("activator.json"), &text);
+                    golden(&dir.join("notes.txt"), &notes.to_text());
+                    assert!(!dir.join("error.txt").exists(), "{}", dir.display());
+                    // no value of the applied config reaches the notes
+                    for secret in ["abcdef.0123456789abcdef", "s3cr3t"] {
+                        assert!(!notes.to_text().contains(secret), "{}", dir.display());
+                    }
+                }
+                Err(e) => {
+                    golden(
+                        &dir.join("error.txt"),
+                        &format!("{}\n", kubeslot_image::error_chain(&e)),
+                    );
+                    assert!(!dir.join("activator.json").exists(), "{}", dir.display());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sidecar_that_does_not_match_is_refused_and_a_missing_one_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kube1-applied-config.json");
+        std::fs::write(&p, b"{}").unwrap();
+        read_applied(&p).unwrap();
+        std::fs::write(
+            dir.path().join("kube1-applied-config.json.sha256"),
+            format!("{}\n", Digest::of(b"{}").hex()),
+        )
+        .unwrap();
+        read_applied(&p).unwrap();
+        std::fs::write(dir.path().join("kube1-applied-config.json.sha256"), "00\n").unwrap();
+        let e = read_applied(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("kube1-applied-config.json.sha256 says 00"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! `kubeslot-activator adopt`: take over a node another tool set up (see
+//! [`kubeslot_activator::adopt`]). Given the arguments; asks the real
+//! systemd tools only whether machines run.
+
+use std::path::PathBuf;
+
+use kubeslot_activator::adopt::{self, Options, WriteConfig};
+use kubeslot_activator::report::exit;
+use kubeslot_activator::slot::Slot;
+use kubeslot_activator::systemd::SystemCtl;
+use kubeslot_image::error_chain;
+
+use super::{Failed, HostArgs};
+
+/// Take over a node machine that unbounded-agent set up, so kubeslot can
+/// flip away from it and roll back to it.
+///
+/// For a host with no kubeslot state whose node runs in kube1 (or kube2),
+/// provisioned by unbounded-agent (/etc/unbounded/agent/<machine>-applied-config.json).
+/// Records that machine as the active slot, marked adopted and unverified
+/// (it came from no kubeslot image): its tree, .nspawn file and drop-in are
+/// kept as they are, nothing is stopped, started or rendered. The next
+/// `activate` stages the configured image into the other slot and flips to
+/// it; `rollback` then returns to the adopted machine, which stays the
+/// rollback target until an image is staged over it. Without `adopt`,
+/// `activate` refuses such a host (exit 3).
+///
+/// With --write-config it also writes the activator config (--config, mode
+/// 0600; an existing one only with --force) from the applied config: API
+/// server, cluster CA, bootstrap token or exec credential, cluster DNS,
+/// labels, taints, node name; --image and --public-key say what to
+/// activate and whom to trust. Every applied-config field not carried over
+/// is listed with the reason. The config is written after the adoption is
+/// recorded, so an enabled kubeslot-activator.path starts the flip at once.
+///
+/// Exit codes: 0 adopted; 1 error (nothing changed); 3 the applied config
+/// cannot be used (nothing changed); 5 another run holds the lock.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// The machine to adopt. Default: the one whose applied config exists.
+    #[arg(long, value_name = "MACHINE")]
+    pub machine: Option<Slot>,
+    /// Write the activator config (--config) from the applied config.
+    #[arg(long, requires_all = ["image", "public_key"])]
+    pub write_config: bool,
+    /// The kubeslot image to activate next (with --write-config):
+    /// REGISTRY/REPO[:TAG][@DIGEST], oci:DIR[:TAG] or oci-archive:FILE[:TAG].
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// A trusted PEM public key for the config's trust.public_keys (with
+    /// --write-config; repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub public_key: Vec<PathBuf>,
+    /// Read this applied config instead of the adopted machine's.
+    #[arg(long, value_name = "FILE")]
+    pub applied_config: Option<PathBuf>,
+    /// Replace an existing activator config.
+    #[arg(long)]
+    pub force: bool,
+    /// Change nothing: print what would be recorded, and the config.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let root = args.host.root();
+    let config_path = args.host.config_path();
+    let opts = Options {
+        machine: args.machine,
+        write_config: args.write_config.then(|| WriteConfig {
+            path: config_path.clone(),
+            image: args.image.clone().unwrap_or_default(),
+            public_keys: args.public_key.clone(),
+            force: args.force,
+            applied: args.applied_config.clone(),
+        }),
+        dry_run: args.dry_run,
+    };
+    let done = adopt::adopt(&root, &SystemCtl, &opts).map_err(|e| {
+        let code = match e {
+            adopt::AdoptError::Lock(kubeslot_activator::lock::LockError::Busy { .. }) => exit::BUSY,
+            adopt::AdoptError::Applied { .. }
+            | adopt::AdoptError::Field { .. }
+            | adopt::AdoptError::Sidecar { .. }
+            | adopt::AdoptError::Invalid(_) => exit::CONFIG,
+            _ => exit::FAILED,
+        };
+        Failed {
+            code,
+            message: error_chain(&e),
+        }
+    })?;
+    let m = done.machine;
+    let would = if args.dry_run {
+        "would adopt"
+    } else {
+        "adopted"
+    };
+    println!(
+        "{would} {m} ({}): the active slot, unverified; its tree and host files stay as they are and remain the rollback target until an image is staged over them",
+        if done.running { "running" } else { "not running: the next activate starts it" }
+    );
+    println!(
+        "the next `kubeslot-activator activate` stages the configured image into {} and flips to it",
+        m.other()
+    );
+    if let (Some(applied), Some(config)) = (&done.applied, &done.config) {
+        let verb = if args.dry_run { "would write" } else { "wrote" };
+        println!(
+            "{verb} {} (mode 0600) from {}",
+            config_path.display(),
+            applied.display()
+        );
+        print!("{}", done.notes.to_text());
+        if args.dry_run {
+            // the credential is the operator's own; dry-run shows the file
+            println!("{}", serde_json::to_string_pretty(config)?);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! `kubeslot-activator preflight`: the checks `activate` runs before every
+//! flip, printed (kubeadm style or `--json`), changing nothing. Given the
+//! arguments; calls [`kubeslot_activator::preflight::run`].
+
+use kubeslot_activator::activate;
+use kubeslot_activator::config::{Config, GpuMode};
+use kubeslot_activator::host_settings;
+use kubeslot_activator::preflight::{self, Inputs};
+use kubeslot_activator::report::exit;
+use kubeslot_image::error_chain;
+
+use super::{Failed, HostArgs};
+
+/// Check that this host can run node machines, changing nothing.
+///
+/// Runs the checks `activate` runs before every flip and prints each with
+/// its verdict (PASS, WARN, FAIL or IGNORED), the value seen and the value
+/// needed: systemd and systemd-container, cgroup v2 and its controllers,
+/// the overlay and br_netfilter modules, the kernel parameters the kubelet
+/// needs (sysctl-*), swap, free space under /var/lib/machines, /dev/kmsg,
+/// other container engines, and with GPUs the NVIDIA driver. Reads /proc,
+/// /sys and /dev under --root. With a readable config, its
+/// "preflight.ignore" list applies and the image is resolved (no layer is
+/// fetched) to estimate the space it needs. Before the first `activate`
+/// the kernel parameters it sets are not applied yet: those checks warn
+/// instead of failing.
+///
+/// Exit codes: 0 nothing failed (or every failure is ignored); 3 a check
+/// failed; 1 the config cannot be read.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Print {"passed": bool, "checks": [{name, status, seen, needed, hint,
+    /// ignored}]} as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not fail on this check (repeatable): a name, a prefix ending in
+    /// '*' (sysctl-*) or "all". Added to the config's "preflight.ignore".
+    #[arg(long, value_name = "NAME")]
+    pub ignore: Vec<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let root = args.host.root();
+    let path = args.host.config_path();
+    let mut inputs = Inputs {
+        gpu: GpuMode::Auto,
+        ignore: args.ignore.clone(),
+        image_bytes: None,
+        settings_pending: !host_settings::diff(&root).is_empty(),
+    };
+    if path.exists() {
+        let config = Config::load(&path).map_err(|e| Failed {
+            code: exit::CONFIG,
+            message: error_chain(&e),
+        })?;
+        inputs.gpu = config.gpu;
+        inputs
+            .ignore
+            .extend(config.preflight.ignore.iter().cloned());
+        match activate::image_size(&root, &config) {
+            Ok(bytes) => inputs.image_bytes = Some(bytes),
+            // the disk-space check then says the size is unknown
+            Err(e) => eprintln!("preflight: image size unknown: {}", error_chain(&e)),
+        }
+    }
+    let result = preflight::run(&root, &inputs);
+    if args.json {
+        let v = serde_json::json!({"passed": result.passed(), "checks": result.checks});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{result}");
+    }
+    if result.passed() {
+        return Ok(());
+    }
+    Err(Failed {
+        code: exit::CONFIG,
+        message: format!(
+            "preflight: {} check(s) failed: {}",
+            result.blocking().len(),
+            result.failure_summary()
+        ),
+    }
+    .into())
+}

@@ -1,0 +1,108 @@
+//! A fake host tree for the activator's preflight and host-settings tests:
+//! the files its checks read under a root (`/proc`, `/sys`, `/dev`, the
+//! dpkg database), as a Debian bookworm host that can run node machines
+//! has them, and what `systemd-sysctl` does with kubeslot's drop-in.
+//!
+//! Given a directory used as the root; writes only below it (`/dev/kmsg`
+//! is a real character device made with `mknod`: the tests run as root).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The kernel parameters of a typical host as booted (the kernel's own
+/// defaults), before kubeslot's sysctl drop-in is applied.
+pub const BOOT_SYSCTLS: &[(&str, &str)] = &[
+    ("vm.overcommit_memory", "0"),
+    ("vm.panic_on_oom", "0"),
+    ("kernel.panic", "0"),
+    ("kernel.panic_on_oops", "0"),
+    ("kernel.keys.root_maxkeys", "1000000"),
+    ("kernel.keys.root_maxbytes", "25000000"),
+    ("net.ipv4.ip_forward", "0"),
+    ("net.bridge.bridge-nf-call-iptables", "1"),
+    ("net.bridge.bridge-nf-call-ip6tables", "1"),
+    ("kernel.osrelease", "6.1.0-kubeslot-test"),
+];
+
+/// Writes, under `root`, the files the activator's preflight reads on a
+/// Debian bookworm host that can run node machines, as booted: systemd 252
+/// as init, systemd-container, unified cgroup v2 with the usual
+/// controllers, `overlay` and `br_netfilter` loaded, the kernel's default
+/// sysctls ([`BOOT_SYSCTLS`]: kubeslot's drop-in not applied yet), no swap,
+/// `/dev/kmsg` (a real character device: needs root). Tests then change
+/// what their scenario needs.
+pub fn fake_host(root: &Path) {
+    let write = |rel: &str, text: &str| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    std::fs::create_dir_all(root.join("run/systemd/system")).unwrap();
+    write(
+        "var/lib/dpkg/status",
+        "Package: systemd\nStatus: install ok installed\nVersion: 252.39-1~deb12u1\n\n\
+         Package: systemd-container\nStatus: install ok installed\nVersion: 252.39-1~deb12u1\n",
+    );
+    for f in ["usr/bin/systemd-nspawn", "usr/bin/machinectl"] {
+        write(f, "");
+    }
+    write("lib/systemd/system/systemd-nspawn@.service", "[Service]\n");
+    write(
+        "sys/fs/cgroup/cgroup.controllers",
+        "cpuset cpu io memory hugetlb pids rdma misc\n",
+    );
+    write(
+        "proc/modules",
+        "br_netfilter 32768 0 - Live 0x0000000000000000\noverlay 163840 0 - Live 0x0000000000000000\n",
+    );
+    write("proc/filesystems", "nodev\tsysfs\nnodev\toverlay\n");
+    write(
+        "proc/swaps",
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n",
+    );
+    for (key, value) in BOOT_SYSCTLS {
+        write(
+            &format!("proc/sys/{}", key.replace('.', "/")),
+            &format!("{value}\n"),
+        );
+    }
+    let kmsg = root.join("dev/kmsg");
+    std::fs::create_dir_all(kmsg.parent().unwrap()).unwrap();
+    let _ = std::fs::remove_file(&kmsg);
+    let status = Command::new("mknod")
+        .arg(&kmsg)
+        .args(["c", "1", "11"])
+        .status()
+        .expect("run mknod");
+    assert!(
+        status.success(),
+        "mknod {} c 1 11 failed (tests run as root)",
+        kmsg.display()
+    );
+}
+
+/// What `systemd-sysctl` does at boot, on a [`fake_host`]: every
+/// `key = value` line of `<root>/etc/sysctl.d/*.conf`, in file name order,
+/// written to `<root>/proc/sys/<key>` (existing keys only, as the kernel).
+pub fn apply_sysctl_dropins(root: &Path) {
+    let Ok(dir) = std::fs::read_dir(root.join("etc/sysctl.d")) else {
+        return;
+    };
+    let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+                continue;
+            }
+            if let Some((k, v)) = line.split_once('=') {
+                let p = root.join("proc/sys").join(k.trim().replace('.', "/"));
+                if p.is_file() {
+                    std::fs::write(p, format!("{}\n", v.trim())).unwrap();
+                }
+            }
+        }
+    }
+}
