@@ -75,7 +75,7 @@ build_binaries() {
   BUILDER=$REPO/target/debug/kubeslot-builder
   # The outer host gets the activator as a host does: the Debian package
   # (of this debug binary), installed with dpkg -i after boot.
-  DEB=$("$REPO/ci/deb/build.sh" --binary "$ACTIVATOR" --out "$WORK/kubeslot-activator.deb")
+  DEB=$("$REPO/ci/deb/build.sh" --binary "$ACTIVATOR" --compress gzip --out "$WORK/kubeslot-activator.deb")
   # The fixture kubelet in six builds: v1, v2, v4, v5, v6 (other versions, so only
   # the Kubernetes layer differs) and v3 (never healthy). Each has its own target
   # dir so the build-time switches never make the main target dir rebuild.
