@@ -1,4 +1,6 @@
 # shellcheck shell=bash
+# REF_vN and DIGEST_vN are set by images.sh (sourced before this file).
+# shellcheck disable=SC2154
 # The host's whole life, sourced by ci/e2e/run.sh after activator.sh: the
 # Debian package installed and removed (deb_install), a node machine that
 # another tool set up refused and then adopted (unmanaged_machine_refused,
@@ -35,6 +37,7 @@ unit_enabled() { outer systemctl is-enabled --quiet "$1" 2>/dev/null; }
 scenario_deb_install() {
   local version
   check "dpkg knows the package" bash -c "nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- dpkg-query -W -f='\${Status}' kubeslot-activator | grep -qx 'install ok installed'" || return 1
+  # shellcheck disable=SC2016 # a dpkg-query format, not a shell expansion
   version=$(outer dpkg-query -W -f='${Version}' kubeslot-activator)
   check_eq "kubeslot-activator version = the package's" "$(outer kubeslot-activator version)" "$version" || return 1
   outer dpkg -r kubeslot-activator >"$WORK/logs/dpkg-remove.log" 2>&1 || { cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg -r"; return 1; }
