@@ -54,6 +54,9 @@ pub struct Config {
     /// Host checks run before every flip.
     #[serde(default)]
     pub preflight: PreflightSettings,
+    /// How long a run may spend on registries.
+    #[serde(default)]
+    pub download: Download,
 }
 
 /// Preflight settings (see the `preflight` module).
@@ -66,6 +69,31 @@ pub struct PreflightSettings {
     /// that may fail in the way the check describes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore: Vec<String>,
+}
+
+/// Bounds on a run's registry work (owner: fleet). A registry that answers
+/// 429 or 503 is asked again after a wait (its `Retry-After`, plus a random
+/// share of a growing backoff); the deadline bounds all of it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Download {
+    /// Every request of one run (resolve, signatures, blobs, retries and
+    /// waits) ends within this many seconds of the first one; the run then
+    /// fails, keeping partial blobs for the next run to continue.
+    #[serde(default = "default_deadline_secs")]
+    pub deadline_secs: u64,
+}
+
+fn default_deadline_secs() -> u64 {
+    3600
+}
+
+impl Default for Download {
+    fn default() -> Self {
+        Download {
+            deadline_secs: default_deadline_secs(),
+        }
+    }
 }
 
 /// Unpack policy settings (owner: activator-core). Every field only widens
@@ -359,6 +387,9 @@ impl Config {
                 "timeout_secs and successes must be positive",
             ));
         }
+        if self.download.deadline_secs == 0 {
+            return Err(invalid("download.deadline_secs", "must be positive"));
+        }
         Ok(())
     }
 }
@@ -386,6 +417,25 @@ mod tests {
         assert_eq!(c.gpu, GpuMode::Auto);
         assert!(!c.trust.allow_unsigned);
         assert_eq!(c.network, NetworkMode::Host);
+        assert_eq!(c.download.deadline_secs, 3600);
+    }
+
+    #[test]
+    fn the_download_deadline_is_positive() {
+        let c = parse(
+            &minimal("").replace(r#"{"image""#, r#"{"download":{"deadline_secs":90},"image""#),
+        )
+        .unwrap();
+        assert_eq!(c.download.deadline_secs, 90);
+        let e = parse(
+            &minimal("").replace(r#"{"image""#, r#"{"download":{"deadline_secs":0},"image""#),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("download.deadline_secs: must be positive"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::paths::Root;
 use crate::slot::Slot;
+use kubeslot_image::retry::Traffic;
 
 /// Exit codes (also in the report). Non-zero codes below 64 stay clear of
 /// the shell's and systemd's reserved ranges.
@@ -98,6 +99,11 @@ pub struct Report {
     /// (failed, ignored, warned).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<crate::preflight::Finding>,
+    /// What the run asked its registries: requests sent (retries included),
+    /// answers that were 429/503, and the time spent waiting before asking
+    /// again. Absent when the run sent no request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_requests: Option<Traffic>,
     pub started: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
@@ -119,6 +125,7 @@ impl Report {
             downloads: None,
             host_settings: None,
             preflight: Vec::new(),
+            registry_requests: None,
             started: now_rfc3339(),
             finished: None,
             phases: Vec::new(),
@@ -214,6 +221,14 @@ impl Report {
             s += &format!(
                 "  downloads: {} blobs fetched ({} bytes), {} reused\n",
                 d.blobs_fetched, d.bytes_fetched, d.blobs_reused
+            );
+        }
+        if let Some(t) = self.registry_requests {
+            s += &format!(
+                "  registry requests: {} sent, {} answered 429/503, waited {:.1} s\n",
+                t.sent,
+                t.throttled,
+                t.waited_ms as f64 / 1000.0
             );
         }
         s += &format!(

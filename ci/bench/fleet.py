@@ -193,6 +193,8 @@ def run_round(args, tag, digests, logs):
         lines = read_window(path, offsets[path])
         if "origin" in roles:
             row["origin_bytes"] = sum(size for m, _, s, size in lines if m == "GET")
+            row["origin_blob_bytes"] = sum(size for m, p, s, size in lines
+                                           if m == "GET" and "/blobs/" in p)
             row["origin_requests"] = len(lines)
         if "hosts" in roles:
             row["host_requests"] = len(lines)
@@ -231,24 +233,29 @@ def mb(n):
 
 def table(args):
     rows = [json.loads(l) for l in open(args.results)]
-    print("| topology | round | hosts | origin MB out | MB/host | requests/host | last host converged | failures | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| topology | round | hosts | origin MB out | MB/host | requests/host | waited/host (max) "
+          "| last host converged | failures | ratio (blobs only) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         n = r["hosts"]
-        origin = r.get("origin_bytes", 0)
+        origin, blobs = r.get("origin_bytes", 0), r.get("origin_blob_bytes", 0)
         new = r["new_bytes"]
         if r["topology"].startswith("1"):
-            ratio = f"origin / (new × hosts) = {origin / (new * n):.3f}"
+            ratio = f"{origin / (new * n):.3f} ({blobs / (new * n):.3f})"
         elif r["topology"].startswith("2"):
-            ratio = f"origin / new = {origin / new:.3f}"
+            ratio = f"{origin / new:.3f} ({blobs / new:.3f})"
         else:
             ratio = f"{r.get('answered_429', 0)} × 429"
-            if "waited_s_max" in r:
-                ratio += f", waited ≤ {r['waited_s_max']:.1f} s/host"
+        waited = "-"
+        if "waited_s_max" in r:
+            waited = f"{r['waited_s_mean']:.1f} s ({r['waited_s_max']:.1f} s)"
         last = r["last_converged_s"]
         print(f"| {r['topology']} | {r['round']} (new {mb(new)} MB) | {n} | {mb(origin)} | "
-              f"{mb(r.get('host_bytes', 0) / n)} | {r.get('host_requests', 0) / n:.1f} | "
+              f"{mb(r.get('host_bytes', 0) / n)} | {r.get('host_requests', 0) / n:.1f} | {waited} | "
               f"{'-' if last is None else f'{last:.1f} s'} | {r['failures']} | {ratio} |")
+    print()
+    print("ratio: origin bytes / (new bytes x hosts) for 1, origin bytes / new bytes for 2*;"
+          " in brackets the same for blob GETs only (manifests and tags left out)")
     for r in rows:
         for f in r.get("failure_examples", [])[:1]:
             print(f"first failure ({r['topology']}, {r['round']}): {f}")

@@ -48,7 +48,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-keep=0 hosts=200 image_mb= parallel= rate= timeout=600 deadline=0 topologies=1,2,2w,2n,3
+keep=0 hosts=200 image_mb='' parallel='' rate='' timeout=600 deadline=0 topologies=1,2,2w,2n,3
 while [ $# -gt 0 ]; do
   case $1 in
     --hosts) hosts=$2; shift 2 ;;
@@ -66,7 +66,7 @@ done
 for v in "$hosts" "$timeout" "$deadline" ${image_mb:+"$image_mb"} ${parallel:+"$parallel"} ${rate:+"$rate"}; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "fleet.sh: $v is not a whole number" >&2; exit 2; }
 done
-[ "$hosts" -ge 1 ] && [ "$hosts" -le 5000 ] || { echo "fleet.sh: --hosts must be 1..5000" >&2; exit 2; }
+if [ "$hosts" -lt 1 ] || [ "$hosts" -gt 5000 ]; then echo "fleet.sh: --hosts must be 1..5000" >&2; exit 2; fi
 [ -n "$image_mb" ] || { if [ "$hosts" -ge 300 ]; then image_mb=1; else image_mb=4; fi; }
 [ "$image_mb" -ge 1 ] || { echo "fleet.sh: --image-mb must be at least 1" >&2; exit 2; }
 [ -n "$parallel" ] || parallel=$(( hosts < 200 ? hosts : 200 ))
@@ -86,7 +86,7 @@ activator=$repo/target/release/kubeslot-activator
 builder=$repo/target/debug/kubeslot-builder
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/kubeslot-fleet.XXXXXX")
-pids=() mounted= launcher=
+pids=() mounted='' launcher=''
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -227,6 +227,8 @@ fleet() {
   launcher=
 }
 
+# (nginx variables, not the shell's)
+# shellcheck disable=SC2016
 proxy_common='      proxy_set_header Host $http_host;
       proxy_http_version 1.1;
       proxy_set_header Connection "";'

@@ -17,6 +17,7 @@ pub mod digest;
 pub mod layout;
 pub mod oci;
 pub mod reference;
+pub mod retry;
 pub mod registry;
 pub mod signature;
 pub mod source;

@@ -2,9 +2,10 @@
 //! binary keeps its own copy: a real Debian `docker-registry` ([`registry`]),
 //! real Debian artifacts ([`debian`]), tar and gzip builders ([`tar`]), OCI
 //! image writers and a cosign-format test signer ([`image`]), `skopeo` and
-//! command helpers ([`tools`]), and golden-file comparison with one variable
-//! to refresh every golden file, `KUBESLOT_UPDATE_GOLDEN=1` ([`golden`]),
-//! and a fake host tree for preflight checks ([`host`]).
+//! command helpers ([`tools`]), a relay in front of a registry that scripts
+//! refusals such as 429 ([`relay`]), golden-file comparison with one
+//! variable to refresh every golden file, `KUBESLOT_UPDATE_GOLDEN=1`
+//! ([`golden`]), and a fake host tree for preflight checks ([`host`]).
 //! A missing tool fails the test with the install command, never skips it.
 //!
 //! It deliberately mocks nothing: tests get real processes and real files.
@@ -13,6 +14,7 @@ pub mod debian;
 pub mod golden;
 pub mod host;
 pub mod image;
+pub mod relay;
 pub mod registry;
 pub mod tar;
 pub mod tools;
