@@ -53,11 +53,14 @@
 //! It does not parse arguments or print (the `cli` modules do), and it runs
 //! nothing from an image.
 
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kubeslot_image::atomic::AtomicError;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::Platform;
+use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::{Source, SourceError};
 use kubeslot_image::verify::VerifyError;
 
@@ -70,6 +73,7 @@ use crate::lock::{Lock, LockError};
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
 use crate::preflight;
+use crate::progress;
 use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
 use crate::slot::Slot;
@@ -209,7 +213,9 @@ pub fn activate(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &O
         Err(e) => return busy(report, e),
     };
     failpoint::hit("after-lock");
-    let result = run_activate(root, config_path, systemd, opts, &mut report);
+    let host = Host::new(root, systemd);
+    let result = run_activate(&host, config_path, opts, &mut report);
+    host.record_traffic(&mut report);
     finish(root, report, result, lock)
 }
 
@@ -225,7 +231,9 @@ pub fn fetch(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &Opti
         Err(e) => return busy(report, e),
     };
     failpoint::hit("after-lock");
-    let result = run_fetch(root, config_path, systemd, opts, &mut report);
+    let host = Host::new(root, systemd);
+    let result = run_fetch(&host, config_path, opts, &mut report);
+    host.record_traffic(&mut report);
     finish(root, report, result, lock)
 }
 
@@ -266,10 +274,45 @@ fn finish(root: &Root, mut report: Report, result: Result<(), ActivateError>, lo
     Ran { report, saved }
 }
 
-/// What a run acts on: the root and the service manager.
+/// What a run acts on: the root and the service manager; and, once the
+/// config is read, the pacing of its registry requests (their deadline,
+/// and what was sent and waited, for the report).
 struct Host<'a> {
     root: &'a Root,
     systemd: &'a dyn Systemd,
+    pacing: OnceCell<Arc<Pacing>>,
+}
+
+impl<'a> Host<'a> {
+    fn new(root: &'a Root, systemd: &'a dyn Systemd) -> Host<'a> {
+        Host {
+            root,
+            systemd,
+            pacing: OnceCell::new(),
+        }
+    }
+
+    /// The report's `registry_requests` (when anything was sent), and a
+    /// progress line when the run had to wait for a registry.
+    fn record_traffic(&self, report: &mut Report) {
+        let Some(t) = self.pacing.get().map(|p| p.traffic()) else {
+            return;
+        };
+        if t.sent == 0 {
+            return;
+        }
+        if t.throttled > 0 {
+            progress::line(|| {
+                format!(
+                    "registry requests: {} sent, {} answered 429/503, waited {:.1} s in all",
+                    t.sent,
+                    t.throttled,
+                    t.waited_ms as f64 / 1000.0
+                )
+            });
+        }
+        report.registry_requests = Some(t);
+    }
 }
 
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
@@ -325,7 +368,11 @@ fn begin(
     report.phase("resolve");
     // The lock is held: an extraction left by a killed run is nobody's.
     stage::remove_stale_extractions(root)?;
-    let resolved = open_verified(root, &config)?;
+    // The deadline counts from here: every request of the run shares it.
+    let pacing = host
+        .pacing
+        .get_or_init(|| Arc::new(crate::trust::pacing(&config.download)));
+    let resolved = open_verified_paced(root, &config, pacing.clone())?;
     let digest = resolved.digest();
     report.digest = Some(digest);
     let inputs = inputs_hash(&config, &facts);
@@ -380,14 +427,12 @@ fn begin(
 }
 
 fn run_activate(
-    root: &Root,
+    host: &Host<'_>,
     config_path: &Path,
-    systemd: &dyn Systemd,
     opts: &Options,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
-    let host = Host { root, systemd };
-    let Some(mut b) = begin(&host, config_path, opts, Reconcile::StartCommitted, report)? else {
+    let Some(mut b) = begin(host, config_path, opts, Reconcile::StartCommitted, report)? else {
         return Ok(());
     };
     host.preflight(&b, report)?;
@@ -401,14 +446,12 @@ fn run_activate(
 }
 
 fn run_fetch(
-    root: &Root,
+    host: &Host<'_>,
     config_path: &Path,
-    systemd: &dyn Systemd,
     opts: &Options,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
-    let host = Host { root, systemd };
-    let Some(mut b) = begin(&host, config_path, opts, Reconcile::RefuseForeign, report)? else {
+    let Some(mut b) = begin(host, config_path, opts, Reconcile::RefuseForeign, report)? else {
         return Ok(());
     };
     report.phase("stage");
@@ -443,7 +486,7 @@ fn run_rollback(
     systemd: &dyn Systemd,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
-    let host = Host { root, systemd };
+    let host = Host::new(root, systemd);
     report.phase("recover");
     let mut state = State::load_repairing(root)?;
     report.previous_slot = state.active;
@@ -533,10 +576,24 @@ impl Resolved {
 /// Opens the configured source, resolves the reference once and checks the
 /// trust policy (fail closed). Fetches no layer.
 pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
+    open_verified_paced(
+        root,
+        config,
+        Arc::new(crate::trust::pacing(&config.download)),
+    )
+}
+
+/// [`open_verified`] whose registry requests (and the staging that takes
+/// the source) go through `pacing`.
+pub fn open_verified_paced(
+    root: &Root,
+    config: &Config,
+    pacing: Arc<Pacing>,
+) -> Result<Resolved, ActivateError> {
     let policy = crate::trust::policy(&config.trust, root)?;
     let scratch = root.machines_dir();
     let registries = crate::trust::registries(&config.registries, root);
-    let source = Source::open(&config.image, &registries, &scratch)?;
+    let source = Source::open_paced(&config.image, &registries, &scratch, pacing)?;
     let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
     Ok(Resolved { source, verified })
 }

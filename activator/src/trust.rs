@@ -1,20 +1,23 @@
 //! The host's inputs to the image crate, read from the config through the
-//! root handle: the trust policy (public key files) and the registry
-//! settings (mirrors, `insecure`, password files).
+//! root handle: the trust policy (public key files), the registry settings
+//! (mirrors, `insecure`, password files) and the pacing of registry requests
+//! (the `download` deadline; waits shown as progress lines).
 //!
-//! Given the config's `trust` and `registries` sections and the root, it
-//! turns host paths into paths under the root and nothing else: signature
-//! checking is `kubeslot_image::verify`, fetching is
-//! `kubeslot_image::registry`.
+//! Given the config's `trust`, `registries` and `download` sections and the
+//! root, it turns host paths into paths under the root and nothing else:
+//! signature checking is `kubeslot_image::verify`, fetching is
+//! `kubeslot_image::registry`, backing off is `kubeslot_image::retry`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kubeslot_image::registry::{Credentials, Registries, RegistrySettings};
+use kubeslot_image::retry::{self, Pacing};
 use kubeslot_image::signature::TrustedKeys;
 use kubeslot_image::verify::{Policy, VerifyError};
 
-use crate::config::{RegistryConfig, Trust};
+use crate::config::{Download, RegistryConfig, Trust};
 use crate::paths::Root;
 
 /// Loads the keys named by `trust` (host paths under `root`). A policy that
@@ -47,4 +50,14 @@ pub fn registries(config: &BTreeMap<String, RegistryConfig>, root: &Root) -> Reg
             (host.clone(), settings)
         })
         .collect()
+}
+
+/// The pacing of one run's registry requests: the default backoff, the
+/// config's deadline (counted from now), every wait announced on stderr.
+pub fn pacing(download: &Download) -> Pacing {
+    Pacing::new(retry::Policy {
+        deadline: Some(Duration::from_secs(download.deadline_secs)),
+        ..retry::Policy::default()
+    })
+    .with_notice(|line| crate::progress::line(|| line.to_string()))
 }

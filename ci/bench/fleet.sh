@@ -191,19 +191,12 @@ EOF
     --output "oci:$img/layout:$v" >"$work/build-$v.log" 2>&1 || { cat "$work/build-$v.log" >&2; exit 1; }
 done
 "$builder" --progress quiet keygen --out "$img/key" >/dev/null
-nginx_port=$(free_port)
-# fleet/node: signed for its name at the origin (topologies 1 and 2);
-# fleet/limited: the same image, signed for the name hosts use through
-# the limiter (a signature names the repository the host asked for).
 for v in v1 v2; do
-  for repo_ in node limited; do
-    "$builder" --progress quiet push "oci:$img/layout:$v" "$origin/fleet/$repo_:$v" >>"$work/push.log" 2>&1 ||
-      { cat "$work/push.log" >&2; exit 1; }
-  done
-  "$builder" --progress quiet sign --key "$img/key.key" "$origin/fleet/node:$v" >>"$work/push.log" 2>&1 ||
-    { cat "$work/push.log" >&2; exit 1; }
-  "$builder" --progress quiet sign --key "$img/key.key" --identity "127.0.0.1:$nginx_port/fleet/limited" \
-    "$origin/fleet/limited:$v" >>"$work/push.log" 2>&1 || { cat "$work/push.log" >&2; exit 1; }
+  if ! "$builder" --progress quiet push "oci:$img/layout:$v" "$origin/fleet/node:$v" >>"$work/push.log" 2>&1 ||
+    ! "$builder" --progress quiet sign --key "$img/key.key" "$origin/fleet/node:$v" >>"$work/push.log" 2>&1; then
+    cat "$work/push.log" >&2
+    exit 1
+  fi
 done
 log "image v1/v2 ($image_mb MB) built, signed and pushed to $origin; $hosts hosts, $parallel at once"
 
@@ -317,6 +310,7 @@ EOF
       stop_last
       ;;
     3)
+      nginx_port=$(free_port)
       nginx_conf limiter "$nginx_port" "$(cat <<EOF
   # One bucket for every reader (a registry limiting a site behind one
   # address); uploads are not limited (the images were pushed before).
@@ -341,7 +335,7 @@ $proxy_common
 EOF
 )"
       log "topology 3: $hosts hosts -> nginx 127.0.0.1:$nginx_port (limit_req $rate/s, 429 + Retry-After: 1) -> origin"
-      fleet "3 rate-limited" "127.0.0.1:$nginx_port/fleet/limited" '{}' \
+      fleet "3 rate-limited" "127.0.0.1:$nginx_port/fleet/node" '{}' \
         "$work/origin.access.log:origin" "$work/limiter.access.log:hosts" "$work/limiter.access.log:limiter"
       stop_last
       ;;

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 
@@ -37,6 +37,7 @@ use crate::oci::{
     MEDIA_TYPE_DOCKER_LIST, MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
 use crate::reference::ImageRef;
+use crate::retry::{self, Decision, Pacing};
 
 /// What the client knows about one registry or mirror host (the key of
 /// [`Registries`]): plain values, resolved by the caller (the activator
@@ -249,6 +250,8 @@ pub struct Client {
     registries: Registries,
     /// `Authorization` values per (endpoint host, repository).
     auth: Mutex<HashMap<(String, String), String>>,
+    /// Backoff on 429/503, the run's deadline, and what was sent.
+    pacing: Arc<Pacing>,
 }
 
 /// What one endpoint said, before the caller decides to move on.
@@ -269,7 +272,15 @@ impl Client {
             agent,
             registries: registries.clone(),
             auth: Mutex::new(HashMap::new()),
+            pacing: Arc::new(Pacing::default()),
         }
+    }
+
+    /// Uses `pacing` (shared with the caller, who reads its counters) for
+    /// waits on 429/503 and for the deadline.
+    pub fn with_pacing(mut self, pacing: Arc<Pacing>) -> Client {
+        self.pacing = pacing;
+        self
     }
 
     fn scheme_for(&self, host: &str, settings_key: &str) -> &'static str {
@@ -487,8 +498,53 @@ impl Client {
         })
     }
 
-    /// GET with cached auth; on a 401 answers the challenge once and retries.
+    /// GET at one endpoint, asked again while it answers 429 or 503 and
+    /// [`Pacing::decide`] says to wait (honouring `Retry-After`, within the
+    /// deadline). Every other answer, and the last 429/503 of a mirror that
+    /// keeps refusing, goes back to the caller, which moves on as for any
+    /// failure.
     fn get(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Attempt<ureq::http::Response<ureq::Body>> {
+        let mut refusals = 0;
+        loop {
+            self.pacing.check_deadline()?;
+            let resp = self.get_once(ep, repo, path, headers)?;
+            let status = resp.status().as_u16();
+            if !retry::is_throttled(status) {
+                return Ok(resp);
+            }
+            refusals += 1;
+            self.pacing.throttled();
+            let header = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok());
+            let after = header.and_then(|v| retry::retry_after(v, SystemTime::now()));
+            // A mirror that keeps refusing is left for the next endpoint.
+            match self.pacing.decide(refusals, after, ep.mirror) {
+                Decision::Wait(wait) => {
+                    self.pacing.notice(&format!(
+                        "{ep}: HTTP {status} for {}: waiting {:.1} s ({}refusal {refusals})",
+                        short_path(path),
+                        wait.as_secs_f64(),
+                        header.map_or(String::new(), |h| format!("Retry-After {h}, "))
+                    ));
+                    std::thread::sleep(wait);
+                    self.pacing.waited(wait);
+                }
+                Decision::Stop(why) => return Err(format!("HTTP {status} for {path}: {why}")),
+            }
+        }
+    }
+
+    /// One GET with cached auth; on a 401 answers the challenge once and
+    /// retries. Cut off at the deadline, body included.
+    fn get_once(
         &self,
         ep: &Endpoint,
         repo: &str,
@@ -506,6 +562,10 @@ impl Client {
             if let Some(a) = &auth {
                 req = req.header("Authorization", a.as_str());
             }
+            if let Some(left) = self.pacing.remaining() {
+                req = req.config().timeout_global(Some(left)).build();
+            }
+            self.pacing.sent();
             let resp = req.call().map_err(|e| describe(&e))?;
             if resp.status().as_u16() == 401 && attempt == 0 {
                 let challenge = resp
@@ -619,6 +679,25 @@ impl Client {
             }
             other => Err(format!("unsupported auth scheme {other:?}")),
         }
+    }
+}
+
+/// `/v2/<repo>/blobs/sha256:<12 hex>…` → `blobs/sha256:<12 hex>`, for
+/// progress lines (errors keep the whole path).
+fn short_path(path: &str) -> String {
+    let tail = path
+        .rsplit_once("/blobs/")
+        .map(|(_, d)| ("blobs", d))
+        .or_else(|| {
+            path.rsplit_once("/manifests/")
+                .map(|(_, r)| ("manifests", r))
+        });
+    match tail {
+        Some((kind, r)) if r.starts_with("sha256:") && r.len() > 19 => {
+            format!("{kind}/{}", &r[..19])
+        }
+        Some((kind, r)) => format!("{kind}/{r}"),
+        None => path.to_string(),
     }
 }
 

@@ -28,8 +28,8 @@ pub fn is_throttled(status: u16) -> bool {
 
 /// How a client backs off. The defaults suit a fleet: a refused host waits
 /// at least half a second, at most a minute between tries (plus what
-/// `Retry-After` asks for), and a mirror gets three tries before the next
-/// endpoint is asked.
+/// `Retry-After` asks for), a mirror gets three tries before the next
+/// endpoint is asked, and nothing is asked an hour after the start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// The backoff of the first retry; it doubles with each one.
@@ -50,7 +50,7 @@ impl Default for Policy {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(60),
             mirror_attempts: 3,
-            deadline: None,
+            deadline: Some(Duration::from_secs(3600)),
         }
     }
 }
@@ -75,14 +75,17 @@ pub enum Decision {
     Stop(String),
 }
 
+/// Where a client says that it waits (the activator's progress lines).
+type Notice = Box<dyn Fn(&str) + Send + Sync>;
+
 /// One run's backoff state: the policy, the deadline as an instant, the
-/// counters and the jitter source.
-#[derive(Debug)]
+/// counters, the jitter source and where waits are announced.
 pub struct Pacing {
     policy: Policy,
     deadline: Option<Instant>,
     traffic: Mutex<Traffic>,
     rng: Mutex<u64>,
+    notice: Option<Notice>,
 }
 
 impl Default for Pacing {
@@ -100,6 +103,20 @@ impl Pacing {
             deadline,
             traffic: Mutex::new(Traffic::default()),
             rng: Mutex::new(seed()),
+            notice: None,
+        }
+    }
+
+    /// Announces every wait through `f` (one line, no newline).
+    pub fn with_notice(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Pacing {
+        self.notice = Some(Box::new(f));
+        self
+    }
+
+    /// Passes a line to the notice hook, if there is one.
+    pub fn notice(&self, line: &str) {
+        if let Some(f) = &self.notice {
+            f(line);
         }
     }
 

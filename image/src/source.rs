@@ -13,7 +13,9 @@
 //! in a layout or archive). [`Source::select`] picks the manifest for a
 //! platform from an index and checks the manifest and config: known media
 //! types only, no foreign `urls`, one `diff_id` per layer, the config's
-//! platform matches.
+//! platform matches. What a registry source read once (documents, the
+//! config) it keeps for the run and serves again from memory, so a host
+//! asks for each blob once.
 //!
 //! It does not verify signatures ([`crate::verify`]), check blob digests
 //! (the content store does while streaming) or write outside its scratch dir.
@@ -22,7 +24,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::archive::{self, ArchiveError};
 use crate::digest::Digest;
@@ -34,6 +36,7 @@ use crate::oci::{
 };
 use crate::reference::{ImageRef, ImageSource};
 use crate::registry::{self, Client, Document, Registries, RegistryError};
+use crate::retry::Pacing;
 
 /// Why an image could not be read; every variant names the source.
 #[derive(Debug, thiserror::Error)]
@@ -153,10 +156,22 @@ impl Source {
         registries: &Registries,
         scratch: &Path,
     ) -> Result<Source, SourceError> {
+        Source::open_paced(src, registries, scratch, Arc::new(Pacing::default()))
+    }
+
+    /// [`Source::open`] with the caller's [`Pacing`]: its deadline and
+    /// backoff apply to every registry request, and its counters tell the
+    /// caller what was sent and waited.
+    pub fn open_paced(
+        src: &ImageSource,
+        registries: &Registries,
+        scratch: &Path,
+        pacing: Arc<Pacing>,
+    ) -> Result<Source, SourceError> {
         let name = src.to_string();
         match src {
             ImageSource::Registry(image) => Ok(Source::Registry {
-                client: Client::new(registries),
+                client: Client::new(registries).with_pacing(pacing),
                 image: image.clone(),
                 cache: Mutex::new(HashMap::new()),
             }),
@@ -378,6 +393,15 @@ impl Source {
         if actual != desc.digest {
             return Err(self.doc_err(desc.digest, format!("content hashes to {actual}")));
         }
+        if let Source::Registry { cache, .. } = self {
+            // The image config is read here to check it, then stored by the
+            // content store: it is served from here, not asked for twice.
+            cache
+                .lock()
+                .expect("document cache")
+                .entry(desc.digest)
+                .or_insert_with(|| bytes.clone());
+        }
         Ok(bytes)
     }
 
@@ -402,9 +426,30 @@ impl Source {
             return Err(self.doc_err(desc.digest, "descriptors with foreign urls are refused"));
         }
         match self {
-            Source::Registry { client, image, .. } => client
-                .blob(image, &desc.digest, offset)
-                .map_err(|e| self.registry_err(e)),
+            Source::Registry {
+                client,
+                image,
+                cache,
+            } => {
+                let cached = cache
+                    .lock()
+                    .expect("document cache")
+                    .get(&desc.digest)
+                    .cloned();
+                if let Some(bytes) = cached {
+                    let start = offset.min(bytes.len() as u64);
+                    let mut reader = std::io::Cursor::new(bytes);
+                    reader.set_position(start);
+                    return Ok(registry::BlobStream {
+                        reader: Box::new(reader),
+                        start,
+                        endpoint: format!("{} (read earlier in this run)", self.name()),
+                    });
+                }
+                client
+                    .blob(image, &desc.digest, offset)
+                    .map_err(|e| self.registry_err(e))
+            }
             _ => {
                 let (layout, _) = self.local().expect("local source");
                 let path = layout.blobs().path(&desc.digest);

@@ -14,8 +14,8 @@ pub mod debian;
 pub mod golden;
 pub mod host;
 pub mod image;
-pub mod relay;
 pub mod registry;
+pub mod relay;
 pub mod tar;
 pub mod tools;
 
