@@ -25,11 +25,13 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kubeslot_image::atomic;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::{ImageConfig, Platform};
 use kubeslot_image::reference::ImageSource;
+use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::{SelectedImage, Source, SourceError};
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 use kubeslot_image::verify::{self, Policy, Verdict, VerifyError};
@@ -207,6 +209,8 @@ struct Job<'a> {
     /// The final tree; its parent holds the staging directory.
     dest: &'a Path,
     staging_prefix: String,
+    /// Backoff and deadline of the registry requests.
+    pacing: Pacing,
 }
 
 fn run(job: Job<'_>) -> Result<Staged, StageError> {
@@ -216,7 +220,7 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
     // Archives are extracted next to the staging dir: same filesystem as the
     // store, not a possibly small /tmp.
     let registries = trust::registries(job.registries, job.root);
-    let source = Source::open(job.image, &registries, parent)?;
+    let source = Source::open_paced(job.image, &registries, parent, Arc::new(job.pacing))?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
     prepare(
         source,
@@ -390,6 +394,7 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
         store_dir: &root.store(),
         dest: &dest,
         staging_prefix: format!(".staging-{slot_dir}-"),
+        pacing: trust::pacing(&config.download),
     })
 }
 
@@ -467,5 +472,7 @@ pub fn unpack_to(
         store_dir,
         dest: target,
         staging_prefix: format!(".staging-{name}-"),
+        // No config section here: the default deadline; waits are shown.
+        pacing: Pacing::default().with_notice(|line| progress::line(|| line.to_string())),
     })
 }

@@ -22,6 +22,13 @@ use super::HostArgs;
 /// Writes report.json (outcome "staged", or "up-to-date" when the active
 /// slot already runs the image).
 ///
+/// A registry or mirror answering 429 or 503 is asked again after the
+/// Retry-After it names plus a random share of a growing backoff (a mirror
+/// three times, then the next endpoint); every request of the run ends
+/// within download.deadline_secs (default 3600). report.json's
+/// registry_requests counts the requests sent, the 429/503 answers and the
+/// time waited.
+///
 /// Exit codes: 0 staged or up to date; 1 error; 3 the config cannot be
 /// read, is invalid, or names what this host lacks, the inactive slot's
 /// machine is running, or a machine runs that kubeslot has no record of
