@@ -705,6 +705,10 @@ fn short_path(path: &str) -> String {
 fn describe(e: &ureq::Error) -> String {
     match e {
         ureq::Error::Io(io) => format!("connection failed: {io}"),
+        // Only the pacing's deadline sets a global timeout.
+        ureq::Error::Timeout(ureq::Timeout::Global) => {
+            "cut off at the download deadline".to_string()
+        }
         other => other.to_string(),
     }
 }

@@ -133,10 +133,9 @@ impl Pacing {
     /// An error message when the deadline has passed.
     pub fn check_deadline(&self) -> Result<(), String> {
         match (self.remaining(), self.policy.deadline) {
-            (Some(left), Some(total)) if left.is_zero() => Err(format!(
-                "download deadline of {} s passed (download.deadline_secs)",
-                total.as_secs()
-            )),
+            (Some(left), Some(total)) if left.is_zero() => {
+                Err(format!("download deadline of {} s passed", total.as_secs()))
+            }
             _ => Ok(()),
         }
     }
