@@ -79,13 +79,15 @@ pub struct PreflightSettings {
 pub struct Download {
     /// Every request of one run (resolve, signatures, blobs, retries and
     /// waits) ends within this many seconds of the first one; the run then
-    /// fails, keeping partial blobs for the next run to continue.
+    /// fails, keeping partial blobs for the next run to continue. The
+    /// default (20 minutes) ends a run, report written, before the unit's
+    /// 30-minute start timeout kills it.
     #[serde(default = "default_deadline_secs")]
     pub deadline_secs: u64,
 }
 
 fn default_deadline_secs() -> u64 {
-    3600
+    1200
 }
 
 impl Default for Download {
@@ -417,7 +419,7 @@ mod tests {
         assert_eq!(c.gpu, GpuMode::Auto);
         assert!(!c.trust.allow_unsigned);
         assert_eq!(c.network, NetworkMode::Host);
-        assert_eq!(c.download.deadline_secs, 3600);
+        assert_eq!(c.download.deadline_secs, 1200);
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub fn is_throttled(status: u16) -> bool {
 /// How a client backs off. The defaults suit a fleet: a refused host waits
 /// at least half a second, at most a minute between tries (plus what
 /// `Retry-After` asks for), a mirror gets three tries before the next
-/// endpoint is asked, and nothing is asked an hour after the start.
+/// endpoint is asked, and nothing is asked 20 minutes after the start.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// The backoff of the first retry; it doubles with each one.
@@ -50,7 +50,7 @@ impl Default for Policy {
             base: Duration::from_secs(1),
             cap: Duration::from_secs(60),
             mirror_attempts: 3,
-            deadline: Some(Duration::from_secs(3600)),
+            deadline: Some(Duration::from_secs(1200)),
         }
     }
 }

@@ -25,7 +25,7 @@ use super::HostArgs;
 /// A registry or mirror answering 429 or 503 is asked again after the
 /// Retry-After it names plus a random share of a growing backoff (a mirror
 /// three times, then the next endpoint); every request of the run ends
-/// within download.deadline_secs (default 3600). report.json's
+/// within download.deadline_secs (default 1200). report.json's
 /// registry_requests counts the requests sent, the 429/503 answers and the
 /// time waited.
 ///
