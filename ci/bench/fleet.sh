@@ -90,6 +90,8 @@ pids=() mounted='' launcher=''
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  # Everything below runs whatever fails (a killed child's wait is non-zero).
+  set +e
   # The host launcher kills its activator processes on TERM.
   [ -n "$launcher" ] && kill "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
