@@ -30,15 +30,40 @@ def top_module(src: pathlib.Path, path: pathlib.Path) -> str:
 
 
 def code_of(path: pathlib.Path) -> str:
+    """The file's code without comments and without `#[cfg(test)] mod`
+    blocks (a test may reach anywhere)."""
     lines = []
-    for line in path.read_text().splitlines():
-        if line.strip() == "#[cfg(test)]":
-            break  # unit tests sit at the end of a file
-        stripped = line.strip()
-        if stripped.startswith("//"):
-            continue
-        lines.append(line.split("//", 1)[0])
+    raw = path.read_text().splitlines()
+    i = 0
+    while i < len(raw):
+        stripped = raw[i].strip()
+        if stripped == "#[cfg(test)]":
+            nxt = raw[i + 1].strip() if i + 1 < len(raw) else ""
+            if nxt.startswith("mod ") and nxt.endswith("{"):
+                # skip to the closing brace at the same indentation
+                indent = len(raw[i + 1]) - len(raw[i + 1].lstrip())
+                i += 2
+                while i < len(raw) and not (
+                    raw[i].strip() == "}" and len(raw[i]) - len(raw[i].lstrip()) == indent
+                ):
+                    i += 1
+                i += 1
+                continue
+        if not stripped.startswith("//"):
+            lines.append(raw[i].split("//", 1)[0])
+        i += 1
     return "\n".join(lines)
+
+
+def crate_paths(code: str):
+    """First segments after `crate::`, including `crate::{a, b::c}` groups."""
+    for m in re.finditer(r"\bcrate::([a-z_][a-z0-9_]*)", code):
+        yield m.group(1)
+    for m in re.finditer(r"\bcrate::\{([^}]*)\}", code):
+        for part in m.group(1).split(","):
+            name = part.strip().split("::", 1)[0]
+            if re.fullmatch(r"[a-z_][a-z0-9_]*", name) and name != "self":
+                yield name
 
 
 def edges(src: pathlib.Path) -> dict:
@@ -48,9 +73,9 @@ def edges(src: pathlib.Path) -> dict:
             continue
         module = top_module(src, path)
         targets = graph.setdefault(module, set())
-        for m in re.finditer(r"\bcrate::([a-z_][a-z0-9_]*)", code_of(path)):
-            if m.group(1) != module:
-                targets.add(m.group(1))
+        for name in crate_paths(code_of(path)):
+            if name != module:
+                targets.add(name)
     return graph
 
 
