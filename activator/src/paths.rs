@@ -285,8 +285,13 @@ pub mod machine {
     pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/20-kubeslot.conf";
     pub const KUBELET_STATE: &str = "/var/lib/kubelet";
     pub const CONTAINERD_STATE: &str = "/var/lib/containerd";
-    /// NVIDIA library directories are bound at `<this>/<i>`.
+    /// NVIDIA library directories are bound at `<this>/<i>` (the NVIDIA
+    /// image's `kubeslot-nvidia-setup` links their libraries from there).
     pub const HOST_NVIDIA: &str = "/run/host-nvidia";
+    /// 32-bit (i386) NVIDIA library directories of amd64 hosts, at `<this>/<i>`.
+    pub const HOST_NVIDIA_I386: &str = "/run/host-nvidia-i386";
+    /// The directory of the host's `nvidia-smi`.
+    pub const HOST_NVIDIA_BIN: &str = "/run/host-nvidia-bin";
     /// The kubelet's own kubeconfig, written by TLS bootstrap into its state.
     pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
 }

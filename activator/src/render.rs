@@ -155,8 +155,14 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
     for d in gpu.devices.iter().chain(&devices) {
         check_device_path(d)?;
     }
-    for d in &gpu.library_dirs {
+    for d in gpu.library_dirs.iter().chain(&gpu.library_dirs_32) {
         check_bind_path("gpu library directory", d)?;
+    }
+    for d in &gpu.device_dirs {
+        check_bind_path("gpu device directory", &d.path)?;
+    }
+    if let Some(d) = &gpu.bin_dir {
+        check_bind_path("nvidia-smi directory", d)?;
     }
     Ok(HostFacts {
         hostname,
@@ -436,7 +442,7 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
         },
         RenderedFile {
             path: rel.dropin_file(machine),
-            contents: dropin_file(machine, &devices(facts)),
+            contents: dropin_file(machine, &devices(facts), facts),
             mode: 0o644,
         },
         RenderedFile {
@@ -499,15 +505,14 @@ fn node_name(config: &Config, facts: &HostFacts) -> String {
         .unwrap_or_else(|| facts.hostname.to_lowercase())
 }
 
-/// GPU devices then extra devices, each once.
+/// The devices bound one by one: GPU devices outside a bound device
+/// directory, then extra devices, each once.
 fn devices(facts: &HostFacts) -> Vec<&str> {
     let mut seen = BTreeSet::new();
     facts
         .gpu
-        .devices
-        .iter()
-        .chain(&facts.devices)
-        .map(String::as_str)
+        .single_devices()
+        .chain(facts.devices.iter().map(String::as_str))
         .filter(|d| seen.insert(*d))
         .collect()
 }
@@ -533,8 +538,18 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     for d in devices(facts) {
         let _ = writeln!(s, "Bind={d}");
     }
+    // whole directories: nodes the driver creates later appear inside too
+    for d in &facts.gpu.device_dirs {
+        let _ = writeln!(s, "Bind={}", d.path);
+    }
     for (i, lib) in facts.gpu.library_dirs.iter().enumerate() {
         let _ = writeln!(s, "BindReadOnly={lib}:{}/{i}", inside::HOST_NVIDIA);
+    }
+    for (i, lib) in facts.gpu.library_dirs_32.iter().enumerate() {
+        let _ = writeln!(s, "BindReadOnly={lib}:{}/{i}", inside::HOST_NVIDIA_I386);
+    }
+    if let Some(bin) = &facts.gpu.bin_dir {
+        let _ = writeln!(s, "BindReadOnly={bin}:{}", inside::HOST_NVIDIA_BIN);
     }
     let dir = Root::host().host_files(machine);
     let d = dir.display();
@@ -573,7 +588,7 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     s
 }
 
-fn dropin_file(machine: &str, devices: &[&str]) -> String {
+fn dropin_file(machine: &str, devices: &[&str], facts: &HostFacts) -> String {
     let render_unit = paths::render_unit_instance(machine);
     let mut s = String::from(HEADER);
     s.push_str("[Unit]\n");
@@ -588,6 +603,11 @@ fn dropin_file(machine: &str, devices: &[&str]) -> String {
     s.push_str("Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=network\n");
     for d in devices {
         let _ = writeln!(s, "DeviceAllow={d} rwm");
+    }
+    // a bound device directory is allowed by its major number, which the
+    // group names in /proc/devices: its nodes may appear after the start
+    for d in &facts.gpu.device_dirs {
+        let _ = writeln!(s, "DeviceAllow={} rwm", d.group);
     }
     s
 }

@@ -4,16 +4,25 @@
 # when it is missing. Tests and benchmarks share it, so a rootfs is built once
 # per machine and package list.
 #
-#   ci/lib/debian-rootfs.sh [--variant minbase] PKG[,PKG...]
+#   ci/lib/debian-rootfs.sh [--suite bookworm] [--variant minbase] PKG[,PKG...]
 #
-# The cache key is a hash of the variant, the sorted package list and this
-# script, so a changed list or recipe rebuilds. The cache directory is
+# The suite defaults to bookworm (this machine's release); another Debian
+# suite (trixie) comes from the same mirror, checked against the machine's
+# debian-archive-keyring. The cache key is a hash of the suite, the variant,
+# the sorted package list and this script, so a changed list or recipe rebuilds. The cache directory is
 # $KUBESLOT_TEST_CACHE (default /var/cache/kubeslot-test). The tar is written
 # to a temp name and renamed, so a killed build never leaves a half file.
 set -euo pipefail
 
+suite=bookworm
 variant=minbase
-if [ "${1:-}" = "--variant" ]; then variant=$2; shift 2; fi
+while :; do
+  case ${1:-} in
+    --suite) suite=$2; shift 2 ;;
+    --variant) variant=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 pkgs=$(printf '%s' "${1:-}" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 
 command -v mmdebstrap >/dev/null || {
@@ -31,14 +40,14 @@ mirror=$(
 
 cache=${KUBESLOT_TEST_CACHE:-/var/cache/kubeslot-test}
 mkdir -p "$cache"
-key=$( { echo "$variant"; echo "$pkgs"; cat "$0"; } | sha256sum | cut -c1-16)
-out="$cache/rootfs-bookworm-$variant-$key.tar"
+key=$( { echo "$suite"; echo "$variant"; echo "$pkgs"; cat "$0"; } | sha256sum | cut -c1-16)
+out="$cache/rootfs-$suite-$variant-$key.tar"
 if [ ! -s "$out" ]; then
   tmp="$out.tmp.$$"
   trap 'rm -f "$tmp"' EXIT
-  echo "debian-rootfs: building $out (bookworm, $variant, ${pkgs:-no extra packages})" >&2
+  echo "debian-rootfs: building $out ($suite, $variant, ${pkgs:-no extra packages})" >&2
   SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant="$variant" \
-    ${pkgs:+--include="$pkgs"} --format=tar bookworm "$tmp" "$mirror" >&2
+    ${pkgs:+--include="$pkgs"} --format=tar "$suite" "$tmp" "$mirror" >&2
   mv -f "$tmp" "$out"
   trap - EXIT
 fi
