@@ -386,7 +386,9 @@ pub fn discover_devices(root: &Root) -> Result<Vec<String>, GpuError> {
 fn discover_device_dirs(root: &Root) -> Vec<DeviceDir> {
     DEVICE_DIRS
         .iter()
-        .filter(|(dir, _)| std::fs::symlink_metadata(root.dev().join(dir)).is_ok_and(|m| m.is_dir()))
+        .filter(|(dir, _)| {
+            std::fs::symlink_metadata(root.dev().join(dir)).is_ok_and(|m| m.is_dir())
+        })
         .map(|(dir, group)| DeviceDir {
             path: format!("/dev/{dir}"),
             group,

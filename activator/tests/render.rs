@@ -80,6 +80,7 @@ impl Host {
             ("nvidia-uvm-tools", 510, 1),
             ("nvidia-caps/nvidia-cap1", 511, 1),
             ("nvidia-caps/nvidia-cap2", 511, 2),
+            ("nvidia-caps-imex-channels/channel0", 234, 0),
             ("dri/card1", 226, 1),
             ("dri/renderD128", 226, 128),
         ] {
@@ -123,6 +124,20 @@ impl Host {
         )
         .unwrap();
         fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        self.materialize(fixture);
+    }
+
+    /// Every library a recorded `ldconfig -p` listing names, as an empty
+    /// file under the root: the activator binds only directories whose
+    /// libraries exist on the host.
+    fn materialize(&self, fixture: &str) {
+        for line in fs::read_to_string(testdata(fixture)).unwrap().lines() {
+            if let Some((_, path)) = line.split_once(" => ") {
+                let p = self.path(path.trim());
+                fs::create_dir_all(p.parent().unwrap()).unwrap();
+                fs::write(p, b"").unwrap();
+            }
+        }
     }
 
     /// A fake `systemctl` first on PATH that appends its arguments to
@@ -228,6 +243,7 @@ fn scenario_facts(host: &Host, config: &Config, gpu_arch: Option<Arch>) -> HostF
             Arch::Amd64 => "gpu/ldconfig-amd64.txt",
             Arch::Arm64 => "gpu/ldconfig-arm64.txt",
         };
+        host.materialize(fixture);
         facts.gpu = gpu::discover(&host.root, config.gpu, Some(arch), || {
             Ok(fs::read_to_string(testdata(fixture)).unwrap())
         })
@@ -302,17 +318,31 @@ fn file<'a>(files: &'a HostFiles, suffix: &str) -> &'a str {
 fn check_invariants(files: &HostFiles, machine: &str) {
     let nspawn = file(files, &format!("{machine}.nspawn"));
     let dropin = file(files, "override.conf");
-    // DeviceAllow= for every bound device, and no other
-    let bound: Vec<&str> = nspawn
+    // DeviceAllow= for every bound device, and no other; a bound device
+    // directory is allowed by its group (char-<directory name>)
+    let (dirs, bound): (Vec<&str>, Vec<&str>) = nspawn
         .lines()
         .filter_map(|l| l.strip_prefix("Bind=/dev/"))
-        .collect();
+        .partition(|d| d.starts_with("nvidia-caps") && !d.contains('/'));
     let allowed: Vec<&str> = dropin
         .lines()
         .filter_map(|l| l.strip_prefix("DeviceAllow=/dev/"))
         .map(|l| l.strip_suffix(" rwm").expect("rwm"))
         .collect();
     assert_eq!(bound, allowed, "{nspawn}\n{dropin}");
+    let groups: Vec<&str> = dropin
+        .lines()
+        .filter_map(|l| l.strip_prefix("DeviceAllow=char-"))
+        .map(|l| l.strip_suffix(" rwm").expect("rwm"))
+        .collect();
+    assert_eq!(dirs, groups, "{nspawn}\n{dropin}");
+    // nothing inside a bound directory is bound again
+    for d in &dirs {
+        assert!(
+            !bound.iter().any(|b| b.starts_with(&format!("{d}/"))),
+            "{nspawn}"
+        );
+    }
     for key in [
         "Boot=yes",
         "Capability=all",
@@ -386,13 +416,26 @@ fn golden_gpu_amd64() {
     let nspawn = file(&files, ".nspawn");
     assert!(
         nspawn.contains("Bind=/dev/nvidia0\n")
-            && nspawn.contains("Bind=/dev/nvidia-caps/nvidia-cap2\n")
+            && nspawn.contains("Bind=/dev/nvidia-caps\n")
+            && nspawn.contains("Bind=/dev/nvidia-caps-imex-channels\n")
+    );
+    assert!(!nspawn.contains("Bind=/dev/nvidia-caps/"), "{nspawn}");
+    let dropin = file(&files, "override.conf");
+    assert!(
+        dropin.contains("DeviceAllow=char-nvidia-caps rwm\n")
+            && dropin.contains("DeviceAllow=char-nvidia-caps-imex-channels rwm\n"),
+        "{dropin}"
     );
     assert!(
         nspawn.contains("BindReadOnly=/lib/x86_64-linux-gnu:/run/host-nvidia/0\n"),
         "{nspawn}"
     );
-    assert!(!nspawn.contains("i386") && !nspawn.contains("aarch64") && !nspawn.contains("by-path"));
+    // the 32-bit libraries get their own mount points
+    assert!(
+        nspawn.contains("BindReadOnly=/lib/i386-linux-gnu:/run/host-nvidia-i386/0\n"),
+        "{nspawn}"
+    );
+    assert!(!nspawn.contains("aarch64") && !nspawn.contains("by-path"));
     assert!(!nspawn.contains("nvidia-dir-not-a-device"));
     check_golden("gpu-amd64", &files);
 }
@@ -410,9 +453,303 @@ fn golden_gpu_arm64() {
         nspawn.contains("BindReadOnly=/usr/lib/aarch64-linux-gnu/nvidia:/run/host-nvidia/1\n"),
         "{nspawn}"
     );
-    assert!(!nspawn.contains("x86_64"));
+    assert!(!nspawn.contains("x86_64") && !nspawn.contains("host-nvidia-i386"));
     assert_eq!(file(&files, "kube2/hostname"), "grace-01\n");
     check_golden("gpu-arm64", &files);
+}
+
+// ---------------------------------------------------------------------------
+// a fake driver root: real ELF objects and the real ldconfig
+
+/// The NVIDIA libraries the fake driver installs: (file stem, soname
+/// suffix). `libcuda` becomes `libcuda.so.<version>` with the soname
+/// `libcuda.so.1`, as the driver ships them.
+const FAKE_DRIVER_LIBS: &[(&str, &str)] = &[
+    ("libcuda", "1"),
+    ("libnvidia-ml", "1"),
+    ("libnvidia-ptxjitcompiler", "1"),
+    ("libnvidia-encode", "1"),
+];
+
+/// Builds one shared object with `cc`: native, or 32-bit (i386) without a
+/// C library (this machine has no multilib one), linked against a stub
+/// `libc.so.6` so that ldconfig files it as `libc6` like the real driver's.
+fn build_so(work: &Path, out: &Path, soname: &str, bits32: bool) {
+    let cc = kubeslot_test_support::require_tool("cc", "gcc");
+    let src = work.join("lib.c");
+    fs::write(
+        &src,
+        format!(
+            "int kubeslot_fake_{}(void) {{ return 1; }}\n",
+            soname.replace(['.', '-'], "_")
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-shared", "-fPIC"])
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg("-o")
+        .arg(out)
+        .arg(&src);
+    if bits32 {
+        let stub = work.join("libc.so.6");
+        if !stub.exists() {
+            let stub_src = work.join("stub.c");
+            fs::write(&stub_src, "int kubeslot_stub(void) { return 0; }\n").unwrap();
+            let o = Command::new(&cc)
+                .args([
+                    "-m32",
+                    "-shared",
+                    "-nostdlib",
+                    "-fPIC",
+                    "-Wl,-soname,libc.so.6",
+                    "-o",
+                ])
+                .arg(&stub)
+                .arg(&stub_src)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "cc -m32 (stub libc): {}", stderr(&o));
+        }
+        cmd.args(["-m32", "-nostdlib", "-Wl,--no-as-needed"])
+            .arg(&stub);
+    }
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "cc {}: {}", out.display(), stderr(&o));
+}
+
+/// A fake NVIDIA driver of `version` under the host root, laid out like the
+/// `.run` installer and Ubuntu's packages (files in the multiarch library
+/// dirs, `vdpau/` beside them, 32-bit libraries in `i386-linux-gnu`,
+/// `nvidia-smi` in `/usr/bin`), or with `packaged` like Debian's packages
+/// (files in `nvidia/current/`, reached through `/etc/alternatives`). The
+/// real `ldconfig -r <root>` then makes the soname links and the cache, and
+/// `<root>/sbin/ldconfig` runs it against the root, so the activator parses
+/// what the real tool prints for real ELF objects.
+fn install_fake_driver(host: &Host, version: &str, packaged: bool) {
+    let work = tempfile::tempdir().unwrap();
+    let lib64 = if packaged {
+        "usr/lib/x86_64-linux-gnu/nvidia/current"
+    } else {
+        "usr/lib/x86_64-linux-gnu"
+    };
+    for (stem, so) in FAKE_DRIVER_LIBS {
+        let file = format!("{stem}.so.{version}");
+        let soname = format!("{stem}.so.{so}");
+        let dir = host.path(lib64);
+        fs::create_dir_all(&dir).unwrap();
+        build_so(work.path(), &dir.join(&file), &soname, false);
+        if packaged {
+            // libcuda.so.1 -> /etc/alternatives/... -> nvidia/current/libcuda.so.1
+            let alt = format!("etc/alternatives/nvidia--{soname}-x86_64-linux-gnu");
+            fs::create_dir_all(host.path("etc/alternatives")).unwrap();
+            let _ = fs::remove_file(host.path(&alt));
+            std::os::unix::fs::symlink(format!("/{lib64}/{soname}"), host.path(&alt)).unwrap();
+            let link = host.path(&format!("usr/lib/x86_64-linux-gnu/{soname}"));
+            let _ = fs::remove_file(&link);
+            std::os::unix::fs::symlink(format!("/{alt}"), link).unwrap();
+        } else {
+            let dir32 = host.path("usr/lib/i386-linux-gnu");
+            fs::create_dir_all(&dir32).unwrap();
+            build_so(work.path(), &dir32.join(&file), &soname, true);
+        }
+    }
+    if !packaged {
+        let vdpau = host.path("usr/lib/x86_64-linux-gnu/vdpau");
+        fs::create_dir_all(&vdpau).unwrap();
+        let file = format!("libvdpau_nvidia.so.{version}");
+        build_so(
+            work.path(),
+            &vdpau.join(&file),
+            "libvdpau_nvidia.so.1",
+            false,
+        );
+    }
+    let smi = if packaged {
+        "usr/lib/nvidia/current/nvidia-smi"
+    } else {
+        "usr/bin/nvidia-smi"
+    };
+    fs::create_dir_all(host.path(smi).parent().unwrap()).unwrap();
+    fs::write(
+        host.path(smi),
+        format!("#!/bin/sh\necho 'GPU 0: Fake {version}'\n"),
+    )
+    .unwrap();
+    fs::set_permissions(host.path(smi), fs::Permissions::from_mode(0o755)).unwrap();
+    if packaged {
+        fs::create_dir_all(host.path("usr/bin")).unwrap();
+        let _ = fs::remove_file(host.path("usr/bin/nvidia-smi"));
+        std::os::unix::fs::symlink(format!("/{smi}"), host.path("usr/bin/nvidia-smi")).unwrap();
+    }
+    host_ldconfig(host);
+}
+
+/// Removes the driver files of `install_fake_driver(_, version, false)`.
+fn remove_fake_driver(host: &Host, version: &str) {
+    for dir in [
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/i386-linux-gnu",
+        "usr/lib/x86_64-linux-gnu/vdpau",
+    ] {
+        for e in fs::read_dir(host.path(dir)).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name.ends_with(&format!(".so.{version}")) {
+                fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    fs::remove_file(host.path("usr/bin/nvidia-smi")).unwrap();
+    host_ldconfig(host);
+}
+
+/// The real ldconfig on the host root: `<root>/etc/ld.so.conf` lists the
+/// multiarch dirs, `ldconfig -r` makes soname links and the cache, and
+/// `<root>/sbin/ldconfig` (what the activator runs) reads that cache.
+fn host_ldconfig(host: &Host) {
+    let ldconfig = kubeslot_test_support::require_tool("ldconfig", "libc-bin");
+    fs::write(
+        host.path("etc/ld.so.conf"),
+        "/usr/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu/vdpau\n\
+         /usr/lib/x86_64-linux-gnu/nvidia/current\n/usr/lib/i386-linux-gnu\n",
+    )
+    .unwrap();
+    let o = Command::new(&ldconfig)
+        .arg("-r")
+        .arg(host.root.dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "ldconfig -r: {}", stderr(&o));
+    let wrapper = host.path("sbin/ldconfig");
+    fs::create_dir_all(wrapper.parent().unwrap()).unwrap();
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec '{}' -r '{}' \"$@\"\n",
+            ldconfig.display(),
+            host.root.dir().display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn require_x86_64() {
+    assert_eq!(
+        std::env::consts::ARCH,
+        "x86_64",
+        "the fake driver root is built with this machine's cc and its golden \
+         files are recorded for x86_64 (the CI machines): run this test there"
+    );
+}
+
+#[test]
+fn golden_gpu_driver_root() {
+    require_x86_64();
+    let host = Host::new();
+    host.add_gpus();
+    install_fake_driver(&host, "550.127.05", false);
+    let ldconfig = Command::new(host.path("sbin/ldconfig"))
+        .arg("-p")
+        .output()
+        .unwrap();
+    let listing = stdout(&ldconfig);
+    // what the real tool says about the objects cc made
+    assert!(
+        listing.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1")
+            && listing
+                .contains("libnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1"),
+        "{listing}"
+    );
+    let config = load_scenario("gpu-driver-root");
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(
+        facts.gpu.library_dirs,
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu/vdpau"
+        ]
+    );
+    assert_eq!(facts.gpu.library_dirs_32, ["/usr/lib/i386-linux-gnu"]);
+    assert_eq!(facts.gpu.bin_dir.as_deref(), Some("/usr/bin"));
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    for line in [
+        "BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
+        "BindReadOnly=/usr/lib/x86_64-linux-gnu/vdpau:/run/host-nvidia/1",
+        "BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0",
+        "BindReadOnly=/usr/bin:/run/host-nvidia-bin",
+        "Bind=/dev/nvidia-caps",
+        "Bind=/dev/nvidia-caps-imex-channels",
+    ] {
+        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
+    }
+    check_golden("gpu-driver-root", &files);
+}
+
+/// The host files are rendered again before every start of the machine
+/// (the render oneshot), so a driver upgraded under the node is bound at the
+/// next start: an upgrade in place keeps the bound directories (the machine
+/// sees the new files there; its setup unit links them), and a driver that
+/// moves (here: to Debian's packaged layout behind `/etc/alternatives`) is
+/// bound from its new directories.
+#[test]
+fn a_driver_upgraded_under_the_node_is_bound_at_the_next_start() {
+    require_x86_64();
+    let host = Host::new();
+    host.fake_systemctl();
+    host.add_gpus();
+    host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
+    install_fake_driver(&host, "550.127.05", false);
+    ok(host.render(&["kube1"]));
+    assert_eq!(host.systemctl_calls(), ["daemon-reload"]);
+    let before = host.read("etc/systemd/nspawn/kube1.nspawn");
+    assert!(
+        before.contains("BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0\n")
+            && before.contains("BindReadOnly=/usr/bin:/run/host-nvidia-bin\n"),
+        "{before}"
+    );
+
+    // 550 -> 570 in place: the same directories, nothing to rewrite
+    remove_fake_driver(&host, "550.127.05");
+    install_fake_driver(&host, "570.86.10", false);
+    // ldconfig moved the soname link to the new file
+    assert_eq!(
+        fs::read_link(host.path("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
+        Path::new("libcuda.so.570.86.10")
+    );
+    assert_eq!(
+        ok(host.render(&["kube1"])).trim(),
+        "kube1: host files unchanged"
+    );
+    assert_eq!(host.systemctl_calls().len(), 1);
+
+    // 570 -> 580 from the distribution's packages: other directories
+    remove_fake_driver(&host, "570.86.10");
+    for dir in ["usr/lib/i386-linux-gnu", "usr/lib/x86_64-linux-gnu/vdpau"] {
+        fs::remove_dir_all(host.path(dir)).unwrap();
+    }
+    install_fake_driver(&host, "580.65.06", true);
+    let out = ok(host.render(&["kube1"]));
+    assert!(
+        out.contains("wrote etc/systemd/nspawn/kube1.nspawn"),
+        "{out}"
+    );
+    // nspawn reads its settings file at the start: no unit changed, no reload
+    assert_eq!(host.systemctl_calls(), ["daemon-reload"]);
+    let after = host.read("etc/systemd/nspawn/kube1.nspawn");
+    assert!(
+        after
+            .contains("BindReadOnly=/usr/lib/x86_64-linux-gnu/nvidia/current:/run/host-nvidia/0\n")
+            && after.contains("BindReadOnly=/usr/lib/nvidia/current:/run/host-nvidia-bin\n"),
+        "{after}"
+    );
+    assert!(
+        !after.contains("host-nvidia-i386") && !after.contains("vdpau"),
+        "{after}"
+    );
 }
 
 #[test]
@@ -1081,5 +1418,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 6, "one check per golden scenario");
+    assert_eq!(checked, 7, "one check per golden scenario");
 }
