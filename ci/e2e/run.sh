@@ -30,6 +30,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/activator.sh"
 # shellcheck source=ci/e2e/host.sh
 . "$REPO/ci/e2e/host.sh"
+# shellcheck source=ci/e2e/gpu.sh
+. "$REPO/ci/e2e/gpu.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -223,6 +225,7 @@ SCENARIOS=(
   config_change_activates
   reboot_mid_flip
   airgap_archive
+  gpu_setup
 )
 
 SCENARIO_PID=""

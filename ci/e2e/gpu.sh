@@ -1,0 +1,237 @@
+# shellcheck shell=bash
+# The GPU scenario, sourced by ci/e2e/run.sh: a fake NVIDIA driver on the
+# outer host (character devices made with mknod with NVIDIA's major numbers,
+# real ELF shared objects built here with cc and named like the driver's,
+# the outer's real ldconfig), the e2e test variant of the NVIDIA image
+# (testdata/e2e/node-nvidia.toml.in: Debian trixie, the production image's
+# kubeslot-nvidia-setup and its unit), activated by the real activator, and
+# then inside the machine: the libraries linked and known to `ldconfig -p`,
+# containerd's merged config with the nvidia runtime and CDI, the exact
+# `nvidia-ctk cdi generate` arguments (a recorder stands in for nvidia-ctk,
+# which cannot be installed here: the spec's contents are not exercised), a
+# driver upgraded under the node picked up at the next start, a broken
+# driver failing the unit by name, and a node without GPU left clean.
+#
+# No real GPU is involved: ci/gpu/check.sh does the real thing on a GPU host.
+
+GPU_DRIVER_OLD=550.127.05
+GPU_DRIVER_NEW=570.86.10
+# The fake driver's libraries: file stem and soname version.
+GPU_FAKE_LIBS="libcuda:1 libnvidia-ml:1 libnvidia-ptxjitcompiler:1 libnvidia-encode:1"
+GPU_LIBDIR=/usr/lib/x86_64-linux-gnu
+
+# gpu_build_driver VERSION: the fake driver's files under
+# WORK/gpu/driver-VERSION/ as they sit on a host (relative to /): 64-bit
+# and 32-bit (i386, linked against a stub libc.so.6 so ldconfig files them
+# as libc6 like the real ones: this machine has no 32-bit C library)
+# libraries with their sonames, the vdpau driver, the container toolkit's
+# libnvidia-container.so.1 (on the host beside the driver, never to be
+# linked into the machine), and an nvidia-smi that prints the version.
+gpu_build_driver() {
+  local v=$1 out=$WORK/gpu/driver-$1 src=$WORK/gpu/src spec stem so
+  mkdir -p "$src" "$out$GPU_LIBDIR/vdpau" "$out/usr/lib/i386-linux-gnu" "$out/usr/bin"
+  echo 'int kubeslot_stub(void) { return 0; }' >"$src/stub.c"
+  cc -m32 -shared -nostdlib -fPIC -Wl,-soname,libc.so.6 -o "$src/libc.so.6" "$src/stub.c"
+  for spec in $GPU_FAKE_LIBS; do
+    stem=${spec%:*} so=${spec#*:}
+    echo "int kubeslot_fake_${stem//-/_}(void) { return ${v%%.*}; }" >"$src/$stem.c"
+    cc -shared -fPIC -Wl,-soname,"$stem.so.$so" -o "$out$GPU_LIBDIR/$stem.so.$v" "$src/$stem.c"
+    cc -m32 -shared -nostdlib -fPIC -Wl,-soname,"$stem.so.$so" -o "$out/usr/lib/i386-linux-gnu/$stem.so.$v" \
+      "$src/$stem.c" -Wl,--no-as-needed "$src/libc.so.6"
+  done
+  ln -sf libcuda.so.1 "$out$GPU_LIBDIR/libcuda.so"
+  echo 'int kubeslot_fake_vdpau(void) { return 1; }' >"$src/vdpau.c"
+  cc -shared -fPIC -Wl,-soname,libvdpau_nvidia.so.1 -o "$out$GPU_LIBDIR/vdpau/libvdpau_nvidia.so.$v" "$src/vdpau.c"
+  echo 'int kubeslot_fake_toolkit(void) { return 1; }' >"$src/toolkit.c"
+  cc -shared -fPIC -Wl,-soname,libnvidia-container.so.1 -o "$out$GPU_LIBDIR/libnvidia-container.so.1.17.0" "$src/toolkit.c"
+  printf '#!/bin/sh\necho "GPU 0: Fake kubeslot e2e GPU (driver %s)"\n' "$v" >"$out/usr/bin/nvidia-smi"
+  chmod 0755 "$out/usr/bin/nvidia-smi"
+}
+
+# gpu_install_driver VERSION / gpu_remove_driver VERSION: the driver's
+# files into (out of) the outer host, then the outer's ldconfig (which makes
+# the soname links and the cache the activator reads with `ldconfig -p`).
+gpu_install_driver() {
+  cp -a "$WORK/gpu/driver-$1/." "$OUTER/"
+  printf '%s\n' "$GPU_LIBDIR/vdpau" /usr/lib/i386-linux-gnu >"$OUTER/etc/ld.so.conf.d/zz-kubeslot-e2e-fake-nvidia.conf"
+  outer ldconfig
+}
+
+gpu_remove_driver() {
+  local f
+  (cd "$WORK/gpu/driver-$1" && find . -type f -o -type l) | while read -r f; do
+    rm -f "$OUTER/${f#./}"
+  done
+  outer ldconfig
+}
+
+# gpu_devices add|remove: the GPU's device nodes in the outer's /dev
+# (NVIDIA's major 195 for the GPUs and the control device; the other majors
+# are dynamic on a real host, any number does here).
+gpu_devices() {
+  if [ "$1" = add ]; then
+    outer sh -c '
+      mknod -m 666 /dev/nvidia0 c 195 0
+      mknod -m 666 /dev/nvidiactl c 195 255
+      mknod -m 666 /dev/nvidia-uvm c 507 0
+      mkdir -p /dev/nvidia-caps /dev/nvidia-caps-imex-channels
+      mknod -m 400 /dev/nvidia-caps/nvidia-cap1 c 508 1
+      mknod -m 666 /dev/nvidia-caps-imex-channels/channel0 c 509 0'
+  else
+    outer sh -c 'rm -rf /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-caps /dev/nvidia-caps-imex-channels'
+  fi
+}
+
+# gpu_in MACHINE SCRIPT: runs SCRIPT with sh inside the machine.
+gpu_in() {
+  outer systemd-run -M "$1" --quiet --wait --pipe sh -c "$2" </dev/null
+}
+
+# gpu_restart MACHINE: stop and start the machine's unit (the render oneshot
+# runs again before the start), then wait for its systemd.
+gpu_restart() {
+  local state
+  outer systemctl restart "systemd-nspawn@$1.service" ||
+    { fail "systemctl restart systemd-nspawn@$1 failed"; return 1; }
+  state=$(machine_wait_running "$1" 60) || { fail "machine $1 is '$state' after 60 s"; return 1; }
+}
+
+# gpu_setup_result MACHINE: the setup unit's result and state.
+gpu_setup_result() {
+  gpu_in "$1" 'systemctl show kubeslot-nvidia-setup.service -p Result -p ActiveState --value | paste -sd" "'
+}
+
+gpu_setup_journal() {
+  gpu_in "$1" 'journalctl -b -u kubeslot-nvidia-setup.service --no-pager -o cat'
+}
+
+# The whole scenario.
+scenario_gpu_setup() {
+  activator_present || return 1
+  command -v cc >/dev/null || { fail "cc is not installed: apt-get install -y gcc (the fake driver is built with it)"; return 1; }
+  local tar recipe archive=/var/tmp/node-gpu.tar before m got want
+  mkdir -p "$WORK/gpu"
+  tar=$("$REPO/ci/lib/debian-rootfs.sh" --suite trixie "$NODE_PKGS") || { fail "no trixie rootfs"; return 1; }
+  # The GPU image: signed by a key of its own (whatever signed v1..v6),
+  # carried with its signature in an oci-archive, so the scenario needs no
+  # registry (airgap_archive stops it).
+  "$BUILDER" keygen --out "$WORK/keys/gpu" >"$WORK/logs/gpu-keygen.log" 2>&1 ||
+    { cat "$WORK/logs/gpu-keygen.log" >&2; fail "kubeslot-builder keygen failed"; return 1; }
+  recipe=$WORK/gpu/node-nvidia.toml
+  sed -e "s|@BASE_TAR@|$tar|g" \
+    -e "s|@BASE_SHA256@|$(sha256sum "$tar" | cut -d' ' -f1)|g" \
+    -e "s|@TAG@|gpu|g" \
+    -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/v1/kubelet" | cut -d' ' -f1)|g" \
+    -e "s|@KUBELET@|$WORK/kubelet/v1/kubelet|g" \
+    -e "s|@UNITS@|$E2E_TESTDATA/node/units|g" \
+    -e "s|@RECIPE_FILES@|$REPO/recipes/files|g" \
+    -e "s|@NVIDIA@|$E2E_TESTDATA/nvidia|g" \
+    "$E2E_TESTDATA/node-nvidia.toml.in" >"$recipe"
+  "$BUILDER" --progress plain build "$recipe" --sign-key "$WORK/keys/gpu.key" \
+    --output "oci-archive:$OUTER$archive:gpu" >"$WORK/logs/build-gpu.log" 2>&1 ||
+    { cat "$WORK/logs/build-gpu.log" >&2; fail "kubeslot-builder build of the GPU test image failed"; return 1; }
+  gpu_build_driver "$GPU_DRIVER_OLD"
+  gpu_build_driver "$GPU_DRIVER_NEW"
+  gpu_install_driver "$GPU_DRIVER_OLD"
+  gpu_devices add
+  check "the outer host's ldconfig -p lists the fake libnvidia-ml" \
+    grep -q "libnvidia-ml.so.1 (libc6,x86-64)" <<<"$(outer ldconfig -p)" || return 1
+
+  # --- activate: the host side binds the fake GPU
+  [ -s "$WORK/ca.crt" ] || act_setup
+  mkdir -p "$OUTER/etc/kubeslot/trust"
+  install -m 0644 "$WORK/keys/gpu.pub" "$OUTER/etc/kubeslot/trust/gpu.pub"
+  write_config "oci-archive:$archive:gpu"
+  jq '.gpu = "auto" | .trust = {public_keys: ["/etc/kubeslot/trust/gpu.pub"]}' \
+    "$OUTER$CONFIG_IN_OUTER" >"$WORK/gpu/config.json"
+  install -m 0600 "$WORK/gpu/config.json" "$OUTER$CONFIG_IN_OUTER"
+  before=$(active_machines)
+  act activate || { show_log; log_report; fail "activate of the GPU image exited non-zero"; return 1; }
+  log_report
+  case $before in kube1) m=kube2 ;; *) m=kube1 ;; esac
+  check "systemd-nspawn@$m active with the GPU image" unit_active "$m" || return 1
+  got=$(grep -E '^(Bind|BindReadOnly)=(/dev/nvidia|.*:/run/host-nvidia)' "$OUTER/etc/systemd/nspawn/$m.nspawn" | paste -sd' ')
+  want="Bind=/dev/nvidia-uvm Bind=/dev/nvidia0 Bind=/dev/nvidiactl Bind=/dev/nvidia-caps Bind=/dev/nvidia-caps-imex-channels"
+  want+=" BindReadOnly=$GPU_LIBDIR:/run/host-nvidia/0 BindReadOnly=$GPU_LIBDIR/vdpau:/run/host-nvidia/1"
+  want+=" BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0 BindReadOnly=/usr/bin:/run/host-nvidia-bin"
+  check_eq "GPU binds in $m.nspawn" "$got" "$want" || return 1
+  check "DeviceAllow=char-nvidia-caps in the drop-in" grep -qx 'DeviceAllow=char-nvidia-caps rwm' \
+    "$OUTER/etc/systemd/system/systemd-nspawn@$m.service.d/override.conf" || return 1
+
+  # --- inside: links, ldconfig, containerd, CDI
+  check_eq "kubeslot-nvidia-setup in $m" "$(gpu_setup_result "$m")" "success active" || { gpu_setup_journal "$m" >&2; return 1; }
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(gpu_in "$m" '
+    readlink '"$GPU_LIBDIR"'/libcuda.so.1
+    readlink -f '"$GPU_LIBDIR"'/libcuda.so.1
+    readlink '"$GPU_LIBDIR"'/vdpau/libvdpau_nvidia.so.1
+    test -e '"$GPU_LIBDIR"'/libnvidia-container.so.1 && echo toolkit-lib-linked || echo toolkit-lib-not-linked
+    nvidia-smi' | paste -sd' ')
+  want="/run/host-nvidia/0/libcuda.so.1 /run/host-nvidia/0/libcuda.so.$GPU_DRIVER_OLD /run/host-nvidia/1/libvdpau_nvidia.so.1"
+  want+=" toolkit-lib-not-linked GPU 0: Fake kubeslot e2e GPU (driver $GPU_DRIVER_OLD)"
+  check_eq "in $m: links to the host driver, its nvidia-smi" "$got" "$want" || { gpu_setup_journal "$m" >&2; return 1; }
+  got=$(gpu_in "$m" 'ldconfig -p' | grep -E 'lib(cuda|nvidia-ml)\.so\.1 ' | sed 's/^[[:space:]]*//' | sort | paste -sd';')
+  want="libcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1;libcuda.so.1 (libc6,x86-64) => $GPU_LIBDIR/libcuda.so.1"
+  want+=";libnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1;libnvidia-ml.so.1 (libc6,x86-64) => $GPU_LIBDIR/libnvidia-ml.so.1"
+  check_eq "ldconfig -p in $m (64- and 32-bit)" "$got" "$want" || return 1
+  got=$(gpu_in "$m" 'cat /run/kubeslot-e2e/nvidia-ctk.args' | paste -sd' ')
+  check_eq "nvidia-ctk arguments (recorder)" "$got" \
+    "cdi generate --output /etc/cdi/nvidia.yaml --disable-hook all --enable-hook create-symlinks --enable-hook update-ldcache" || return 1
+  check "CDI spec written in $m" gpu_in "$m" 'grep -qx "    - path: /dev/nvidia0" /etc/cdi/nvidia.yaml' || return 1
+  check "containerd active in $m" outer systemctl -M "$m" is-active --quiet containerd || return 1
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(gpu_in "$m" '
+    s=$(systemctl show kubeslot-nvidia-setup -p ExecMainExitTimestampMonotonic --value)
+    c=$(systemctl show containerd -p ExecMainStartTimestampMonotonic --value)
+    [ "$s" -gt 0 ] && [ "$s" -le "$c" ] && echo before || echo "setup $s containerd $c"')
+  check_eq "the setup finished before containerd started" "$got" before || return 1
+  # containerd's own view of its merged config (the import of conf.d)
+  local dump
+  dump=$(gpu_in "$m" 'containerd config dump') || { fail "containerd config dump in $m"; return 1; }
+  got=$(grep -E '^\s*(enable_cdi|cdi_spec_dirs|default_runtime_name|BinaryName) = ' <<<"$dump" | sed 's/^[[:space:]]*//' | sort -u | paste -sd';')
+  want='BinaryName = "";BinaryName = "/usr/bin/nvidia-container-runtime";cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"];default_runtime_name = "nvidia";enable_cdi = true'
+  check_eq "containerd config dump in $m" "$got" "$want" || { echo "$dump" >&2; return 1; }
+  check "the dump has the nvidia runtime's table" grep -q 'runtimes.nvidia.options\]' <<<"$dump" || return 1
+
+  # --- the host's driver is upgraded under the node: at the next start the
+  # binds are rendered again and the setup links the new driver
+  gpu_remove_driver "$GPU_DRIVER_OLD"
+  gpu_install_driver "$GPU_DRIVER_NEW"
+  gpu_restart "$m" || return 1
+  check_eq "kubeslot-nvidia-setup after the upgrade" "$(gpu_setup_result "$m")" "success active" || { gpu_setup_journal "$m" >&2; return 1; }
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(gpu_in "$m" '
+    readlink -f '"$GPU_LIBDIR"'/libcuda.so.1
+    readlink -f /usr/lib/i386-linux-gnu/libnvidia-ml.so.1
+    ls -l '"$GPU_LIBDIR"' /usr/lib/i386-linux-gnu '"$GPU_LIBDIR"'/vdpau | grep -c '"$GPU_DRIVER_OLD"' || true
+    ldconfig -p | grep -c '"$GPU_DRIVER_OLD"' || true
+    nvidia-smi' | paste -sd' ')
+  want="/run/host-nvidia/0/libcuda.so.$GPU_DRIVER_NEW /run/host-nvidia-i386/0/libnvidia-ml.so.$GPU_DRIVER_NEW 0 0 GPU 0: Fake kubeslot e2e GPU (driver $GPU_DRIVER_NEW)"
+  check_eq "in $m after the upgrade: new driver linked, no link to the old one left" "$got" "$want" || { gpu_setup_journal "$m" >&2; return 1; }
+
+  # --- a broken driver (libnvidia-ml gone): the unit fails and says what
+  rm -f "$OUTER$GPU_LIBDIR"/libnvidia-ml.so* "$OUTER"/usr/lib/i386-linux-gnu/libnvidia-ml.so*
+  outer ldconfig
+  gpu_restart "$m" || return 1
+  check_eq "kubeslot-nvidia-setup with libnvidia-ml missing" "$(gpu_setup_result "$m")" "exit-code failed" || return 1
+  got=$(gpu_setup_journal "$m")
+  check "its error names libnvidia-ml.so.1" grep -q 'error: .*libnvidia-ml.so.1 is in none of the host directories' <<<"$got" ||
+    { echo "$got" >&2; return 1; }
+  check "no CDI spec is left behind" gpu_in "$m" 'test ! -e /etc/cdi/nvidia.yaml' || return 1
+  gpu_install_driver "$GPU_DRIVER_NEW"
+
+  # --- the GPU is gone (a host rebooted without it): nothing bound, the
+  # unit succeeds and removes the links and the spec of the earlier boot
+  gpu_devices remove
+  gpu_restart "$m" || return 1
+  check "no GPU bind rendered" bash -c "! grep -q nvidia '$OUTER/etc/systemd/nspawn/$m.nspawn'" || return 1
+  check_eq "kubeslot-nvidia-setup without a GPU" "$(gpu_setup_result "$m")" "success active" || return 1
+  check "it says there is nothing to set up" grep -q 'no NVIDIA GPU is bound' <<<"$(gpu_setup_journal "$m")" || return 1
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(gpu_in "$m" '
+    find '"$GPU_LIBDIR"' /usr/lib/i386-linux-gnu /usr/bin -maxdepth 2 -lname "/run/host-nvidia*" | wc -l
+    test -e /etc/cdi/nvidia.yaml && echo spec || echo no-spec
+    ldconfig -p | grep -c "libnvidia-ml" || true' | paste -sd' ')
+  check_eq "in $m without a GPU: links, CDI spec, ldconfig entries" "$got" "0 no-spec 0" || return 1
+  check "containerd still active in $m" outer systemctl -M "$m" is-active --quiet containerd || return 1
+}
