@@ -647,6 +647,151 @@ fn the_real_recipes_validate() {
     }
 }
 
+fn toml_file(rel: &str) -> toml::Value {
+    let path = workspace_root().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    toml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// `a` with `b` merged over it, table by table (containerd 2.1+ merges
+/// imported files so).
+fn merge(a: &toml::Value, b: &toml::Value) -> toml::Value {
+    match (a, b) {
+        (toml::Value::Table(a), toml::Value::Table(b)) => {
+            let mut out = a.clone();
+            for (k, v) in b {
+                let merged = match out.get(k) {
+                    Some(old) => merge(old, v),
+                    None => v.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            toml::Value::Table(out)
+        }
+        (_, b) => b.clone(),
+    }
+}
+
+/// The `[[files]]` of a recipe as (in-image path, source, mode).
+fn recipe_files(recipe: &toml::Value) -> Vec<(String, String, String)> {
+    recipe["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let get = |k: &str| f.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+            (get("path"), get("source"), get("mode"))
+        })
+        .collect()
+}
+
+/// The NVIDIA image's GPU setup and containerd settings, and the e2e test
+/// variant (testdata/e2e/node-nvidia.toml.in) that proves them on a real
+/// machine: the variant bakes the very same setup script and unit, and its
+/// containerd drop-in (version-2 schema, for Debian's containerd 1.7) says
+/// what the production drop-ins (version 3, containerd 2.x) say.
+#[test]
+fn the_nvidia_image_and_its_e2e_variant_configure_gpus_alike() {
+    let prod = toml_file("recipes/ubuntu2404-nvidia.toml");
+    let test = toml_file("testdata/e2e/node-nvidia.toml.in");
+    let prod_files = recipe_files(&prod);
+    let test_files = recipe_files(&test);
+    for (path, source, mode) in [
+        (
+            "/usr/lib/kubeslot/nvidia-setup",
+            "kubeslot-nvidia-setup",
+            "0755",
+        ),
+        (
+            "/etc/systemd/system/kubeslot-nvidia-setup.service",
+            "kubeslot-nvidia-setup.service",
+            "",
+        ),
+    ] {
+        assert!(
+            prod_files.iter().any(|f| f.0 == path
+                && f.1 == format!("files/{source}")
+                && (mode.is_empty() || f.2 == mode)),
+            "{path} in the NVIDIA recipe: {prod_files:?}"
+        );
+        assert!(
+            test_files
+                .iter()
+                .any(|f| f.0 == path && f.1 == format!("@RECIPE_FILES@/{source}")),
+            "{path} in the e2e variant: {test_files:?}"
+        );
+    }
+    for recipe in [&prod, &test] {
+        let enabled = recipe["units"]["enable"].as_array().unwrap();
+        assert!(enabled
+            .iter()
+            .any(|u| u["unit"].as_str() == Some("kubeslot-nvidia-setup.service")));
+    }
+
+    // the drop-ins sit where the main config imports them from
+    for main in [
+        "recipes/files/containerd-config.toml",
+        "testdata/e2e/nvidia/containerd-config.toml",
+    ] {
+        assert_eq!(
+            toml_file(main)["imports"],
+            toml::Value::Array(vec!["/etc/containerd/conf.d/*.toml".into()]),
+            "{main}"
+        );
+    }
+    let dropins = |files: &[(String, String, String)]| -> Vec<String> {
+        files
+            .iter()
+            .filter(|f| f.0.starts_with("/etc/containerd/conf.d/"))
+            .map(|f| {
+                assert!(f.0.ends_with(".toml"), "{f:?}");
+                f.1.replace("files/", "recipes/files/")
+                    .replace("@NVIDIA@/", "testdata/e2e/nvidia/")
+            })
+            .collect()
+    };
+    let prod_dropins = dropins(&prod_files);
+    assert_eq!(
+        prod_dropins,
+        [
+            "recipes/files/containerd-nvidia.toml",
+            "recipes/files/containerd-nvidia-default.toml"
+        ]
+    );
+    let merged = prod_dropins
+        .iter()
+        .map(|f| toml_file(f))
+        .reduce(|a, b| merge(&a, &b))
+        .unwrap();
+    assert_eq!(merged["version"].as_integer(), Some(3));
+    let prod_cri = &merged["plugins"]["io.containerd.cri.v1.runtime"];
+    let test_dropins = dropins(&test_files);
+    assert_eq!(test_dropins, ["testdata/e2e/nvidia/containerd-nvidia.toml"]);
+    let test_dropin = toml_file(&test_dropins[0]);
+    assert_eq!(test_dropin["version"].as_integer(), Some(2));
+    let test_cri = &test_dropin["plugins"]["io.containerd.grpc.v1.cri"];
+    assert_eq!(prod_cri, test_cri, "the production and e2e drop-ins differ");
+    // what they say
+    assert_eq!(prod_cri["enable_cdi"].as_bool(), Some(true));
+    assert_eq!(
+        prod_cri["cdi_spec_dirs"],
+        toml::Value::Array(vec!["/etc/cdi".into(), "/var/run/cdi".into()])
+    );
+    assert_eq!(
+        prod_cri["containerd"]["default_runtime_name"].as_str(),
+        Some("nvidia")
+    );
+    let nvidia = &prod_cri["containerd"]["runtimes"]["nvidia"];
+    assert_eq!(
+        nvidia["runtime_type"].as_str(),
+        Some("io.containerd.runc.v2")
+    );
+    assert_eq!(
+        nvidia["options"]["BinaryName"].as_str(),
+        Some("/usr/bin/nvidia-container-runtime")
+    );
+}
+
 /// A derived recipe on top of `image` pinned at `digest`: one file layer.
 fn derived_recipe(image: &str, digest: &str) -> String {
     format!(
