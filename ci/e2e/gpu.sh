@@ -170,7 +170,10 @@ scenario_gpu_setup() {
   want="/run/host-nvidia/0/libcuda.so.1 /run/host-nvidia/0/libcuda.so.$GPU_DRIVER_OLD /run/host-nvidia/1/libvdpau_nvidia.so.1"
   want+=" toolkit-lib-not-linked GPU 0: Fake kubeslot e2e GPU (driver $GPU_DRIVER_OLD)"
   check_eq "in $m: links to the host driver, its nvidia-smi" "$got" "$want" || { gpu_setup_journal "$m" >&2; return 1; }
-  got=$(gpu_in "$m" 'ldconfig -p' | grep -E 'lib(cuda|nvidia-ml)\.so\.1 ' | sed 's/^[[:space:]]*//' | sort | paste -sd';')
+  # (trixie's loader searches /lib/<triplet> first: with the merged /usr,
+  # the same directory as /usr/lib/<triplet>)
+  got=$(gpu_in "$m" 'ldconfig -p' | grep -E 'lib(cuda|nvidia-ml)\.so\.1 ' |
+    sed 's/^[[:space:]]*//; s|=> /lib/|=> /usr/lib/|' | sort | paste -sd';')
   want="libcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1;libcuda.so.1 (libc6,x86-64) => $GPU_LIBDIR/libcuda.so.1"
   want+=";libnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1;libnvidia-ml.so.1 (libc6,x86-64) => $GPU_LIBDIR/libnvidia-ml.so.1"
   check_eq "ldconfig -p in $m (64- and 32-bit)" "$got" "$want" || return 1
