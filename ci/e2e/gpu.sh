@@ -191,10 +191,14 @@ scenario_gpu_setup() {
   # containerd's own view of its merged config (the import of conf.d)
   local dump
   dump=$(gpu_in "$m" 'containerd config dump') || { fail "containerd config dump in $m"; return 1; }
-  got=$(grep -E '^\s*(enable_cdi|cdi_spec_dirs|default_runtime_name|BinaryName) = ' <<<"$dump" | sed 's/^[[:space:]]*//' | sort -u | paste -sd';')
-  want='BinaryName = "";BinaryName = "/usr/bin/nvidia-container-runtime";cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"];default_runtime_name = "nvidia";enable_cdi = true'
-  check_eq "containerd config dump in $m" "$got" "$want" || { echo "$dump" >&2; return 1; }
-  check "the dump has the nvidia runtime's table" grep -q 'runtimes.nvidia.options\]' <<<"$dump" || return 1
+  got=$(grep -E '^\s*(enable_cdi|cdi_spec_dirs|default_runtime_name) = ' <<<"$dump" | sed 's/^[[:space:]]*//' | sort | paste -sd';')
+  want='cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"];default_runtime_name = "nvidia";enable_cdi = true'
+  check_eq "containerd config dump in $m: CDI and the default runtime" "$got" "$want" || { echo "$dump" >&2; return 1; }
+  # the nvidia runtime's options table, up to the next blank line
+  got=$(awk '/runtimes\.nvidia\.options\]$/ { on = 1; next } on && /^[[:space:]]*$/ { exit } on' <<<"$dump" |
+    sed 's/^[[:space:]]*//' | paste -sd';')
+  check_eq "containerd config dump in $m: the nvidia runtime" "$got" \
+    'BinaryName = "/usr/bin/nvidia-container-runtime";SystemdCgroup = true' || { echo "$dump" >&2; return 1; }
 
   # --- the host's driver is upgraded under the node: at the next start the
   # binds are rendered again and the setup links the new driver
