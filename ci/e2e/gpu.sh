@@ -107,7 +107,6 @@ gpu_setup_journal() {
 
 # The whole scenario.
 scenario_gpu_setup() {
-  activator_present || return 1
   command -v cc >/dev/null || { fail "cc is not installed: apt-get install -y gcc (the fake driver is built with it)"; return 1; }
   local tar recipe archive=/var/tmp/node-gpu.tar before m got want
   mkdir -p "$WORK/gpu"
@@ -141,10 +140,9 @@ scenario_gpu_setup() {
   [ -s "$WORK/ca.crt" ] || act_setup
   mkdir -p "$OUTER/etc/kubeslot/trust"
   install -m 0644 "$WORK/keys/gpu.pub" "$OUTER/etc/kubeslot/trust/gpu.pub"
-  write_config "oci-archive:$archive:gpu"
-  jq '.gpu = "auto" | .trust = {public_keys: ["/etc/kubeslot/trust/gpu.pub"]}' \
-    "$OUTER$CONFIG_IN_OUTER" >"$WORK/gpu/config.json"
-  install -m 0600 "$WORK/gpu/config.json" "$OUTER$CONFIG_IN_OUTER"
+  config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub | jq '.gpu = "auto"' \
+    >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
   before=$(active_machines)
   act activate || { show_log; log_report; fail "activate of the GPU image exited non-zero"; return 1; }
   log_report
