@@ -15,7 +15,6 @@ pub mod config;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod gpu;
-pub mod gpu_preflight;
 pub mod health;
 pub mod host_settings;
 pub mod lock;

@@ -140,9 +140,19 @@ scenario_gpu_setup() {
   [ -s "$WORK/ca.crt" ] || act_setup
   mkdir -p "$OUTER/etc/kubeslot/trust"
   install -m 0644 "$WORK/keys/gpu.pub" "$OUTER/etc/kubeslot/trust/gpu.pub"
-  config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub | jq '.gpu = "auto"' \
-    >"$OUTER$CONFIG_IN_OUTER.tmp"
+  # gpu-driver is ignored: a fake driver has no kernel module
+  # (/proc/driver/nvidia/version is the kernel's); the other GPU checks run
+  # on the fake devices and the outer's real ldconfig.
+  config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
+    jq '.gpu = "auto" | .preflight.ignore += ["gpu-driver"]' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+  act preflight || true
+  got=$(grep -E '^\[[A-Z]+\] gpu-' "$ACT_LOG" | sed 's/;.*//' | paste -sd'|')
+  want="[IGNORED] gpu-driver: seen /proc/driver/nvidia/version missing|[PASS] gpu-nvidiactl: seen character device"
+  want+="|[PASS] gpu-nvidia-uvm: seen character device"
+  want+="|[PASS] gpu-libraries: seen libnvidia-ml.so.1 -> $GPU_LIBDIR/libnvidia-ml.so.$GPU_DRIVER_OLD, libcuda.so.1 -> $GPU_LIBDIR/libcuda.so.$GPU_DRIVER_OLD"
+  want+="|[WARN] gpu-persistenced: seen no live process in /run/nvidia-persistenced/nvidia-persistenced.pid"
+  check_eq "preflight's GPU checks on the fake driver" "$got" "$want" || { show_log; return 1; }
   before=$(active_machines)
   act activate || { show_log; log_report; fail "activate of the GPU image exited non-zero"; return 1; }
   log_report

@@ -19,11 +19,10 @@
 //!   rendered sysctl file is made from);
 //! * `host.rs` — `disk-space`, `container-engine`;
 //! * `gpu.rs` — the GPU checks, run when the config binds GPUs and the host
-//!   has (or must have) them: `gpu-driver`, `gpu-nvidiactl`. **GPU checks
-//!   belong in that file**: the ones that need the `ldconfig` process
-//!   boundary (`libnvidia-ml` known to the linker cache) or systemd (the
-//!   persistence daemon) are added there by the GPU work (issue 17), each
-//!   as one more function returning a [`Finding`].
+//!   has (or must have) them: `gpu-driver`, `gpu-nvidiactl`,
+//!   `gpu-nvidia-uvm`, `gpu-libraries` (the one check that runs a process:
+//!   `ldconfig -p`, through `gpu::run_ldconfig`, as the render does) and
+//!   `gpu-persistenced`.
 //!
 //! It does not fix anything: the settings the activator can make itself
 //! (sysctls, module loading) are written and applied by `host_settings`

@@ -277,19 +277,57 @@ fn gpu_checks_run_when_gpus_are_bound() {
         )
     };
     assert!(!names(&gpu(GpuMode::Auto)).contains(&"gpu-driver"));
-    // "on" without a driver: both fail
+    // "on" without a driver: the driver, its control device and its
+    // libraries fail (this root has no ldconfig at all)
     let p = gpu(GpuMode::On);
     let failed: Vec<&str> = p.blocking().iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(failed, ["gpu-driver", "gpu-nvidiactl"]);
-    // a GPU and its driver: auto runs and passes them
+    assert_eq!(failed, ["gpu-driver", "gpu-nvidiactl", "gpu-libraries"]);
+    // a GPU and its driver: auto runs and passes them (the libraries come
+    // from <root>/sbin/ldconfig, run as on a host)
     crate::gpu::mknod_char(&h.root.dev().join("nvidia0"), 195, 0).unwrap();
     crate::gpu::mknod_char(&h.root.dev().join("nvidiactl"), 195, 255).unwrap();
     h.write(
         "proc/driver/nvidia/version",
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\nGCC version: gcc 12\n",
     );
+    let lib = match std::env::consts::ARCH {
+        "aarch64" => ("aarch64-linux-gnu", "AArch64"),
+        _ => ("x86_64-linux-gnu", "x86-64"),
+    };
+    let mut listing = String::new();
+    for stem in ["libnvidia-ml", "libcuda"] {
+        let soname = format!("{stem}.so.1");
+        h.write(&format!("usr/lib/{}/{stem}.so.550.54.15", lib.0), "");
+        std::os::unix::fs::symlink(
+            format!("{stem}.so.550.54.15"),
+            h.root.join(&format!("usr/lib/{}/{soname}", lib.0)),
+        )
+        .unwrap();
+        listing += &format!(
+            "\t{soname} (libc6,{}) => /usr/lib/{}/{soname}\n",
+            lib.1, lib.0
+        );
+    }
+    h.write("listing", &listing);
+    h.write(
+        "sbin/ldconfig",
+        &format!("#!/bin/sh\ncat '{}'\n", h.root.join("listing").display()),
+    );
+    fs::set_permissions(
+        h.root.join("sbin/ldconfig"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let p = gpu(GpuMode::Auto);
     assert!(p.passed(), "{p}");
+    // what a GPU host without uvm and the persistence daemon is told
+    let warned: Vec<&str> = p
+        .checks
+        .iter()
+        .filter(|f| f.status == Status::Warn)
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(warned, ["gpu-nvidia-uvm", "gpu-persistenced"]);
     assert!(p
         .checks
         .iter()
