@@ -1592,9 +1592,21 @@ mod tests {
         };
         std::fs::write(
             &ldconfig,
-            format!("#!/bin/sh\nprintf '1 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n'\n"),
+            format!("#!/bin/sh\nprintf '2 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n\\tlibnvidia-ml.so.1 (libc6,{marker}) => /usr/lib/nvidia/libnvidia-ml.so.1\\n'\n"),
         )
         .unwrap();
+        // the libraries it lists, of the module's version (preflight's
+        // gpu-libraries)
+        let libs = s.root.join("usr/lib/nvidia");
+        std::fs::create_dir_all(&libs).unwrap();
+        for stem in ["libcuda", "libnvidia-ml"] {
+            std::fs::write(libs.join(format!("{stem}.so.550.54.15")), b"").unwrap();
+            std::os::unix::fs::symlink(
+                format!("{stem}.so.550.54.15"),
+                libs.join(format!("{stem}.so.1")),
+            )
+            .unwrap();
+        }
         {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();
