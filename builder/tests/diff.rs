@@ -25,10 +25,7 @@ fn bin() -> Command {
 
 /// The demo recipe's text with its relative paths made absolute.
 fn demo_text() -> String {
-    let demo_dir = workspace_root().join("testdata/demo");
-    std::fs::read_to_string(workspace_root().join("testdata/recipes/demo.toml"))
-        .unwrap()
-        .replace("\"../demo/", &format!("\"{}/", demo_dir.display()))
+    std::fs::read_to_string(workspace_root().join("testdata/recipes/demo.toml")).unwrap()
 }
 
 /// The release before the demo: kubelet 1.36.3 (its stand-in is in the demo
@@ -52,9 +49,14 @@ fn previous_release_text() -> String {
     format!("{}{}", &text[..start], &text[end..])
 }
 
+/// Builds `text` as a recipe in `dir/recipes/`, beside a link `dir/demo` to
+/// the demo's files, so its relative paths (`../demo/...`) resolve as in the
+/// repository and the image (whose history names them) does not depend on
+/// where the checkout is.
 fn build(text: &str, dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let recipe = dir.join("recipe.toml");
+    std::fs::create_dir_all(dir.join("recipes")).unwrap();
+    std::os::unix::fs::symlink(workspace_root().join("testdata/demo"), dir.join("demo")).unwrap();
+    let recipe = dir.join("recipes/recipe.toml");
     std::fs::write(&recipe, text).unwrap();
     let out = dir.join("layout");
     ok(bin()
