@@ -14,10 +14,16 @@
 //!    uses the config each slot was activated with (saved beside the state),
 //!    so a broken new config cannot block recovery; then reconcile the state
 //!    with systemd: a running machine the state does not account for
-//!    (unbounded-agent's `kube1`) is refused (`adopt` takes it over), the
-//!    committed slot is the one enabled at boot, and when it is not running
-//!    it is started and gated (outcome `started`; also before the config is
-//!    read, so a broken config cannot keep the node down after a reboot);
+//!    (unbounded-agent's `kube1`, or anything running as the slot that is
+//!    not committed) is refused with exit 3 (`adopt` takes a foreign node
+//!    over), the committed slot is the one enabled at boot, and when it is
+//!    not running it is started and gated (outcome `started`; also before
+//!    the config is read, so a broken config cannot keep the node down
+//!    after a reboot). A committed node that does not come up is noted in
+//!    the report (`reconcile`) and the run goes on: an up-to-date plan then
+//!    ends not-healthy (exit 1; `--force` stages the image afresh into the
+//!    other slot), a flip to another image proceeds with the old node
+//!    treated as down, so a broken tree never wedges the host;
 //! 3. read the config, gather the host facts, open the source and resolve
 //!    the reference once and verify it (fail closed): [`open_verified`]
 //!    keeps the source open (an archive extracted once) for staging;
@@ -150,7 +156,9 @@ pub enum ActivateError {
     HostSettings { reason: String },
     #[error("preflight: {count} check(s) failed: {summary}; nothing was staged, stopped or started (fix the host, or ignore a check with the config's \"preflight\": {{\"ignore\": [NAME]}})")]
     Preflight { count: usize, summary: String },
-    #[error("the committed node {slot} was not running: started it, but {failure}")]
+    /// The committed node runs the desired image but did not come up when
+    /// started; nothing else to do without `--force`.
+    #[error("the committed node {slot} was not running: started it, but {failure} (`kubeslot-activator activate --force` stages the image afresh into {} and flips to it; `rollback` returns to the previous slot)", slot.other())]
     NotHealthy { slot: Slot, failure: Failure },
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
@@ -356,9 +364,13 @@ fn begin(
     report.recovered = host.recover(&mut state)?;
     failpoint::hit("after-recover");
     host.refuse_foreign(&state)?;
-    if reconcile == Reconcile::StartCommitted {
-        host.reconcile(&state, report)?;
-    }
+    // A committed node that does not come up is noted, not the end of the
+    // run: a flip to another image (or, forced, the same image staged
+    // afresh) is the way out of a broken tree, so the plan decides.
+    let down = match reconcile {
+        Reconcile::StartCommitted => host.reconcile(&state, opts.force, report)?,
+        Reconcile::RefuseForeign => None,
+    };
 
     report.phase("config");
     let config = Config::load(config_path)?;
@@ -380,6 +392,16 @@ fn begin(
         .active
         .is_some_and(|a| files_current(root, &config, a, &facts));
     let flip = match plan::activate(&state, digest, &inputs, current, opts.force) {
+        Plan::UpToDate { slot, .. } if down.is_some() => {
+            let failure = down.expect("checked");
+            if !opts.force {
+                report.slot = Some(slot);
+                return Err(ActivateError::NotHealthy { slot, failure });
+            }
+            // --force: the same image into the other slot, from the store
+            // (or the registry), through the same preflight and gate.
+            plan::restage(&state, digest, &inputs)
+        }
         Plan::UpToDate { slot, .. } => {
             if state.slot(slot).inputs.as_deref() != Some(inputs.as_str()) {
                 // host facts changed and the render oneshot already applied
@@ -804,12 +826,24 @@ impl Host<'_> {
     }
 
     fn commit(&self, state: &mut State, p: &Pending) -> Result<(), ActivateError> {
+        // The slot left behind holds no tree (it was removed while its
+        // node was down, which is why the flip went ahead): it is empty,
+        // not a rollback target.
+        let mut from_gone = false;
         if let Some(from) = p.from {
             // Its machine is stopped: the tree is frozen until a rollback
             // starts it again, which checks this mark first.
             let old = state.slot(from);
-            if old.digest.is_some() || old.adopted {
-                fingerprint::record(self.root, from.machine(), old.digest)?;
+            if !self.root.machine_tree(from.machine()).is_dir() {
+                from_gone = true;
+                remove_mark(self.root, from)?;
+            } else if (old.digest.is_some() || old.adopted)
+                && fingerprint::record(self.root, from.machine(), old.digest).is_err()
+            {
+                // A tree that cannot be counted cannot be checked either:
+                // without a mark `rollback` refuses it (and says why); the
+                // commit itself stands.
+                remove_mark(self.root, from)?;
             }
         }
         // Boot follows the commit: the old machine no longer starts at boot,
@@ -829,6 +863,9 @@ impl Host<'_> {
                 if let Some(d) = digest {
                     state.mark_bad(d, inputs, "rolled back by the operator".into());
                 }
+            }
+            if from_gone {
+                *state.slot_mut(from) = SlotState::default();
             }
         }
         let new = state.slot_mut(p.to);
@@ -979,6 +1016,17 @@ impl Host<'_> {
     }
 }
 
+/// Removes `slot`'s tree mark (a missing one is fine): `rollback` then
+/// refuses the slot, naming the missing mark.
+fn remove_mark(root: &Root, slot: Slot) -> Result<(), ActivateError> {
+    let path = root.slot_tree_mark(slot.machine());
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(FingerprintError::Walk { path, source }.into()),
+    }
+}
+
 /// A pending flip's image in messages (a rollback to an adopted tree has
 /// none).
 fn image_name(digest: Option<Digest>) -> String {
@@ -1039,7 +1087,19 @@ impl Host<'_> {
     /// unbounded-agent provisioned (its applied config) with no kubeslot
     /// state yet.
     fn refuse_foreign(&self, state: &State) -> Result<(), ActivateError> {
-        if state.active.is_some() {
+        if let Some(active) = state.active {
+            // Whatever the committed node does, nothing else may run as
+            // the other slot's machine: they share the host network and
+            // the node state, and a flip would stage under it.
+            let other = active.other();
+            if self.running(other)? {
+                return Err(ActivateError::MachineRunning {
+                    machine: other,
+                    why: format!(
+                        ", but the committed node is {active}: two node machines never run at once (they share the host network and /var/lib/kubeslot/node); stop {other} (`machinectl stop {other}`), then run this again"
+                    ),
+                });
+            }
             return Ok(());
         }
         for slot in Slot::ALL {
@@ -1068,23 +1128,27 @@ impl Host<'_> {
     /// runs; when it does not (a host reboot that lost it, a machine that
     /// was stopped by hand) it is started and gated, and the report's
     /// outcome says `started`. A run never starts it beside the other slot's
-    /// running machine.
-    fn reconcile(&self, state: &State, report: &mut Report) -> Result<(), ActivateError> {
+    /// running machine ([`Host::refuse_foreign`] refused that before).
+    ///
+    /// Returns the gate's failure when the committed node did not come up
+    /// (also noted in the report's `reconcile`): the caller decides with
+    /// the plan whether that ends the run.
+    ///
+    /// With `force` a running committed node is gated too (`activate
+    /// --force` re-stages an image whose node runs but is not healthy).
+    fn reconcile(
+        &self,
+        state: &State,
+        force: bool,
+        report: &mut Report,
+    ) -> Result<Option<Failure>, ActivateError> {
         let Some(active) = state.active else {
-            return Ok(());
+            return Ok(None);
         };
         self.ensure_enabled(Some(active))?;
-        if self.running(active)? {
-            return Ok(());
-        }
-        let other = active.other();
-        if self.running(other)? {
-            return Err(ActivateError::MachineRunning {
-                machine: other,
-                why: format!(
-                    ", but the committed node is {active}: stop {other} (or roll back to it with `kubeslot-activator rollback`)"
-                ),
-            });
+        let running = self.running(active)?;
+        if running && !force {
+            return Ok(None);
         }
         report.phase("reconcile");
         let (gate, gpu) = match load_slot_config(self.root, active) {
@@ -1097,24 +1161,36 @@ impl Host<'_> {
             // an adopted tree has no slot config
             Err(_) => (Gate::from(&fallback_health(self.root)), Vec::new()),
         };
-        let verdict = match self.systemd.start(&active.unit()) {
-            Err(e) => Err(Failure {
-                machine: active.machine().to_string(),
-                check: Check::UnitStart,
-                detail: e.to_string(),
-            }),
-            Ok(()) => health::wait_healthy(self.systemd, active, &gate, &gpu),
+        let verdict = if running {
+            health::wait_healthy(self.systemd, active, &gate, &gpu)
+        } else {
+            match self.systemd.start(&active.unit()) {
+                Err(e) => Err(Failure {
+                    machine: active.machine().to_string(),
+                    check: Check::UnitStart,
+                    detail: e.to_string(),
+                }),
+                Ok(()) => health::wait_healthy(self.systemd, active, &gate, &gpu),
+            }
         };
         report.slot = Some(active);
         match verdict {
             Ok(()) => {
-                report.outcome = Some(Outcome::Started);
-                Ok(())
+                if !running {
+                    report.outcome = Some(Outcome::Started);
+                }
+                Ok(None)
             }
-            Err(failure) => Err(ActivateError::NotHealthy {
-                slot: active,
-                failure,
-            }),
+            Err(failure) => {
+                report.reconcile = Some(if running {
+                    format!("the committed node {active} runs, but {failure}")
+                } else {
+                    format!(
+                        "the committed node {active} was not running: started it, but {failure}"
+                    )
+                });
+                Ok(Some(failure))
+            }
         }
     }
 

@@ -103,9 +103,18 @@ pub fn activate(
             return Plan::Refused(bad.clone());
         }
     }
+    Plan::Flip(restage(state, digest, inputs))
+}
+
+/// A flip of `digest` into the slot that is not active, whatever the
+/// active one runs: what [`activate`] plans for a new image, and what
+/// `activate --force` does when the committed node runs the desired image
+/// but does not come up (its tree or files broken): the image is staged
+/// afresh beside it.
+pub fn restage(state: &State, digest: Digest, inputs: &str) -> Flip {
     let to = state.active.map_or(Slot::Kube1, Slot::other);
     let target = state.slot(to);
-    Plan::Flip(Flip {
+    Flip {
         kind: FlipKind::Activate,
         from: state.active,
         from_digest: state.active_digest(),
@@ -116,7 +125,7 @@ pub fn activate(
         reuse_staged: target.status == SlotStatus::Staged
             && target.digest == Some(digest)
             && target.inputs.as_deref() == Some(inputs),
-    })
+    }
 }
 
 /// What `rollback` does: back to the slot that ran before (a committed

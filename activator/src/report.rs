@@ -91,6 +91,11 @@ pub struct Report {
     pub recovered: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downloads: Option<Downloads>,
+    /// What reconciling with systemd found wrong and the run went on
+    /// with: the committed node did not come up when started (a flip to
+    /// another image then proceeds with it treated as down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconcile: Option<String>,
     /// What happened to the host settings (sysctl and modules-load
     /// drop-ins) before a flip, when anything did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -122,6 +127,7 @@ impl Report {
             slot: None,
             previous_slot: None,
             recovered: None,
+            reconcile: None,
             downloads: None,
             host_settings: None,
             preflight: Vec::new(),
@@ -203,6 +209,9 @@ impl Report {
         }
         if let Some(r) = &self.recovered {
             s += &format!("  recovered: {r}\n");
+        }
+        if let Some(r) = &self.reconcile {
+            s += &format!("  reconcile: {r}\n");
         }
         if let Some(h) = &self.host_settings {
             s += &format!("  host settings: {h}\n");

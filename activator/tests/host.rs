@@ -1622,6 +1622,121 @@ fn boot_follows_the_commit_and_a_reboot_starts_the_committed_node() {
 }
 
 #[test]
+fn a_committed_node_that_does_not_come_up_never_blocks_the_way_out() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    // kube1's tree is gone while the host is off: its unit cannot start
+    fs::remove_dir_all(root.machine_tree("kube1")).unwrap();
+    h.power_off();
+    // the same image: nothing else to do, so the run says the node is down
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 1, "{err}\n{r:#}");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("the committed node kube1 was not running: started it, but")
+            && e.contains("activate --force"),
+        "{e}"
+    );
+    assert!(
+        r["reconcile"].as_str().unwrap().contains("unit-start"),
+        "{r:#}"
+    );
+    // a new image flips, treating kube1 as down
+    h.set_config("v2", serde_json::json!({}));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(
+        (r["outcome"].as_str(), r["slot"].as_str()),
+        (Some("committed"), Some("kube2"))
+    );
+    assert!(
+        r["reconcile"]
+            .as_str()
+            .unwrap()
+            .contains("the committed node kube1 was not running"),
+        "{r:#}"
+    );
+    assert_eq!(h.running(), [Slot::Kube2]);
+    assert!(h.enabled(Slot::Kube2) && !h.enabled(Slot::Kube1));
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube2));
+    // no tree, no rollback target
+    assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Empty);
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("kube1 holds no committed former node"), "{err}");
+
+    // the committed kube2 breaks (its kubelet never answers) across a
+    // power cycle: the same image is refused as not healthy, --force
+    // stages it afresh into kube1 and flips
+    fs::write(root.machine_tree("kube2").join("etc/fixture-health"), "never").unwrap();
+    h.power_off();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 1, "{r:#}");
+    assert!(
+        r["error"].as_str().unwrap().contains("kubelet-healthz"),
+        "{r:#}"
+    );
+    let (code, out, err) = h.cmd(&["activate", "--json", "--force"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r = json(&out, &err);
+    assert_eq!(
+        (r["outcome"].as_str(), r["slot"].as_str()),
+        (Some("committed"), Some("kube1"))
+    );
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.tree_version(Slot::Kube1), "kubelet v2\n");
+    // and rollback to the broken kube2 is still possible (it fails its
+    // gate and kube1 runs again)
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+#[test]
+fn a_second_node_machine_beside_the_running_committed_one_is_refused() {
+    let img = images();
+    let h = Host::new(&img);
+    assert_eq!(h.activate().0, 0);
+    // kube1 committed and running; something else runs a kube2 machine
+    h.foreign(Slot::Kube2, true);
+    h.clear_calls();
+    for args in [&["activate", "--json"][..], &["fetch", "--json"][..]] {
+        let (code, out, err) = h.cmd(args);
+        assert_eq!(code, 3, "{args:?}: {out}\n{err}");
+        assert!(
+            err.contains("machine kube2 is running, but the committed node is kube1"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        h.report()["error"]
+            .as_str()
+            .unwrap()
+            .contains("machine kube2 is running"),
+        "{:#}",
+        h.report()
+    );
+    assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(
+        out.contains("running: kube1, kube2\n")
+            && out.contains("warning: machine kube2 runs but is not the committed node (kube1)"),
+        "{out}"
+    );
+    let (_, out, err) = h.cmd(&["status", "--json"]);
+    assert_eq!(json(&out, &err)["running"], serde_json::json!(["kube1", "kube2"]));
+    // gone: up to date again
+    h.foreign(Slot::Kube2, false);
+    let (code, r, _) = h.activate();
+    assert_eq!((code, r["outcome"].as_str()), (0, Some("up-to-date")));
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(out.contains("running: kube1\n") && !out.contains("warning:"), "{out}");
+}
+
+#[test]
 fn a_running_machine_is_never_staged_over_and_a_foreign_one_names_adopt() {
     let img = images();
     // a fresh host where machined runs a kube1 nobody recorded
@@ -1663,7 +1778,7 @@ fn a_running_machine_is_never_staged_over_and_a_foreign_one_names_adopt() {
         let (code, _, err) = h.cmd(&[cmd]);
         assert_eq!(code, 3, "{cmd}: {err}");
         assert!(
-            err.contains("machine kube2 is running, but it is the slot this run would stage into"),
+            err.contains("machine kube2 is running, but the committed node is kube1"),
             "{cmd}: {err}"
         );
     }

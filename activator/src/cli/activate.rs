@@ -16,18 +16,23 @@ use super::HostArgs;
 /// at boot), or starts the old machine again and marks the image bad. A run
 /// that finds the leftovers of a run that died finishes or undoes them
 /// first, then reconciles with systemd: the committed machine not running
-/// (after a reboot) is started and gated (outcome "started"). Before a
+/// (after a reboot) is started and gated (outcome "started"); when it does
+/// not come up the run goes on: a new image is flipped to with the old node
+/// treated as down (the report's "reconcile" says what happened). Before a
 /// flip it writes and applies the host settings (sysctl.d, modules-load.d)
 /// and runs the preflight checks. Writes report.json in every case.
 ///
 /// Exit codes: 0 committed, already up to date, or the committed node
 /// started; 1 error (nothing was flipped, or recovery could not finish, or
-/// the old machine did not pass its gate either after a rollback); 2 the
+/// the old machine did not pass its gate either after a rollback, or the
+/// committed node runs the configured image but did not come up: see
+/// --force); 2 the
 /// new machine failed its health gate and the old one runs again; 3 the
 /// config cannot be read, is invalid, or names what this host lacks (CA
 /// file, trusted key, device), a preflight check failed, the target
 /// slot's machine is running, or a machine runs that kubeslot has no
-/// record of (see `adopt`): nothing was changed; 4 the image failed on this
+/// record of (see `adopt`) or beside the committed one: nothing was
+/// changed; 4 the image failed on this
 /// host before and is not retried (see --force); 5 another run holds the
 /// lock.
 #[derive(clap::Args, Debug)]
@@ -41,7 +46,9 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Try the image even if it failed its health gate on this host before
-    /// with the same host settings.
+    /// with the same host settings; and when the committed node runs the
+    /// configured image but fails its health gate (or does not start),
+    /// stage that image afresh into the other slot and flip to it.
     #[arg(long)]
     pub force: bool,
 }

@@ -1,23 +1,30 @@
-//! `kubeslot-activator status`: the slot state and the last report, read
-//! without the lock and without writing.
+//! `kubeslot-activator status`: the slot state, which node machines run
+//! (asked of systemd and machined), and the last report, read without the
+//! lock and without writing.
 
 use kubeslot_activator::report::Report;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::state::State;
+use kubeslot_activator::systemd::{SystemCtl, Systemd};
 
 use super::HostArgs;
 
-/// Show the active slot, each slot's image digest and status, a pending
-/// flip, the images marked bad, and the last run's report.
+/// Show the active slot, each slot's image digest and status, which node
+/// machines run, a pending flip, the images marked bad, and the last run's
+/// report.
 ///
-/// Writes nothing: a state whose save died between its writes (state written, sidecar not)
-/// is shown with the repair the next activate/fetch/rollback makes.
+/// A machine that runs but is not the committed node (started by hand or
+/// by another tool) is flagged: `activate` and `fetch` refuse until it is
+/// stopped. Writes nothing: a state whose save died between its writes
+/// (state written, sidecar not) is shown with the repair the next
+/// activate/fetch/rollback makes.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     pub host: HostArgs,
-    /// Print {"state": ..., "report": ..., "repair": ...} as JSON ("repair"
-    /// only when the sidecar awaits one).
+    /// Print {"state": ..., "running": [...], "report": ..., "repair": ...}
+    /// as JSON ("repair" only when the sidecar awaits one; "running" is
+    /// replaced by "running_error" when systemd cannot be asked).
     #[arg(long)]
     pub json: bool,
 }
@@ -38,10 +45,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
+    let running = running_machines(&SystemCtl);
     if args.json {
         let mut v = serde_json::json!({ "state": state, "report": report });
         if let Some(r) = &repair {
             v["repair"] = r.clone().into();
+        }
+        match &running {
+            Ok(r) => v["running"] = serde_json::json!(r),
+            Err(e) => v["running_error"] = e.clone().into(),
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -66,6 +78,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         );
     }
+    match &running {
+        Ok(r) if r.is_empty() => println!("running: none"),
+        Ok(r) => {
+            let names: Vec<String> = r.iter().map(Slot::to_string).collect();
+            println!("running: {}", names.join(", "));
+            for m in r.iter().filter(|m| Some(**m) != state.active) {
+                println!(
+                    "warning: machine {m} runs but is not the committed node ({}): activate and fetch refuse until it is stopped",
+                    state.active.map_or("none".to_string(), |a| a.to_string())
+                );
+            }
+        }
+        Err(e) => println!("running: unknown ({e})"),
+    }
     if let Some(p) = &state.pending {
         println!(
             "pending: {} {} to {} ({})",
@@ -84,4 +110,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => println!("no report yet"),
     }
     Ok(())
+}
+
+/// The node machines that run: their unit is active or machined knows them.
+fn running_machines(systemd: &dyn Systemd) -> Result<Vec<Slot>, String> {
+    let mut out = Vec::new();
+    for slot in Slot::ALL {
+        let up = systemd
+            .is_active(&slot.unit())
+            .and_then(|a| Ok(a || systemd.machine_registered(slot.machine())?))
+            .map_err(|e| kubeslot_image::error_chain(&e))?;
+        if up {
+            out.push(slot);
+        }
+    }
+    Ok(out)
 }
