@@ -520,6 +520,13 @@ fn devices(facts: &HostFacts) -> Vec<&str> {
 const HEADER: &str =
     "# Rendered by kubeslot-activator before every start of the machine; edits are overwritten.\n";
 
+/// Whether a `.nspawn` file or drop-in was rendered by kubeslot (its first
+/// line), not written by another tool: what `uninstall` tells a slot
+/// kubeslot left behind from another tool's machine by.
+pub fn rendered_by_kubeslot(text: &str) -> bool {
+    text.starts_with(HEADER)
+}
+
 fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     let mut s = String::from(HEADER);
     s.push_str("[Exec]\nBoot=yes\nCapability=all\nPrivateUsers=no\n");

@@ -1,25 +1,41 @@
 //! `uninstall`: take kubeslot off a host: the activator's units stopped and
-//! disabled, both node machines stopped and disabled, their trees and every
-//! file the activator rendered or wrote removed, then its state.
+//! disabled, kubeslot's node machines stopped and disabled, their trees and
+//! every file the activator rendered or wrote removed, then its state.
 //!
-//! Given the root handle and the [`Systemd`] boundary. The order makes it
-//! safe to run again after an interruption: first nothing can start an
-//! activation (the path unit) or a machine at boot, then the machines stop
-//! (and a tree is removed only once its machine is gone), then files, then
-//! `daemon-reload`, and the state last. `/var/lib/kubeslot/node` (the
-//! kubelet's identity, containerd's image cache) is kept unless `purge`.
+//! Given the root handle and the [`Systemd`] boundary. It touches only the
+//! machines that are kubeslot's: a slot `state.json` records (not empty,
+//! not adopted), or an empty one that holds nothing but what kubeslot
+//! rendered. A machine `adopt` took over is left as it is (tree, the other
+//! tool's `.nspawn` and drop-in, running or not) unless
+//! [`Options::remove_adopted`]; a `kube1`/`kube2` machine the state has no
+//! record of (another tool's node, e.g. unbounded-agent's `kube1` never
+//! adopted) refuses the whole uninstall, naming the machine and what was
+//! found, before anything changes, unless [`Options::remove_unmanaged`].
+//!
+//! The order makes it safe to run again after an interruption: first
+//! nothing can start an activation (the path unit) or a machine at boot,
+//! then the machines stop (and a tree is removed only once its machine is
+//! gone), then files, then `daemon-reload`, and the state last.
+//! `/var/lib/kubeslot/node` (the kubelet's identity, containerd's image
+//! cache) is kept unless `purge`.
 //!
 //! It never removes the activator binary, the packaged unit files under
 //! `/usr/lib/systemd/system` or the operator's `/etc/kubeslot` (config, keys):
-//! those belong to the package manager and the operator. The kernel keeps
-//! the sysctl values until the next boot.
+//! those belong to the package manager and the operator. It disables the
+//! packaged units, so that neither a boot nor a config change activates the
+//! node again; a reinstall of the package without `--purge` keeps them
+//! disabled (Debian keeps the administrator's choice): `systemctl enable
+//! --now kubeslot-activator.path kubeslot-activator.service` turns them on
+//! again. The kernel keeps the sysctl values until the next boot.
 
 use std::path::{Path, PathBuf};
 
 use crate::host_settings;
 use crate::lock::{Lock, LockError};
 use crate::paths::{Root, RENDER_UNIT};
+use crate::render::rendered_by_kubeslot;
 use crate::slot::Slot;
+use crate::state::{SlotStatus, State, StateError};
 use crate::systemd::{Systemd, SystemdError};
 
 /// The units the package ships (disabled by `uninstall`; their files are
@@ -32,16 +48,39 @@ pub enum UninstallError {
     Lock(#[from] LockError),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    State(#[from] StateError),
     #[error(
         "uninstall: machine {machine} still runs after `systemctl stop {unit}`: its tree is kept"
     )]
     StillRunning { machine: Slot, unit: String },
+    /// A node machine kubeslot has no record of.
+    #[error("uninstall: machine {machine} is not kubeslot's ({state} records no node in {machine}; found: {found}): another tool's node (unbounded-agent names its machine kube1; `adopt` takes one over); nothing was changed; pass --remove-unmanaged to stop and remove it too")]
+    Unmanaged {
+        machine: Slot,
+        state: PathBuf,
+        found: String,
+    },
     #[error("uninstall: cannot remove {path}: {source}")]
     Remove {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// What `uninstall` is asked to do.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Also remove `/var/lib/kubeslot/node` (the node's identity, its pod
+    /// image cache).
+    pub purge: bool,
+    /// Also stop and remove machines `adopt` took over (their trees and
+    /// the other tool's `.nspawn` files and drop-ins).
+    pub remove_adopted: bool,
+    /// Also stop and remove `kube1`/`kube2` machines the state has no
+    /// record of (instead of refusing).
+    pub remove_unmanaged: bool,
 }
 
 /// What `uninstall` did, for the operator.
@@ -53,6 +92,87 @@ pub struct Uninstalled {
     pub removed: Vec<PathBuf>,
     /// The node state kept (absent with `purge`, or when there was none).
     pub kept: Option<PathBuf>,
+    /// Adopted machines left as they were, and whether each runs.
+    pub kept_adopted: Vec<(Slot, bool)>,
+}
+
+/// Whose a slot's machine is, as far as `uninstall` can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Owner {
+    /// Recorded by the state (or only kubeslot's rendered files there).
+    Kubeslot,
+    /// Taken over by `adopt`.
+    Adopted,
+    /// Something the state has no record of: what was found.
+    Unmanaged(Vec<String>),
+    /// Nothing there.
+    Absent,
+}
+
+fn running(systemd: &dyn Systemd, slot: Slot) -> Result<bool, SystemdError> {
+    Ok(systemd.is_active(&slot.unit())? || systemd.machine_registered(slot.machine())?)
+}
+
+/// Whether `path` is a file kubeslot rendered, or a directory holding
+/// nothing else (a drop-in dir).
+fn kubeslot_file(path: &Path) -> bool {
+    if path.is_dir() {
+        return std::fs::read_dir(path).is_ok_and(|rd| {
+            rd.flatten().all(|e| {
+                std::fs::read_to_string(e.path()).is_ok_and(|t| rendered_by_kubeslot(&t))
+            })
+        });
+    }
+    std::fs::read_to_string(path).is_ok_and(|t| rendered_by_kubeslot(&t))
+}
+
+fn owner(
+    root: &Root,
+    systemd: &dyn Systemd,
+    state: &State,
+    slot: Slot,
+) -> Result<Owner, SystemdError> {
+    let rec = state.slot(slot);
+    if rec.adopted {
+        return Ok(Owner::Adopted);
+    }
+    if rec.status != SlotStatus::Empty {
+        return Ok(Owner::Kubeslot);
+    }
+    // An empty slot: a run may have left a tree or rendered files there
+    // (a flip that died before it was recorded); anything else belongs
+    // to someone else.
+    let m = slot.machine();
+    let host = Root::host();
+    let mut found = Vec::new();
+    // the config a flip rendered the slot from: kubeslot used this slot
+    let mut ours = root.slot_inputs(m).exists();
+    if running(systemd, slot)? {
+        found.push("the machine is running".to_string());
+    }
+    let dropin_dir = |r: &Root| r.dropin_file(m).parent().expect("a drop-in dir").to_path_buf();
+    for (path, shown) in [
+        (root.nspawn_file(m), host.nspawn_file(m)),
+        (dropin_dir(root), dropin_dir(&host)),
+    ] {
+        if std::fs::symlink_metadata(&path).is_ok() {
+            if kubeslot_file(&path) {
+                ours = true;
+            } else {
+                found.push(shown.display().to_string());
+            }
+        }
+    }
+    if root.machine_tree(m).exists() && !ours {
+        found.push(host.machine_tree(m).display().to_string());
+    }
+    Ok(if !found.is_empty() {
+        Owner::Unmanaged(found)
+    } else if ours || root.machine_tree(m).exists() {
+        Owner::Kubeslot
+    } else {
+        Owner::Absent
+    })
 }
 
 fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), UninstallError> {
@@ -84,11 +204,32 @@ fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), Uni
 pub fn uninstall(
     root: &Root,
     systemd: &dyn Systemd,
-    purge: bool,
+    opts: &Options,
 ) -> Result<Uninstalled, UninstallError> {
     let _lock = Lock::try_exclusive(root)?;
     let host = Root::host();
     let mut done = Uninstalled::default();
+
+    // Whose each machine is, decided before anything changes: a foreign
+    // machine refuses the whole run.
+    let (state, _repair) = State::load_torn(root)?;
+    let mut ours = Vec::new();
+    for slot in Slot::ALL {
+        match owner(root, systemd, &state, slot)? {
+            Owner::Kubeslot => ours.push(slot),
+            Owner::Adopted if opts.remove_adopted => ours.push(slot),
+            Owner::Adopted => done.kept_adopted.push((slot, running(systemd, slot)?)),
+            Owner::Unmanaged(_) if opts.remove_unmanaged => ours.push(slot),
+            Owner::Unmanaged(found) => {
+                return Err(UninstallError::Unmanaged {
+                    machine: slot,
+                    state: host.state_file(),
+                    found: found.join(", "),
+                })
+            }
+            Owner::Absent => {}
+        }
+    }
 
     // Nothing starts an activation or a machine from here on. (systemctl
     // refuses to stop or disable a unit whose file does not exist: a host
@@ -107,7 +248,7 @@ pub fn uninstall(
             done.units.push(unit.to_string());
         }
     }
-    for slot in Slot::ALL {
+    for &slot in &ours {
         let unit = slot.unit();
         systemd.stop(&unit)?;
         systemd.disable(&unit)?;
@@ -122,7 +263,7 @@ pub fn uninstall(
 
     let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
     let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(&host));
-    for slot in Slot::ALL {
+    for &slot in &ours {
         let m = slot.machine();
         paths.push(both(&|r| r.machine_tree(m)));
         paths.push(both(&|r| r.machine_staging(m)));
@@ -169,7 +310,7 @@ pub fn uninstall(
     if let Ok(entries) = std::fs::read_dir(&state_dir) {
         for e in entries.flatten() {
             let shown = host.state_dir().join(e.file_name());
-            if e.path() == root.node_state() && !purge {
+            if e.path() == root.node_state() && !opts.purge {
                 done.kept = Some(shown);
                 continue;
             }

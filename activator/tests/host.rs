@@ -2122,6 +2122,10 @@ fn uninstall_removes_machines_units_files_and_state_and_keeps_node_state() {
         );
     }
     assert!(out.contains("removed /var/lib/machines/kube2\n"), "{out}");
+    assert!(
+        out.contains("the packaged units stay disabled, also across a reinstall without purge"),
+        "{out}"
+    );
     let left: Vec<_> = fs::read_dir(root.state_dir())
         .unwrap()
         .flatten()
@@ -2139,6 +2143,74 @@ fn uninstall_removes_machines_units_files_and_state_and_keeps_node_state() {
     assert_eq!(code, 0);
     assert!(out.contains("removed /var/lib/kubeslot\n"), "{out}");
     assert!(!root.state_dir().exists());
+}
+
+#[test]
+fn uninstall_refuses_a_machine_kubeslot_has_no_record_of_and_changes_nothing() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    // unbounded-agent's kube1, running, never adopted
+    unbounded_host(&h);
+    let kube1_before = h.slot_snapshot(Slot::Kube1);
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(
+        err.contains("machine kube1 is not kubeslot's")
+            && err.contains("the machine is running")
+            && err.contains("/var/lib/machines/kube1")
+            && err.contains("/etc/systemd/nspawn/kube1.nspawn")
+            && err.contains("--remove-unmanaged"),
+        "{err}"
+    );
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
+    assert_eq!(h.running(), [Slot::Kube1]);
+    assert_eq!(h.slot_snapshot(Slot::Kube1), kube1_before);
+    assert!(h.enabled(Slot::Kube1));
+    // asked for explicitly, it goes
+    let (code, out, err) = h.cmd(&["uninstall", "--remove-unmanaged"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(h.running().is_empty());
+    assert!(!root.machine_tree("kube1").exists() && !root.nspawn_file("kube1").exists());
+}
+
+#[test]
+fn uninstall_keeps_an_adopted_machine_unless_asked() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    let kube1_before = h.slot_snapshot(Slot::Kube1);
+    assert_eq!(h.cmd(&["adopt"]).0, 0);
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.running(), [Slot::Kube2]);
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // kubeslot's kube2 is gone, the adopted kube1 is as it was
+    assert!(!root.machine_tree("kube2").exists() && !root.nspawn_file("kube2").exists());
+    assert_eq!(h.slot_snapshot(Slot::Kube1), kube1_before);
+    assert!(
+        !h.changes().iter().any(|c| c.contains("kube1")),
+        "{:?}",
+        h.changes()
+    );
+    assert!(
+        out.contains("kept the adopted machine kube1 (not running: `machinectl enable --now kube1` starts it again"),
+        "{out}"
+    );
+    // without kubeslot's record, kube1 is another tool's machine again:
+    // adopt it again, then remove it with --remove-adopted
+    let (code, _, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(h.cmd(&["adopt"]).0, 0);
+    let (code, out, err) = h.cmd(&["uninstall", "--remove-adopted"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("removed /var/lib/machines/kube1\n"), "{out}");
+    assert!(!root.machine_tree("kube1").exists() && !root.nspawn_file("kube1").exists());
+    assert!(!root.dropin_file("kube1").exists());
 }
 
 /// The example config the Debian package ships loads as a real one does.

@@ -180,20 +180,37 @@ scenario_adopt_unbounded() {
   check_eq "status after the rollback" "$(jq -r '[.state.active, .state.slots.kube1.adopted, (.state.pending != null)] | map(tostring) | join(" ")' "$(status_json)")" "kube1 true false" || return 1
   check_eq "the agent's kube1.nspawn still kept" "$(sha256sum <"$OUTER/etc/systemd/nspawn/kube1.nspawn")" "$nspawn_before" || return 1
 
+  # uninstall takes off what is kubeslot's (kube2, rendered files, host
+  # settings, state) and leaves the adopted kube1 running as it was
   act uninstall --purge || { show_log; fail "uninstall --purge exited non-zero"; return 1; }
-  check_eq "machines running after uninstall" "$(active_machines)" "" || return 1
+  check_eq "machines running after uninstall: the adopted node" "$(active_machines)" kube1 || return 1
+  check "uninstall says it kept the adopted kube1" grep -q "kept the adopted machine kube1 (running" "$ACT_LOG" || { show_log; return 1; }
+  check_eq "the adopted kube1 tree kept by uninstall" "$(sha256sum <"$OUTER/var/lib/machines/kube1/usr/bin/kubelet")" "$tree_before" || return 1
+  check_eq "the agent's kube1.nspawn kept by uninstall" "$(sha256sum <"$OUTER/etc/systemd/nspawn/kube1.nspawn")" "$nspawn_before" || return 1
   local p
-  for p in /var/lib/machines/kube1 /var/lib/machines/kube2 /etc/systemd/nspawn/kube1.nspawn \
-    /etc/systemd/nspawn/kube2.nspawn /etc/systemd/system/systemd-nspawn@kube2.service.d \
+  for p in /var/lib/machines/kube2 /etc/systemd/nspawn/kube2.nspawn /etc/systemd/system/systemd-nspawn@kube2.service.d \
     /etc/systemd/system/kubeslot-render@.service /etc/kubeslot/host /etc/sysctl.d/99-kubeslot.conf \
     /etc/modules-load.d/kubeslot.conf /var/lib/kubeslot; do
     check "uninstall removed $p" test ! -e "$OUTER$p" || return 1
   done
   check "uninstall kept the config" test -f "$cfg" || return 1
-  # The operator retires unbounded-agent's leftovers, and the package's
-  # boot-time activation (uninstall disabled it) is enabled again, as a
-  # reinstall would.
-  rm -rf "$OUTER/etc/unbounded" "$OUTER/etc/systemd/system/systemd-nspawn@kube1.service.d"
+  # Without kubeslot's record kube1 is the agent's machine again: a second
+  # uninstall refuses it (exit 3, nothing changed) until asked explicitly.
+  local rc=0
+  act uninstall || rc=$?
+  check_eq "exit code of uninstall with an unmanaged kube1" "$rc" 3 || { show_log; return 1; }
+  check "the refusal names kube1" grep -q "machine kube1 is not kubeslot's" <<<"$(act_error)" || { show_log; return 1; }
+  check_eq "machines running after the refusal" "$(active_machines)" kube1 || return 1
+  act uninstall --remove-unmanaged || { show_log; fail "uninstall --remove-unmanaged exited non-zero"; return 1; }
+  check_eq "machines running after uninstall --remove-unmanaged" "$(active_machines)" "" || return 1
+  for p in /var/lib/machines/kube1 /etc/systemd/nspawn/kube1.nspawn /etc/systemd/system/systemd-nspawn@kube1.service.d; do
+    check "uninstall --remove-unmanaged removed $p" test ! -e "$OUTER$p" || return 1
+  done
+  # The operator retires unbounded-agent's leftovers and turns the
+  # package's boot-time activation back on: uninstall disabled it, and a
+  # reinstall of the package without --purge would keep it disabled
+  # (Debian keeps the administrator's choice), so activate_v1 needs this.
+  rm -rf "$OUTER/etc/unbounded"
   outer systemctl enable --quiet kubeslot-activator.service
   outer systemctl daemon-reload
 }

@@ -4,27 +4,39 @@
 use kubeslot_activator::lock::LockError;
 use kubeslot_activator::report::exit;
 use kubeslot_activator::systemd::SystemCtl;
-use kubeslot_activator::uninstall::{self, UninstallError};
+use kubeslot_activator::uninstall::{self, Options, UninstallError};
 use kubeslot_image::error_chain;
 
 use super::{Failed, HostArgs};
 
-/// Stop and remove the node machines and everything the activator wrote.
+/// Stop and remove kubeslot's node machines and everything the activator
+/// wrote.
 ///
 /// Stops and disables kubeslot-activator.path and .service, stops and
-/// disables systemd-nspawn@kube1 and @kube2, removes both slot trees, their
-/// .nspawn files, drop-ins and boot links, the render unit, the host files
-/// (/etc/kubeslot/host), the host settings (/etc/sysctl.d/99-kubeslot.conf,
+/// disables kubeslot's node machines (systemd-nspawn@kube1/@kube2 as
+/// state.json records them), removes their trees, .nspawn files, drop-ins
+/// and boot links, the render unit, the host files (/etc/kubeslot/host),
+/// the host settings (/etc/sysctl.d/99-kubeslot.conf,
 /// /etc/modules-load.d/kubeslot.conf; the kernel keeps the values until the
 /// next boot), runs daemon-reload, then removes /var/lib/kubeslot (content
 /// store, state, reports) except /var/lib/kubeslot/node (the kubelet's
-/// identity and containerd's image cache) unless --purge. The binary, the
-/// packaged unit files and /etc/kubeslot (config, keys) are left to the
-/// package manager and the operator. Safe to run again after an
-/// interruption. --config is ignored.
+/// identity and containerd's image cache) unless --purge.
+///
+/// A machine `adopt` took over is left as it is (tree, .nspawn, drop-in,
+/// running or not) unless --remove-adopted. A kube1/kube2 machine the
+/// state has no record of (another tool's node) refuses the uninstall,
+/// naming it, before anything changes, unless --remove-unmanaged.
+///
+/// The binary, the packaged unit files and /etc/kubeslot (config, keys)
+/// are left to the package manager and the operator. The packaged units
+/// stay disabled, also across a reinstall of the package without purge:
+/// `systemctl enable --now kubeslot-activator.path
+/// kubeslot-activator.service` turns them on again. Safe to run again
+/// after an interruption. --config is ignored.
 ///
 /// Exit codes: 0 done; 1 error (what was removed so far stays removed; run
-/// it again); 5 another run holds the lock.
+/// it again); 3 a machine is not kubeslot's (nothing was changed); 5
+/// another run holds the lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -33,12 +45,26 @@ pub struct Args {
     /// (client certificate) and pulls its pod images again.
     #[arg(long)]
     pub purge: bool,
+    /// Also stop and remove machines `adopt` took over: their trees and
+    /// the other tool's .nspawn files and drop-ins.
+    #[arg(long)]
+    pub remove_adopted: bool,
+    /// Also stop and remove kube1/kube2 machines kubeslot has no record of
+    /// (another tool's nodes), instead of refusing.
+    #[arg(long)]
+    pub remove_unmanaged: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let done = uninstall::uninstall(&args.host.root(), &SystemCtl, args.purge).map_err(|e| {
+    let opts = Options {
+        purge: args.purge,
+        remove_adopted: args.remove_adopted,
+        remove_unmanaged: args.remove_unmanaged,
+    };
+    let done = uninstall::uninstall(&args.host.root(), &SystemCtl, &opts).map_err(|e| {
         let code = match e {
             UninstallError::Lock(LockError::Busy { .. }) => exit::BUSY,
+            UninstallError::Unmanaged { .. } => exit::CONFIG,
             _ => exit::FAILED,
         };
         Failed {
@@ -52,10 +78,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for p in &done.removed {
         println!("removed {}", p.display());
     }
+    for (m, running) in &done.kept_adopted {
+        println!(
+            "kept the adopted machine {m} ({}; its tree, .nspawn file and drop-in are the other tool's; --remove-adopted removes it)",
+            if *running {
+                "running".to_string()
+            } else {
+                format!("not running: `machinectl enable --now {m}` starts it again")
+            }
+        );
+    }
     if let Some(k) = &done.kept {
         println!(
             "kept {} (node identity, image cache; --purge removes it)",
             k.display()
+        );
+    }
+    if done.units.iter().any(|u| u.starts_with("kubeslot-activator")) {
+        println!(
+            "the packaged units stay disabled, also across a reinstall without purge: `systemctl enable --now kubeslot-activator.path kubeslot-activator.service` turns them on again"
         );
     }
     Ok(())
