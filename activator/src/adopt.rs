@@ -15,12 +15,37 @@
 //! or exec credential, cluster DNS, labels, taints, node name; every other
 //! field is listed with the reason it is not carried over.
 //!
-//! Given the root handle and the [`Systemd`] boundary (only to see whether
-//! machines run). It starts, stops, enables and renders nothing, and it
-//! refuses a host kubeslot already manages. Secrets (the token, exec
-//! credential environment) are written only into the 0600 config, never
-//! into messages.
+//! It also takes over what the adopted node needs to keep: the kubelet's
+//! client certificate (`/var/lib/kubelet/pki` in the adopted tree, and the
+//! kubeconfig the kubelet wrote after bootstrapping) is copied into
+//! `/var/lib/kubeslot/node/kubelet`, which the next slot binds at
+//! `/var/lib/kubelet`, so the node keeps its identity instead of
+//! bootstrapping again with a token that has often expired by then. The
+//! tree is another tool's and was never verified: it is read through
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, so a link in it
+//! cannot make the host copy its own files into the node; links inside
+//! `pki/` are copied as links (the kubelet's `kubelet-client-current.pem`).
+//!
+//! unbounded-agent leaves host units that keep acting after the adoption:
+//! `unbounded-agent-daemon.service` (`Restart=always`; later agent
+//! versions re-provision the node into `kube2`, the slot kubeslot flips
+//! to) and `nftables-flush.service` (`RequiredBy=systemd-nspawn@.service`:
+//! it flushes the host's whole nftables ruleset before every node start).
+//! `adopt` reports them and, with [`Options::disable_agent`], stops and
+//! disables them through the [`Systemd`] boundary before anything is
+//! recorded. An applied config whose dropped fields change how the node
+//! behaves (`Kubelet.NodeIP`, `Kubelet.Configuration`, an enabled
+//! `LocalDNS`, unknown fields, ...) is written only with `--force`.
+//!
+//! Given the root handle and the [`Systemd`] boundary (to see whether
+//! machines run, and to stop and disable the agent's units when asked). It
+//! starts, enables and renders nothing, and it refuses a host kubeslot
+//! already manages. Secrets (the token, exec credential environment) are
+//! written only into the 0600 config, never into messages; `--dry-run`
+//! shows the config with them replaced ([`redacted`]).
 
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -52,8 +77,14 @@ pub enum AdoptError {
     Ambiguous { kube1: PathBuf, kube2: PathBuf },
     #[error("adopt: machine {machine}: {tree} is not a directory: nothing to adopt")]
     NoTree { machine: Slot, tree: PathBuf },
-    #[error("adopt: machine {other} is running beside {machine}: stop the one that is not the node first")]
+    #[error("adopt: machines {machine} and {other} both run: stop the one that is not the node first")]
     BothRunning { machine: Slot, other: Slot },
+    #[error("adopt: machine {other} is running, not {machine}: adopt the machine that runs the node (--machine {other}), or stop {other} first")]
+    OtherRunning { machine: Slot, other: Slot },
+    #[error("adopt: {applied} sets what kubeslot does not carry over, and the node would behave differently without it: {fields}; pass --force to write the config anyway (after checking the list above); nothing was changed")]
+    BehaviourDropped { applied: PathBuf, fields: String },
+    #[error("adopt: the kubelet identity in {path}: {reason}; nothing was changed")]
+    Identity { path: PathBuf, reason: String },
     #[error("applied config {path}: {reason}")]
     Applied { path: PathBuf, reason: String },
     #[error("applied config {path}: {field}: {reason}")]
@@ -87,6 +118,8 @@ pub struct Options {
     pub write_config: Option<WriteConfig>,
     /// Change nothing; say what would be recorded and written.
     pub dry_run: bool,
+    /// Stop and disable unbounded-agent's host units ([`AGENT_UNITS`]).
+    pub disable_agent: bool,
 }
 
 /// The activator config `adopt` writes.
@@ -99,7 +132,8 @@ pub struct WriteConfig {
     pub image: String,
     /// Trusted keys (`trust.public_keys`).
     pub public_keys: Vec<PathBuf>,
-    /// Replace an existing config.
+    /// Replace an existing config, and write one although fields that
+    /// change the node's behaviour are not carried over.
     pub force: bool,
     /// The applied config to read (default: the adopted machine's).
     pub applied: Option<PathBuf>,
@@ -117,6 +151,45 @@ pub struct Adopted {
     pub config: Option<Value>,
     /// The config keys filled in, and why each other field was left out.
     pub notes: Notes,
+    /// unbounded-agent's host units found on the host.
+    pub agent_units: Vec<AgentUnit>,
+    /// What became of the adopted node's kubelet identity.
+    pub identity: Identity,
+}
+
+/// One of unbounded-agent's host units that acts after the adoption.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentUnit {
+    pub unit: &'static str,
+    /// What it does to a kubeslot host.
+    pub why: &'static str,
+    /// Stopped and disabled by this run (`--disable-agent`).
+    pub disabled: bool,
+}
+
+/// unbounded-agent's host units (in `/etc/systemd/system`) and what each
+/// does to a host kubeslot manages.
+pub const AGENT_UNITS: &[(&str, &str)] = &[
+    (
+        "unbounded-agent-daemon.service",
+        "unbounded-agent's daemon (Restart=always): later agent versions re-provision the node into kube2, the slot kubeslot flips to",
+    ),
+    (
+        "nftables-flush.service",
+        "flushes the host's whole nftables ruleset before every systemd-nspawn@ start (RequiredBy=systemd-nspawn@.service), kubeslot's flips included",
+    ),
+];
+
+/// The adopted node's kubelet identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Identity {
+    /// Copied (or, dry-run, to be copied) into the node state: the
+    /// entries of `pki/`, and whether the kubelet's kubeconfig came along.
+    Carried { pki: Vec<String>, kubeconfig: bool },
+    /// The node state already holds a `pki/` (kept as it is).
+    Kept(PathBuf),
+    /// The adopted tree has none: the new slot bootstraps.
+    Absent,
 }
 
 /// The outcome of converting an applied config.
@@ -124,8 +197,19 @@ pub struct Adopted {
 pub struct Notes {
     /// `kubelet.*` keys set, in order.
     pub carried: Vec<String>,
-    /// `(applied-config field, why it is not carried over)`.
-    pub dropped: Vec<(String, String)>,
+    /// The applied-config fields not carried over.
+    pub dropped: Vec<Dropped>,
+}
+
+/// One applied-config field not carried over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// Its dotted path (`Kubelet.NodeIP`).
+    pub field: String,
+    pub why: String,
+    /// The node behaves differently without it (`adopt --write-config`
+    /// then needs `--force`).
+    pub changes_behaviour: bool,
 }
 
 impl Notes {
@@ -134,36 +218,63 @@ impl Notes {
         let mut s = format!("carried over: {}\n", self.carried.join(", "));
         if !self.dropped.is_empty() {
             s += "not carried over:\n";
-            for (field, why) in &self.dropped {
-                s += &format!("  {field}: {why}\n");
+            for d in &self.dropped {
+                s += &format!(
+                    "  {}: {}{}\n",
+                    d.field,
+                    d.why,
+                    if d.changes_behaviour {
+                        " [changes the node's behaviour]"
+                    } else {
+                        ""
+                    }
+                );
             }
         }
         s
     }
+
+    /// The dropped fields that change the node's behaviour.
+    pub fn behaviour_changing(&self) -> Vec<&str> {
+        self.dropped
+            .iter()
+            .filter(|d| d.changes_behaviour)
+            .map(|d| d.field.as_str())
+            .collect()
+    }
+
+    fn drop(&mut self, field: &str, why: &str, changes_behaviour: bool) {
+        self.dropped.push(Dropped {
+            field: field.to_string(),
+            why: why.to_string(),
+            changes_behaviour,
+        });
+    }
 }
 
-/// Applied-config fields kubeslot knows and does not use, and why.
-const KNOWN_DROPPED: &[(&str, &str)] = &[
-    ("MachineName", "the Machine custom resource's name; kubeslot does not register Machine objects"),
-    ("Cluster.Version", "the image's kubelet decides the Kubernetes version"),
-    ("CRI", "containerd and runc are baked into kubeslot images"),
-    ("CNI", "the CNI plugins are baked into kubeslot images"),
-    ("OCIImage", "unbounded-agent's thin image; the config's \"image\" is the kubeslot image given with --image"),
-    ("Downloads", "nothing is downloaded at provisioning time"),
-    ("Attest", "TPM attestation is not supported: the bootstrap token must be in the applied config"),
-    ("HostPrefix", "kubeslot installs nothing on the host's /usr"),
-    ("Kubelet.NodeIP", "not supported by kubeslot's kubelet settings yet"),
-    ("Kubelet.Configuration", "the KubeletConfiguration is the image's"),
-    ("Kubelet.ImageCredentialProvider", "not supported by kubeslot's kubelet settings yet"),
-    ("LocalDNS", "not supported: pods use the cluster DNS"),
-    ("OfflineArtifacts", "images come from the configured source (an oci-archive for air gaps)"),
-    ("AdditionalHostDevices", "use the config's \"devices\""),
-    ("AdditionalHostMounts", "not supported"),
-    ("Gantry", "not supported"),
-    ("ProvisioningFormat", "provisioning-time only"),
-    ("Kubelet.Auth.ExecCredential.installHint", "not used by kubeslot's exec credential"),
-    ("Kubelet.Auth.ExecCredential.provideClusterInfo", "kubeslot's kubeconfig sets provideClusterInfo: false"),
-    ("Kubelet.Auth.ExecCredential.interactiveMode", "kubeslot's kubeconfig sets interactiveMode: Never"),
+/// Applied-config fields kubeslot knows and does not use, why, and whether
+/// the node behaves differently without them.
+const KNOWN_DROPPED: &[(&str, &str, bool)] = &[
+    ("MachineName", "the Machine custom resource's name; kubeslot does not register Machine objects", false),
+    ("Cluster.Version", "the image's kubelet decides the Kubernetes version", false),
+    ("CRI", "containerd and runc are baked into kubeslot images", false),
+    ("CNI", "the CNI plugins are baked into kubeslot images", false),
+    ("OCIImage", "unbounded-agent's thin image; the config's \"image\" is the kubeslot image given with --image", false),
+    ("Downloads", "nothing is downloaded at provisioning time", false),
+    ("Attest", "TPM attestation is not supported: the bootstrap token must be in the applied config", false),
+    ("HostPrefix", "kubeslot installs nothing on the host's /usr", false),
+    ("Kubelet.NodeIP", "not supported by kubeslot's kubelet settings yet: the kubelet picks the node's address itself", true),
+    ("Kubelet.Configuration", "the KubeletConfiguration is the image's: these settings are lost", true),
+    ("Kubelet.ImageCredentialProvider", "not supported by kubeslot's kubelet settings yet: private images need pull secrets instead", true),
+    ("LocalDNS", "not supported: pods use the cluster DNS directly", true),
+    ("OfflineArtifacts", "images come from the configured source (an oci-archive for air gaps)", false),
+    ("AdditionalHostDevices", "use the config's \"devices\"", true),
+    ("AdditionalHostMounts", "not supported: the node loses these mounts", true),
+    ("Gantry", "not supported", false),
+    ("ProvisioningFormat", "provisioning-time only", false),
+    ("Kubelet.Auth.ExecCredential.installHint", "not used by kubeslot's exec credential", false),
+    ("Kubelet.Auth.ExecCredential.provideClusterInfo", "kubeslot's kubeconfig sets provideClusterInfo: false", false),
+    ("Kubelet.Auth.ExecCredential.interactiveMode", "kubeslot's kubeconfig sets interactiveMode: Never", false),
 ];
 
 /// Removes and returns `v[path...]`, leaving emptied objects in place.
@@ -178,13 +289,15 @@ fn take(v: &mut Value, path: &[&str]) -> Option<Value> {
 
 /// The dotted paths of what is left in `v` (a known field reported as a
 /// whole, anything else leaf by leaf).
-fn leftovers(v: &Value, prefix: &str, out: &mut Vec<(String, String)>) {
+fn leftovers(v: &Value, prefix: &str, out: &mut Notes) {
     let Value::Object(m) = v else {
         if !prefix.is_empty() {
-            out.push((
-                prefix.to_string(),
-                "unknown field: not carried over".to_string(),
-            ));
+            // nobody knows what it does: the operator decides
+            out.drop(
+                prefix,
+                "unknown field: not carried over, and what it did is not known",
+                true,
+            );
         }
         return;
     };
@@ -197,8 +310,8 @@ fn leftovers(v: &Value, prefix: &str, out: &mut Vec<(String, String)>) {
         if child.as_object().is_some_and(Map::is_empty) || child.is_null() {
             continue;
         }
-        if let Some((_, why)) = KNOWN_DROPPED.iter().find(|(f, _)| *f == path) {
-            out.push((path, why.to_string()));
+        if let Some((_, why, changes)) = KNOWN_DROPPED.iter().find(|(f, _, _)| *f == path) {
+            out.drop(&path, why, *changes);
         } else {
             leftovers(child, &path, out);
         }
@@ -340,10 +453,11 @@ pub fn config_from_applied(
             kubelet.insert("node_name".into(), n.into());
             notes.carried.push("node_name".into());
         }
-        _ => notes.dropped.push((
-            "NodeName".into(),
-            "absent: unbounded-agent named the node after the host, and so does kubeslot by default".into(),
-        )),
+        _ => notes.drop(
+            "NodeName",
+            "absent: unbounded-agent named the node after the host, and so does kubeslot by default",
+            false,
+        ),
     }
     if let Some(labels) = take(&mut v, &["Kubelet", "Labels"])
         .filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
@@ -357,7 +471,13 @@ pub fn config_from_applied(
         kubelet.insert("taints".into(), taints);
         notes.carried.push("taints".into());
     }
-    leftovers(&v, "", &mut notes.dropped);
+    // LocalDNS switched off changes nothing
+    if v.pointer("/LocalDNS/Enabled") != Some(&Value::Bool(true))
+        && take(&mut v, &["LocalDNS"]).is_some()
+    {
+        notes.drop("LocalDNS", "not enabled", false);
+    }
+    leftovers(&v, "", &mut notes);
 
     let config = json!({
         "image": image,
@@ -455,10 +575,15 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
     let running = running_of(machine)?;
     let other = machine.other();
     if running_of(other)? {
-        return Err(AdoptError::BothRunning { machine, other });
+        return Err(if running {
+            AdoptError::BothRunning { machine, other }
+        } else {
+            AdoptError::OtherRunning { machine, other }
+        });
     }
     // The config first, in memory: a bad applied config changes nothing.
     let mut made = None;
+    let mut token_mode = true;
     if let Some(w) = &opts.write_config {
         let applied = w
             .applied
@@ -471,8 +596,36 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
                 path: w.path.clone(),
             });
         }
+        let changing = notes.behaviour_changing();
+        if !changing.is_empty() && !w.force && !opts.dry_run {
+            return Err(AdoptError::BehaviourDropped {
+                applied,
+                fields: changing.join(", "),
+            });
+        }
+        token_mode = config.pointer("/kubelet/bootstrap_token").is_some();
         made = Some((applied, config, notes, w));
     }
+    // unbounded-agent's units go before anything is recorded: its daemon
+    // must not re-provision the slot the next activation stages into.
+    let mut agent_units = Vec::new();
+    for (unit, why) in AGENT_UNITS {
+        let file = root.systemd_system_dir().join(unit);
+        if std::fs::symlink_metadata(&file).is_err() {
+            continue;
+        }
+        let disable = opts.disable_agent && !opts.dry_run;
+        if disable {
+            systemd.stop(unit)?;
+            systemd.disable(unit)?;
+        }
+        agent_units.push(AgentUnit {
+            unit,
+            why,
+            disabled: disable,
+        });
+    }
+    let identity = carry_identity(root, machine, token_mode, opts.dry_run)?;
     if !opts.dry_run {
         *state.slot_mut(machine) = SlotState {
             status: SlotStatus::Active,
@@ -492,6 +645,8 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         applied: None,
         config: None,
         notes: Notes::default(),
+        agent_units,
+        identity,
     };
     if let Some((applied, config, notes, w)) = made {
         if !opts.dry_run {
@@ -516,6 +671,246 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         adopted.notes = notes;
     }
     Ok(adopted)
+}
+
+/// What stands in for a secret in shown configs.
+pub const REDACTED: &str = "<secret: not shown>";
+
+/// `config` with its secrets (the bootstrap token, the exec credential's
+/// environment values) replaced by [`REDACTED`]: what `--dry-run` prints.
+pub fn redacted(config: &Value) -> Value {
+    let mut v = config.clone();
+    if let Some(t) = v.pointer_mut("/kubelet/bootstrap_token") {
+        *t = REDACTED.into();
+    }
+    if let Some(Value::Object(env)) = v.pointer_mut("/kubelet/exec_credential/env") {
+        for val in env.values_mut() {
+            *val = REDACTED.into();
+        }
+    }
+    v
+}
+
+/// Caps for what is read from the adopted (unverified) tree.
+const MAX_IDENTITY_FILE: u64 = 1 << 20;
+const MAX_PKI_ENTRIES: usize = 256;
+
+/// One entry of the adopted `pki/` directory.
+enum PkiEntry {
+    File { bytes: Vec<u8>, mode: u32 },
+    Link(std::ffi::OsString),
+}
+
+/// Opens `rel` under `tree` without leaving it and without following any
+/// symlink on the way (the tree is another tool's, written by a node that
+/// is root in its machine). `None` when it does not exist.
+fn open_beneath(
+    tree: &rustix::fd::OwnedFd,
+    rel: &str,
+    flags: rustix::fs::OFlags,
+) -> Result<Option<rustix::fd::OwnedFd>, rustix::io::Errno> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    match rustix::fs::openat2(
+        tree,
+        rel,
+        flags | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn read_capped(fd: rustix::fd::OwnedFd, what: &Path) -> Result<Vec<u8>, AdoptError> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(MAX_IDENTITY_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| AdoptError::Identity {
+            path: what.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if bytes.len() as u64 > MAX_IDENTITY_FILE {
+        return Err(AdoptError::Identity {
+            path: what.to_path_buf(),
+            reason: format!("larger than {MAX_IDENTITY_FILE} bytes"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Copies the adopted node's kubelet identity into the node state (see the
+/// module doc): `pki/` as a whole (regular files and links, nothing else),
+/// and with a bootstrap token the kubeconfig the kubelet wrote, when it
+/// names a certificate in `pki/`. An existing `pki/` in the node state is
+/// kept. With `dry_run` only says what it would copy.
+fn carry_identity(
+    root: &Root,
+    machine: Slot,
+    token_mode: bool,
+    dry_run: bool,
+) -> Result<Identity, AdoptError> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let node = root.node_state().join("kubelet");
+    let dest = node.join("pki");
+    if std::fs::symlink_metadata(&dest).is_ok() {
+        return Ok(Identity::Kept(Root::host().node_state().join("kubelet/pki")));
+    }
+    let tree_path = root.machine_tree(machine.machine());
+    let pki_path = tree_path.join("var/lib/kubelet/pki");
+    let refuse = |path: &Path, e: rustix::io::Errno| AdoptError::Identity {
+        path: path.to_path_buf(),
+        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            "a symlink on the way, or a path leading out of the tree: not followed".into()
+        } else {
+            e.to_string()
+        },
+    };
+    let tree = rustix::fs::open(
+        &tree_path,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| refuse(&tree_path, e))?;
+    let Some(pki) =
+        open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY).map_err(|e| refuse(&pki_path, e))?
+    else {
+        return Ok(Identity::Absent);
+    };
+    let mut entries: Vec<(std::ffi::OsString, PkiEntry)> = Vec::new();
+    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refuse(&pki_path, e))?;
+    for entry in dir {
+        let entry = entry.map_err(|e| refuse(&pki_path, e))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if entries.len() >= MAX_PKI_ENTRIES {
+            return Err(AdoptError::Identity {
+                path: pki_path,
+                reason: format!("more than {MAX_PKI_ENTRIES} entries"),
+            });
+        }
+        let os = std::ffi::OsStr::from_bytes(name).to_os_string();
+        let path = pki_path.join(&os);
+        let st = rustix::fs::statat(&pki, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| refuse(&path, e))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(&pki, entry.file_name(), Vec::new())
+                    .map_err(|e| refuse(&path, e))?;
+                let target = std::ffi::OsStr::from_bytes(target.to_bytes()).to_os_string();
+                entries.push((os, PkiEntry::Link(target)));
+            }
+            FileType::RegularFile => {
+                let fd = rustix::fs::openat(
+                    &pki,
+                    entry.file_name(),
+                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                )
+                .map_err(|e| refuse(&path, e))?;
+                let bytes = read_capped(fd, &path)?;
+                entries.push((
+                    os,
+                    PkiEntry::File {
+                        bytes,
+                        mode: st.st_mode & 0o777,
+                    },
+                ));
+            }
+            // devices, fifos, sockets, directories: nothing a kubelet keeps there
+            _ => {}
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let kubeconfig_path = tree_path.join("var/lib/kubelet/kubeconfig");
+    let kubeconfig = if token_mode && std::fs::symlink_metadata(node.join("kubeconfig")).is_err() {
+        match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
+            .map_err(|e| refuse(&kubeconfig_path, e))?
+        {
+            // only the one the kubelet wrote after bootstrapping (it names
+            // its certificate in pki/), never an exec-credential one
+            Some(fd) => Some(read_capped(fd, &kubeconfig_path)?).filter(|b| {
+                String::from_utf8_lossy(b).contains("/var/lib/kubelet/pki/")
+            }),
+            None => None,
+        }
+    } else {
+        None
+    };
+    let names: Vec<String> = entries
+        .iter()
+        .map(|(n, _)| n.to_string_lossy().into_owned())
+        .collect();
+    if !dry_run {
+        write_identity(&node, &dest, &entries, kubeconfig.as_deref())?;
+    }
+    Ok(Identity::Carried {
+        pki: names,
+        kubeconfig: kubeconfig.is_some(),
+    })
+}
+
+/// Puts the copied identity in place: `pki/` built beside it and renamed
+/// in (a crash leaves no half `pki/`), the kubeconfig atomically, 0600.
+fn write_identity(
+    node: &Path,
+    dest: &Path,
+    entries: &[(std::ffi::OsString, PkiEntry)],
+    kubeconfig: Option<&[u8]>,
+) -> Result<(), AdoptError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| AdoptError::Write {
+            path: path.clone(),
+            reason: e.to_string(),
+        }
+    };
+    let atomic = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: kubeslot_image::atomic::AtomicError| AdoptError::Write {
+            path: path.clone(),
+            reason: kubeslot_image::error_chain(&e),
+        }
+    };
+    kubeslot_image::atomic::create_dir(node, 0o700).map_err(atomic(node))?;
+    let tmp = node.join(".pki.adopt");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    kubeslot_image::atomic::create_dir(&tmp, 0o700).map_err(atomic(&tmp))?;
+    for (name, entry) in entries {
+        let path = tmp.join(name);
+        match entry {
+            PkiEntry::Link(target) => std::os::unix::fs::symlink(target, &path).map_err(io(&path))?,
+            PkiEntry::File { bytes, mode } => {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(*mode)
+                    .open(&path)
+                    .map_err(io(&path))?;
+                f.write_all(bytes).map_err(io(&path))?;
+                f.set_permissions(std::fs::Permissions::from_mode(*mode))
+                    .map_err(io(&path))?;
+                f.sync_all().map_err(io(&path))?;
+            }
+        }
+    }
+    kubeslot_image::atomic::sync_dir(&tmp).map_err(atomic(&tmp))?;
+    std::fs::rename(&tmp, dest).map_err(io(dest))?;
+    kubeslot_image::atomic::sync_dir(node).map_err(atomic(node))?;
+    if let Some(k) = kubeconfig {
+        let path = node.join("kubeconfig");
+        kubeslot_image::atomic::write_file_mode(&path, k, 0o600).map_err(atomic(&path))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -574,10 +969,26 @@ mod tests {
                     golden(&dir.join("activator.json"), &text);
                     golden(&dir.join("notes.txt"), &notes.to_text());
                     assert!(!dir.join("error.txt").exists(), "{}", dir.display());
-                    // no value of the applied config reaches the notes
+                    // no value of the applied config reaches the notes,
+                    // nor the config as --dry-run shows it
+                    let shown = serde_json::to_string(&redacted(&config)).unwrap();
                     for secret in ["abcdef.0123456789abcdef", "s3cr3t"] {
                         assert!(!notes.to_text().contains(secret), "{}", dir.display());
+                        assert!(!shown.contains(secret), "{}: {shown}", dir.display());
                     }
+                    assert!(shown.contains(REDACTED), "{}: {shown}", dir.display());
+                    let changing = notes.behaviour_changing();
+                    let name = dir.file_name().unwrap().to_str().unwrap();
+                    let want: &[&str] = match name {
+                        "later-schema" => &[
+                            "FutureField.Knob",
+                            "Kubelet.Configuration",
+                            "Kubelet.NodeIP",
+                            "LocalDNS",
+                        ],
+                        _ => &[],
+                    };
+                    assert_eq!(changing, want, "{name}");
                 }
                 Err(e) => {
                     golden(

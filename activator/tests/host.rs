@@ -1957,6 +1957,12 @@ fn adopt_takes_over_unbounded_agents_kube1_flips_away_and_rolls_back_to_it() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("would adopt kube1 (running)"), "{out}");
+    // the config is shown without its secrets
+    assert!(
+        !out.contains("0123456789abcdef")
+            && out.contains("\"bootstrap_token\": \"<secret: not shown>\""),
+        "the token was printed: {out}"
+    );
     assert!(
         out.contains(
             "carried over: api_server, ca_data, bootstrap_token, cluster_dns, labels, taints"
@@ -2017,6 +2023,169 @@ fn adopt_takes_over_unbounded_agents_kube1_flips_away_and_rolls_back_to_it() {
     let (code, r, err) = h.activate();
     assert_eq!(code, 0, "{err}\n{r:#}");
     assert_eq!(h.running(), [Slot::Kube2]);
+}
+
+/// The adopted node's kubelet identity as unbounded-agent's kubelet leaves
+/// it after bootstrapping, and the agent's host units.
+fn unbounded_identity_and_units(h: &Host) {
+    let root = Root::new(h.root());
+    let kubelet = root.machine_tree("kube1").join("var/lib/kubelet");
+    let pki = kubelet.join("pki");
+    fs::create_dir_all(&pki).unwrap();
+    fs::write(pki.join("kubelet-client-2026-04-27-10-00-00.pem"), "CLIENT CERT AND KEY").unwrap();
+    fs::set_permissions(
+        pki.join("kubelet-client-2026-04-27-10-00-00.pem"),
+        fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        "/var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem",
+        pki.join("kubelet-client-current.pem"),
+    )
+    .unwrap();
+    fs::write(pki.join("kubelet.crt"), "SERVING CERT").unwrap();
+    fs::write(
+        kubelet.join("kubeconfig"),
+        "users:\n- name: default-auth\n  user:\n    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n",
+    )
+    .unwrap();
+    let units = root.systemd_system_dir();
+    fs::create_dir_all(&units).unwrap();
+    for u in ["unbounded-agent-daemon.service", "nftables-flush.service"] {
+        fs::write(units.join(u), "[Service]\n").unwrap();
+    }
+}
+
+#[test]
+fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    unbounded_identity_and_units(&h);
+    let node_pki = root.node_state().join("kubelet/pki");
+    // the agent's units are named; --dry-run copies and stops nothing
+    let (code, out, err) = h.cmd(&["adopt", "--dry-run"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("would copy the kubelet's identity into /var/lib/kubeslot/node/kubelet: pki/ (kubelet-client-2026-04-27-10-00-00.pem, kubelet-client-current.pem, kubelet.crt) and kubeconfig"),
+        "{out}"
+    );
+    for u in ["unbounded-agent-daemon.service", "nftables-flush.service"] {
+        assert!(
+            out.contains(&format!("warning: {u} is installed")) && out.contains("--disable-agent"),
+            "{u}: {out}"
+        );
+    }
+    assert!(!node_pki.exists());
+
+    // dropped fields that change the node's behaviour: refused without
+    // --force, before the agent's units or the identity are touched
+    let applied = kubeslot_test_support::workspace_root()
+        .join("testdata/adopt/later-schema/applied-config.json");
+    let written = h.root().join("etc/kubeslot/adopted.json");
+    let mut args = vec![
+        "adopt",
+        "--disable-agent",
+        "--write-config",
+        "--config",
+        written.to_str().unwrap(),
+        "--applied-config",
+        applied.to_str().unwrap(),
+        "--image",
+        "ghcr.io/example/kubeslot-node:v1.35.1",
+        "--public-key",
+        "/etc/kubeslot/trust/release.pub",
+    ];
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(
+        err.contains("the node would behave differently without it: FutureField.Knob, Kubelet.Configuration, Kubelet.NodeIP, LocalDNS")
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
+    assert!(!written.exists() && !root.state_file().exists() && !node_pki.exists());
+
+    args.push("--force");
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let calls = h.changes();
+    for c in [
+        "systemctl stop unbounded-agent-daemon.service",
+        "systemctl disable --quiet unbounded-agent-daemon.service",
+        "systemctl stop nftables-flush.service",
+        "systemctl disable --quiet nftables-flush.service",
+    ] {
+        assert!(calls.contains(&c.to_string()), "{c}: {calls:?}");
+    }
+    assert!(
+        out.contains("stopped and disabled unbounded-agent-daemon.service"),
+        "{out}"
+    );
+    assert!(!out.contains("0123456789abcdef"), "{out}");
+    // the identity is in the node state, as the kubelet left it
+    let key = node_pki.join("kubelet-client-2026-04-27-10-00-00.pem");
+    assert_eq!(fs::read_to_string(&key).unwrap(), "CLIENT CERT AND KEY");
+    assert_eq!(fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::read_link(node_pki.join("kubelet-client-current.pem")).unwrap(),
+        Path::new("/var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem")
+    );
+    let kubeconfig = root.node_state().join("kubelet/kubeconfig");
+    assert!(fs::read_to_string(&kubeconfig)
+        .unwrap()
+        .contains("client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem"));
+    assert_eq!(fs::metadata(&kubeconfig).unwrap().permissions().mode() & 0o777, 0o600);
+    // the flip to kube2 keeps it (kube2 binds the node state)
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(fs::read_to_string(&key).unwrap(), "CLIENT CERT AND KEY");
+    assert!(fs::read_to_string(root.nspawn_file("kube2"))
+        .unwrap()
+        .contains("Bind=/var/lib/kubeslot/node/kubelet:/var/lib/kubelet"));
+}
+
+#[test]
+fn adopt_never_follows_a_link_out_of_the_adopted_tree() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    // the node (root in its machine) made its /var/lib/kubelet a link to
+    // a host directory
+    let secret = h.root().join("etc/host-secret/pki");
+    fs::create_dir_all(&secret).unwrap();
+    fs::write(secret.join("key.pem"), "HOST SECRET").unwrap();
+    let kubelet = root.machine_tree("kube1").join("var/lib/kubelet");
+    fs::create_dir_all(kubelet.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("../../../../../../etc/host-secret", &kubelet).unwrap();
+    assert!(kubelet.join("pki/key.pem").exists(), "the link must resolve");
+    let (code, out, err) = h.cmd(&["adopt"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("var/lib/kubelet/pki: a symlink on the way, or a path leading out of the tree: not followed"),
+        "{err}"
+    );
+    assert!(!root.state_file().exists());
+    assert!(!root.node_state().join("kubelet/pki").exists());
+}
+
+#[test]
+fn adopt_names_the_machine_that_runs_when_told_another() {
+    let img = images();
+    let h = Host::new(&img);
+    unbounded_host(&h);
+    // a stopped kube2 tree beside the running kube1
+    fs::create_dir_all(Root::new(h.root()).machine_tree("kube2").join("etc")).unwrap();
+    let (code, _, err) = h.cmd(&["adopt", "--machine", "kube2"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("machine kube1 is running, not kube2: adopt the machine that runs the node (--machine kube1)"),
+        "{err}"
+    );
+    assert!(!Root::new(h.root()).state_file().exists());
 }
 
 #[test]

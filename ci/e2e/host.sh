@@ -62,13 +62,33 @@ scenario_deb_install() {
 }
 
 # unbounded_kube1: kube1 as unbounded-agent leaves a host (seed-unbounded.md
-# sections 2.2, 2.3, 6.3): the node tree (here: the v2 fixture kubelet, to
-# tell it apart from kubeslot's v1), the agent's .nspawn file and drop-in,
-# its applied config with the .sha256 sidecar, `machinectl enable` and
+# sections 1.5, 2.2, 2.3, 6.3): the node tree (here: the v2 fixture kubelet,
+# to tell it apart from kubeslot's v1) with the kubelet's client
+# certificate as a bootstrapped kubelet leaves it (pki/ and the link to
+# the current one), the agent's .nspawn file and drop-in, its applied
+# config with the .sha256 sidecar, its daemon unit (Restart=always; a
+# sleep stands in for the agent), `machinectl enable` and
 # `machinectl start kube1`; no kubeslot state.
 unbounded_kube1() {
   local tree=$OUTER/var/lib/machines/kube1 applied=$OUTER/etc/unbounded/agent/kube1-applied-config.json
   node_tree_fill "$tree" "$NODE_TAR" "$WORK/kubelet/v2/kubelet"
+  install -d -m 0700 "$tree/var/lib/kubelet/pki"
+  echo "e2e kubelet client certificate" >"$tree/var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem"
+  chmod 0600 "$tree/var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem"
+  ln -sfn /var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem "$tree/var/lib/kubelet/pki/kubelet-client-current.pem"
+  cat >"$OUTER/etc/systemd/system/unbounded-agent-daemon.service" <<'EOF2'
+[Unit]
+Description=Unbounded Agent Daemon (e2e stand-in)
+
+[Service]
+Type=simple
+ExecStart=/bin/sleep infinity
+Restart=always
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+EOF2
   mkdir -p "$OUTER/etc/systemd/nspawn" "$OUTER/etc/systemd/system/systemd-nspawn@kube1.service.d"
   cat >"$OUTER/etc/systemd/nspawn/kube1.nspawn" <<'EOF2'
 # unbounded-agent: the stock unit's --settings=override lets this file win
@@ -111,6 +131,7 @@ EOF2
   chmod 0600 "$applied"
   sha256sum <"$applied" | cut -d' ' -f1 >"$applied.sha256"
   outer systemctl daemon-reload
+  outer systemctl enable --now --quiet unbounded-agent-daemon.service
   outer machinectl enable kube1 >/dev/null 2>&1
   outer machinectl start kube1
   machine_wait_healthy kube1 60 || { fail "the unbounded-style kube1 did not turn healthy"; return 1; }
@@ -148,11 +169,19 @@ scenario_adopt_unbounded() {
   local nspawn_before tree_before cfg=$OUTER$CONFIG_IN_OUTER
   nspawn_before=$(sha256sum <"$OUTER/etc/systemd/nspawn/kube1.nspawn")
   tree_before=$(sha256sum <"$OUTER/var/lib/machines/kube1/usr/bin/kubelet")
-  act adopt --write-config --force --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub ||
+  check "the agent's daemon runs before adopt" outer systemctl is-active --quiet unbounded-agent-daemon.service || return 1
+  act adopt --dry-run --write-config --force --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub ||
+    { show_log; fail "adopt --dry-run exited non-zero"; return 1; }
+  check "adopt --dry-run names the agent's daemon" grep -q "warning: unbounded-agent-daemon.service is installed" "$ACT_LOG" || { show_log; return 1; }
+  check "adopt --dry-run shows the config without its token" bash -c "grep -q '\"bootstrap_token\": \"<secret: not shown>\"' '$ACT_LOG' && ! grep -q 0123456789abcdef '$ACT_LOG'" || { show_log; return 1; }
+  act adopt --write-config --force --disable-agent --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub ||
     { show_log; fail "adopt exited non-zero"; return 1; }
   log "  $(head -n1 "$ACT_LOG")"
   check "adopt lists what it did not carry over" grep -q "OCIImage: unbounded-agent's thin image" "$ACT_LOG" || { show_log; return 1; }
   check "adopt printed no token" bash -c "! grep -q 0123456789abcdef '$ACT_LOG'" || return 1
+  check "--disable-agent stopped the agent's daemon" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet unbounded-agent-daemon.service && ! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-enabled --quiet unbounded-agent-daemon.service" || return 1
+  check "adopt carried the kubelet's client certificate into the node state" \
+    test -L "$OUTER/var/lib/kubeslot/node/kubelet/pki/kubelet-client-current.pem" || { show_log; return 1; }
   check_eq "written config: api server, CA, token, DNS, labels, taints" \
     "$(jq -c '[.kubelet.api_server, ((.kubelet.ca_data | rtrimstr("\n")) == $ca), .kubelet.bootstrap_token, .kubelet.cluster_dns, .kubelet.labels, .kubelet.taints]' --arg ca "$(cat "$WORK/ca.crt")" "$cfg")" \
     '["https://192.0.2.1:6443",true,"abcdef.0123456789abcdef",["10.96.0.10"],{"kubeslot.io/e2e":"true"},["e2e=adopted:NoSchedule"]]' || return 1
@@ -169,6 +198,9 @@ scenario_adopt_unbounded() {
   log_report
   expect_running kube2 v1.35.0-e2e.1 || return 1
   expect_status kube2 "$DIGEST_v1" || return 1
+  check_eq "kube2 has the adopted node's client certificate" \
+    "$(outer systemd-run -M kube2 --quiet --wait --pipe cat /var/lib/kubelet/pki/kubelet-client-current.pem </dev/null)" \
+    "e2e kubelet client certificate" || return 1
   check "kube2 starts at boot, kube1 no longer" bash -c "nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-enabled --quiet systemd-nspawn@kube2.service && ! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-enabled --quiet systemd-nspawn@kube1.service" || return 1
   check_eq "the agent's kube1.nspawn kept" "$(sha256sum <"$OUTER/etc/systemd/nspawn/kube1.nspawn")" "$nspawn_before" || return 1
   check_eq "the adopted kube1 tree kept" "$(sha256sum <"$OUTER/var/lib/machines/kube1/usr/bin/kubelet")" "$tree_before" || return 1
@@ -210,7 +242,7 @@ scenario_adopt_unbounded() {
   # package's boot-time activation back on: uninstall disabled it, and a
   # reinstall of the package without --purge would keep it disabled
   # (Debian keeps the administrator's choice), so activate_v1 needs this.
-  rm -rf "$OUTER/etc/unbounded"
+  rm -rf "$OUTER/etc/unbounded" "$OUTER/etc/systemd/system/unbounded-agent-daemon.service"
   outer systemctl enable --quiet kubeslot-activator.service
   outer systemctl daemon-reload
 }

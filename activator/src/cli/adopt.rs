@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use kubeslot_activator::adopt::{self, Options, WriteConfig};
+use kubeslot_activator::adopt::{self, Identity, Options, WriteConfig};
+use kubeslot_activator::paths::host::NODE_KUBELET;
 use kubeslot_activator::report::exit;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::systemd::SystemCtl;
@@ -25,16 +26,31 @@ use super::{Failed, HostArgs};
 /// rollback target until an image is staged over it. Without `adopt`,
 /// `activate` refuses such a host (exit 3).
 ///
+/// The node keeps its identity: the kubelet's client certificate
+/// (/var/lib/kubelet/pki in the adopted tree, and the kubeconfig the
+/// kubelet wrote after bootstrapping) is copied into
+/// /var/lib/kubeslot/node/kubelet, which the next slot uses. unbounded-
+/// agent's host units that act after the adoption are reported:
+/// unbounded-agent-daemon.service (later versions re-provision the node
+/// into kube2) and nftables-flush.service (flushes the host's nftables
+/// ruleset before every node start); --disable-agent stops and disables
+/// them first.
+///
 /// With --write-config it also writes the activator config (--config, mode
 /// 0600; an existing one only with --force) from the applied config: API
 /// server, cluster CA, bootstrap token or exec credential, cluster DNS,
 /// labels, taints, node name; --image and --public-key say what to
 /// activate and whom to trust. Every applied-config field not carried over
-/// is listed with the reason. The config is written after the adoption is
-/// recorded, so an enabled kubeslot-activator.path starts the flip at once.
+/// is listed with the reason; when one of them changes how the node behaves
+/// (Kubelet.NodeIP, Kubelet.Configuration, an enabled LocalDNS, an unknown
+/// field, ...) the config is written only with --force. The config is
+/// written after the adoption is recorded, so an enabled
+/// kubeslot-activator.path starts the flip at once. Nothing secret is
+/// printed, --dry-run included.
 ///
 /// Exit codes: 0 adopted; 1 error (nothing changed); 3 the applied config
-/// cannot be used (nothing changed); 5 another run holds the lock.
+/// cannot be used, or drops behaviour without --force (nothing changed); 5
+/// another run holds the lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -56,10 +72,17 @@ pub struct Args {
     /// Read this applied config instead of the adopted machine's.
     #[arg(long, value_name = "FILE")]
     pub applied_config: Option<PathBuf>,
-    /// Replace an existing activator config.
+    /// Replace an existing activator config, and write one although
+    /// applied-config fields that change the node's behaviour are not
+    /// carried over.
     #[arg(long)]
     pub force: bool,
-    /// Change nothing: print what would be recorded, and the config.
+    /// Stop and disable unbounded-agent's host units
+    /// (unbounded-agent-daemon.service, nftables-flush.service) first.
+    #[arg(long)]
+    pub disable_agent: bool,
+    /// Change nothing: print what would be recorded, and the config with
+    /// its secrets replaced.
     #[arg(long)]
     pub dry_run: bool,
 }
@@ -77,6 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             applied: args.applied_config.clone(),
         }),
         dry_run: args.dry_run,
+        disable_agent: args.disable_agent,
     };
     let done = adopt::adopt(&root, &SystemCtl, &opts).map_err(|e| {
         let code = match e {
@@ -84,7 +108,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             adopt::AdoptError::Applied { .. }
             | adopt::AdoptError::Field { .. }
             | adopt::AdoptError::Sidecar { .. }
-            | adopt::AdoptError::Invalid(_) => exit::CONFIG,
+            | adopt::AdoptError::Invalid(_)
+            | adopt::AdoptError::BehaviourDropped { .. } => exit::CONFIG,
             _ => exit::FAILED,
         };
         Failed {
@@ -106,6 +131,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "the next `kubeslot-activator activate` stages the configured image into {} and flips to it",
         m.other()
     );
+    match &done.identity {
+        Identity::Carried { pki, kubeconfig } => println!(
+            "{} the kubelet's identity into {}: pki/ ({}){}; the new slot keeps the node's client certificate",
+            if args.dry_run { "would copy" } else { "copied" },
+            NODE_KUBELET,
+            pki.join(", "),
+            if *kubeconfig { " and kubeconfig" } else { "" }
+        ),
+        Identity::Kept(p) => println!("kept {} as it is (not replaced by the adopted tree's)", p.display()),
+        Identity::Absent => println!(
+            "the adopted tree has no /var/lib/kubelet/pki: the new slot bootstraps the kubelet with the configured credential"
+        ),
+    }
+    for u in &done.agent_units {
+        if u.disabled {
+            println!("stopped and disabled {} ({})", u.unit, u.why);
+        } else {
+            println!(
+                "warning: {} is installed: {}; `--disable-agent` stops and disables it",
+                u.unit, u.why
+            );
+        }
+    }
     if let (Some(applied), Some(config)) = (&done.applied, &done.config) {
         let verb = if args.dry_run { "would write" } else { "wrote" };
         println!(
@@ -114,9 +162,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             applied.display()
         );
         print!("{}", done.notes.to_text());
+        let changing = done.notes.behaviour_changing();
+        if args.dry_run && !changing.is_empty() && !args.force {
+            println!(
+                "needs --force: the node behaves differently without {}",
+                changing.join(", ")
+            );
+        }
         if args.dry_run {
-            // the credential is the operator's own; dry-run shows the file
-            println!("{}", serde_json::to_string_pretty(config)?);
+            // the shape of the file; its secrets stay out of the output
+            println!("{}", serde_json::to_string_pretty(&adopt::redacted(config))?);
         }
     }
     Ok(())
