@@ -1207,9 +1207,9 @@ impl Host<'_> {
             .map(|p| format!("wrote /{}", p.display()))
             .collect();
         if !written.is_empty() || !host_settings::sysctls_hold(self.root) {
-            let failed = host_settings::apply(self.systemd);
+            let failed = host_settings::apply(self.root);
             notes.push(if failed.is_empty() {
-                format!("applied ({})", host_settings::APPLY_UNITS.join(", "))
+                format!("applied ({})", host_settings::APPLIERS.join(", "))
             } else {
                 format!("applying: {}", failed.join("; "))
             });
@@ -1397,14 +1397,6 @@ mod tests {
             Ok(())
         }
 
-        fn restart(&self, unit: &str) -> Result<(), SystemdError> {
-            self.calls.borrow_mut().push(format!("restart {unit}"));
-            if unit == "systemd-sysctl.service" {
-                kubeslot_test_support::apply_sysctl_dropins(self.root.dir());
-            }
-            Ok(())
-        }
-
         fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
             Ok(self.active.borrow().contains(unit))
         }
@@ -1572,9 +1564,6 @@ mod tests {
         assert_eq!(
             fake.calls(),
             [
-                // the host settings, before the preflight
-                "restart systemd-modules-load.service",
-                "restart systemd-sysctl.service",
                 "daemon-reload",
                 "start systemd-nspawn@kube1.service",
                 // committed: kube1 starts at boot
@@ -1595,7 +1584,7 @@ mod tests {
         // again: nothing to do, nothing called
         let r = run(&s, &fake);
         assert_eq!(r.outcome, Some(Outcome::UpToDate));
-        assert_eq!(fake.calls().len(), 6);
+        assert_eq!(fake.calls().len(), 4);
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub enum AdoptError {
     Ambiguous { kube1: PathBuf, kube2: PathBuf },
     #[error("adopt: machine {machine}: {tree} is not a directory: nothing to adopt")]
     NoTree { machine: Slot, tree: PathBuf },
-    #[error("adopt: machines {machine} and {other} both run: stop the one that is not the node first")]
+    #[error(
+        "adopt: machines {machine} and {other} both run: stop the one that is not the node first"
+    )]
     BothRunning { machine: Slot, other: Slot },
     #[error("adopt: machine {other} is running, not {machine}: adopt the machine that runs the node (--machine {other}), or stop {other} first")]
     OtherRunning { machine: Slot, other: Slot },
@@ -757,7 +759,9 @@ fn carry_identity(
     let node = root.node_state().join("kubelet");
     let dest = node.join("pki");
     if std::fs::symlink_metadata(&dest).is_ok() {
-        return Ok(Identity::Kept(Root::host().node_state().join("kubelet/pki")));
+        return Ok(Identity::Kept(
+            Root::host().node_state().join("kubelet/pki"),
+        ));
     }
     let tree_path = root.machine_tree(machine.machine());
     let pki_path = tree_path.join("var/lib/kubelet/pki");
@@ -775,8 +779,8 @@ fn carry_identity(
         Mode::empty(),
     )
     .map_err(|e| refuse(&tree_path, e))?;
-    let Some(pki) =
-        open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY).map_err(|e| refuse(&pki_path, e))?
+    let Some(pki) = open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY)
+        .map_err(|e| refuse(&pki_path, e))?
     else {
         return Ok(Identity::Absent);
     };
@@ -834,9 +838,8 @@ fn carry_identity(
         {
             // only the one the kubelet wrote after bootstrapping (it names
             // its certificate in pki/), never an exec-credential one
-            Some(fd) => Some(read_capped(fd, &kubeconfig_path)?).filter(|b| {
-                String::from_utf8_lossy(b).contains("/var/lib/kubelet/pki/")
-            }),
+            Some(fd) => Some(read_capped(fd, &kubeconfig_path)?)
+                .filter(|b| String::from_utf8_lossy(b).contains("/var/lib/kubelet/pki/")),
             None => None,
         }
     } else {
@@ -888,7 +891,9 @@ fn write_identity(
     for (name, entry) in entries {
         let path = tmp.join(name);
         match entry {
-            PkiEntry::Link(target) => std::os::unix::fs::symlink(target, &path).map_err(io(&path))?,
+            PkiEntry::Link(target) => {
+                std::os::unix::fs::symlink(target, &path).map_err(io(&path))?
+            }
             PkiEntry::File { bytes, mode } => {
                 let mut f = std::fs::OpenOptions::new()
                     .write(true)

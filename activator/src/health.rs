@@ -248,9 +248,6 @@ mod tests {
         fn stop(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
             Ok(())
         }
-        fn restart(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
         fn is_active(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
             Ok(true)
         }

@@ -6,14 +6,19 @@
 //! Owns the one table of those settings ([`SYSCTLS`], [`MODULES`]): the
 //! rendered `/etc/sysctl.d/99-kubeslot.conf` and
 //! `/etc/modules-load.d/kubeslot.conf` come from it, and `preflight` checks
-//! the running kernel against it. Given the root handle (and, to apply, the
-//! [`Systemd`] boundary): [`render`] is pure (golden-tested), [`write`]
-//! puts the two files in place atomically when they differ, [`apply`]
-//! restarts `systemd-modules-load.service` then `systemd-sysctl.service` (the
-//! way the host applies them at boot; modules first, since the
-//! `net.bridge.*` keys exist only once `br_netfilter` is loaded), [`diff`]
-//! shows what `write` would change (`plan`) and [`remove`] takes them away
-//! (`uninstall`).
+//! the running kernel against it. Given the root handle: [`render`] is pure
+//! (golden-tested), [`write`] puts the two files in place atomically when
+//! they differ, [`apply`] runs systemd's own appliers on those two files
+//! alone, `systemd-modules-load` then `systemd-sysctl` (modules first,
+//! since the `net.bridge.*` keys exist only once `br_netfilter` is
+//! loaded), [`diff`] shows what `write` would change (`plan`) and
+//! [`remove`] takes them away (`uninstall`).
+//!
+//! Why not restart `systemd-sysctl.service`: that re-applies every
+//! `sysctl.d` file of the host under the running node (Ubuntu's
+//! `rp_filter = 2`, an operator's file meant for the next boot), and
+//! `systemd-modules-load.service` loads every `modules-load.d` entry.
+//! Given a file, both tools apply that file and nothing else.
 //!
 //! It does not judge whether the settings took effect (that is
 //! `preflight`, which reads the kernel's values), and it never writes
@@ -25,7 +30,6 @@ use kubeslot_image::atomic::{self, AtomicError};
 
 use crate::paths::Root;
 use crate::render::{unified, FileDiff};
-use crate::systemd::Systemd;
 
 /// One kernel parameter the node needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,8 +98,11 @@ pub const MODULES: &[(&str, &str)] = &[
     ),
 ];
 
-/// The units that apply the two files, in order.
-pub const APPLY_UNITS: [&str; 2] = ["systemd-modules-load.service", "systemd-sysctl.service"];
+/// The tools that apply the two files, in order (as host paths).
+pub const APPLIERS: [&str; 2] = [
+    "/lib/systemd/systemd-modules-load",
+    "/lib/systemd/systemd-sysctl",
+];
 
 /// One rendered settings file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,21 +178,35 @@ pub fn sysctls_hold(root: &Root) -> bool {
         .all(|s| std::fs::read_to_string(root.proc_sys(s.key)).is_ok_and(|v| v.trim() == s.value))
 }
 
-/// Restarts the units that load the modules and apply the sysctls.
-/// Returns what went wrong, as text, for the report: a unit that fails
+/// Applies the two files, and only them: `systemd-modules-load FILE`, then
+/// `systemd-sysctl FILE` (the root's programs, given the root's files).
+/// Returns what went wrong, as text, for the report: a tool that fails
 /// here (a kernel without loadable modules, a read-only `/proc/sys` in a
 /// container host) is not the verdict; `preflight` then reads whether the
 /// kernel has what the node needs.
-pub fn apply(systemd: &dyn Systemd) -> Vec<String> {
-    APPLY_UNITS
-        .iter()
-        .filter_map(|u| {
-            systemd
-                .restart(u)
-                .err()
-                .map(|e| kubeslot_image::error_chain(&e))
-        })
-        .collect()
+pub fn apply(root: &Root) -> Vec<String> {
+    [
+        (root.systemd_modules_load(), root.modules_load_dropin()),
+        (root.systemd_sysctl(), root.sysctl_dropin()),
+    ]
+    .iter()
+    .filter_map(|(tool, file)| {
+        let shown = format!("{} {}", tool.display(), file.display());
+        match std::process::Command::new(tool)
+            .arg(file)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Err(e) => Some(format!("{shown}: cannot run: {e}")),
+            Ok(out) if out.status.success() => None,
+            Ok(out) => Some(format!(
+                "{shown}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
+    })
+    .collect()
 }
 
 /// What [`write`] would change (empty diffs left out).

@@ -191,6 +191,18 @@ impl Root {
         self.join("etc/modules-load.d/kubeslot.conf")
     }
 
+    /// `/lib/systemd/systemd-sysctl`: run with kubeslot's drop-in as its
+    /// one argument, it applies that file alone (a process boundary; `/lib`
+    /// is `/usr/lib` on merged-/usr hosts).
+    pub fn systemd_sysctl(&self) -> PathBuf {
+        self.join("lib/systemd/systemd-sysctl")
+    }
+
+    /// `/lib/systemd/systemd-modules-load`: the same for the modules file.
+    pub fn systemd_modules_load(&self) -> PathBuf {
+        self.join("lib/systemd/systemd-modules-load")
+    }
+
     /// `/proc/sys/<key with dots as slashes>`: a sysctl's current value.
     pub fn proc_sys(&self, key: &str) -> PathBuf {
         self.join("proc/sys").join(key.replace('.', "/"))

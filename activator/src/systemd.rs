@@ -17,9 +17,6 @@ pub trait Systemd {
     fn start(&self, unit: &str) -> Result<(), SystemdError>;
     /// Stops a unit (a no-op when it is not running).
     fn stop(&self, unit: &str) -> Result<(), SystemdError>;
-    /// Restarts a unit and waits for the job (the host-settings oneshots
-    /// `systemd-modules-load`/`systemd-sysctl` re-read their drop-ins).
-    fn restart(&self, unit: &str) -> Result<(), SystemdError>;
     fn is_active(&self, unit: &str) -> Result<bool, SystemdError>;
     /// Creates the unit's `[Install]` links (`systemctl enable`), so it
     /// starts at boot; a no-op when they exist.
@@ -94,10 +91,6 @@ impl Systemd for SystemCtl {
 
     fn stop(&self, unit: &str) -> Result<(), SystemdError> {
         run_ok("systemctl", &["stop", unit])
-    }
-
-    fn restart(&self, unit: &str) -> Result<(), SystemdError> {
-        run_ok("systemctl", &["restart", unit])
     }
 
     fn enable(&self, unit: &str) -> Result<(), SystemdError> {

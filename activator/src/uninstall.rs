@@ -118,9 +118,8 @@ fn running(systemd: &dyn Systemd, slot: Slot) -> Result<bool, SystemdError> {
 fn kubeslot_file(path: &Path) -> bool {
     if path.is_dir() {
         return std::fs::read_dir(path).is_ok_and(|rd| {
-            rd.flatten().all(|e| {
-                std::fs::read_to_string(e.path()).is_ok_and(|t| rendered_by_kubeslot(&t))
-            })
+            rd.flatten()
+                .all(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| rendered_by_kubeslot(&t)))
         });
     }
     std::fs::read_to_string(path).is_ok_and(|t| rendered_by_kubeslot(&t))
@@ -150,7 +149,12 @@ fn owner(
     if running(systemd, slot)? {
         found.push("the machine is running".to_string());
     }
-    let dropin_dir = |r: &Root| r.dropin_file(m).parent().expect("a drop-in dir").to_path_buf();
+    let dropin_dir = |r: &Root| {
+        r.dropin_file(m)
+            .parent()
+            .expect("a drop-in dir")
+            .to_path_buf()
+    };
     for (path, shown) in [
         (root.nspawn_file(m), host.nspawn_file(m)),
         (dropin_dir(root), dropin_dir(&host)),

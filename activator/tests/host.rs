@@ -61,20 +61,6 @@ case "$cmd" in
       rm -f "$F/pids/$unit"
     fi
     echo inactive > "$F/units/$unit" ;;
-  restart)
-    # systemd-sysctl applies the sysctl.d files to the (fake) kernel; on a
-    # host whose /proc/sys is read-only its condition fails: nothing applied
-    if [ "$1" = systemd-sysctl.service ] && [ ! -e "$F/proc-sys-read-only" ]; then
-      for f in $(ls "$KUBESLOT_FAKE_ROOT"/etc/sysctl.d/*.conf 2>/dev/null | sort); do
-        while IFS= read -r line; do
-          case $line in ''|'#'*|';'*) continue ;; esac
-          k=$(echo ${line%%=*}); v=$(echo ${line#*=})
-          p="$KUBESLOT_FAKE_ROOT/proc/sys/${k//.//}"
-          [ -f "$p" ] && echo "$v" > "$p"
-        done < "$f"
-      done
-    fi
-    exit 0 ;;
   enable|disable)
     [ "$1" = --quiet ] && shift
     unit=$1
@@ -1666,12 +1652,19 @@ fn a_committed_node_that_does_not_come_up_never_blocks_the_way_out() {
     assert_eq!(s.slot(Slot::Kube1).status, SlotStatus::Empty);
     let (code, _, err) = h.cmd(&["rollback"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("kube1 holds no committed former node"), "{err}");
+    assert!(
+        err.contains("kube1 holds no committed former node"),
+        "{err}"
+    );
 
     // the committed kube2 breaks (its kubelet never answers) across a
     // power cycle: the same image is refused as not healthy, --force
     // stages it afresh into kube1 and flips
-    fs::write(root.machine_tree("kube2").join("etc/fixture-health"), "never").unwrap();
+    fs::write(
+        root.machine_tree("kube2").join("etc/fixture-health"),
+        "never",
+    )
+    .unwrap();
     h.power_off();
     let (code, r, _) = h.activate();
     assert_eq!(code, 1, "{r:#}");
@@ -1727,13 +1720,19 @@ fn a_second_node_machine_beside_the_running_committed_one_is_refused() {
         "{out}"
     );
     let (_, out, err) = h.cmd(&["status", "--json"]);
-    assert_eq!(json(&out, &err)["running"], serde_json::json!(["kube1", "kube2"]));
+    assert_eq!(
+        json(&out, &err)["running"],
+        serde_json::json!(["kube1", "kube2"])
+    );
     // gone: up to date again
     h.foreign(Slot::Kube2, false);
     let (code, r, _) = h.activate();
     assert_eq!((code, r["outcome"].as_str()), (0, Some("up-to-date")));
     let (_, out, _) = h.cmd(&["status"]);
-    assert!(out.contains("running: kube1\n") && !out.contains("warning:"), "{out}");
+    assert!(
+        out.contains("running: kube1\n") && !out.contains("warning:"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -1857,7 +1856,7 @@ fn a_failed_preflight_refuses_the_flip_before_anything_changes() {
 
     // a host whose /proc/sys does not take the settings (a container host)
     fs::write(&swaps, "Filename Type Size Used Priority\n").unwrap();
-    fs::write(h.fake().join("proc-sys-read-only"), "").unwrap();
+    fs::write(h.root().join("proc/sys/.read-only"), "").unwrap();
     fs::write(root.proc_sys("vm.overcommit_memory"), "0\n").unwrap();
     let (code, r, _) = h.activate();
     assert_eq!(code, 3, "{r:#}");
@@ -1868,8 +1867,16 @@ fn a_failed_preflight_refuses_the_flip_before_anything_changes() {
             .contains("sysctl-vm.overcommit_memory (seen: 0; needed: 1"),
         "{r:#}"
     );
+    // said as it happened: systemd-sysctl could not write /proc/sys
     assert!(
-        r["host_settings"].as_str().unwrap().contains("applied"),
+        r["host_settings"]
+            .as_str()
+            .unwrap()
+            .contains("systemd-sysctl")
+            && r["host_settings"]
+                .as_str()
+                .unwrap()
+                .contains("Read-only file system"),
         "{r:#}"
     );
     // ignored in the config (with the reason in the operator's records)
@@ -1880,6 +1887,53 @@ fn a_failed_preflight_refuses_the_flip_before_anything_changes() {
     assert_eq!(code, 0, "{err}\n{r:#}");
     assert_eq!(r["preflight"][0]["ignored"], true);
     assert_eq!(h.running(), [Slot::Kube1]);
+}
+
+#[test]
+fn the_host_settings_apply_kubeslots_files_and_no_other() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    // Ubuntu's strict reverse-path filter, and a file an operator keeps
+    // for the next boot: neither may change under a running node
+    fs::create_dir_all(h.root().join("etc/sysctl.d")).unwrap();
+    fs::write(
+        h.root().join("etc/sysctl.d/10-network-security.conf"),
+        "net.ipv4.conf.all.rp_filter = 2\n",
+    )
+    .unwrap();
+    let rp_filter = root.proc_sys("net.ipv4.conf.all.rp_filter");
+    fs::create_dir_all(rp_filter.parent().unwrap()).unwrap();
+    fs::write(&rp_filter, "0\n").unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert!(
+        r["host_settings"]
+            .as_str()
+            .unwrap()
+            .contains("applied (/lib/systemd/systemd-modules-load, /lib/systemd/systemd-sysctl)"),
+        "{r:#}"
+    );
+    // ours took effect, the other file did not
+    assert_eq!(
+        fs::read_to_string(root.proc_sys("kernel.panic")).unwrap(),
+        "10\n"
+    );
+    assert_eq!(fs::read_to_string(&rp_filter).unwrap(), "0\n");
+    let log = fs::read_to_string(h.root().join(kubeslot_test_support::FAKE_TOOLS_LOG)).unwrap();
+    assert_eq!(
+        log,
+        format!(
+            "systemd-modules-load {}\nsystemd-sysctl {}\n",
+            root.modules_load_dropin().display(),
+            root.sysctl_dropin().display()
+        )
+    );
+    assert!(
+        !h.calls().iter().any(|c| c.contains("restart")),
+        "{:?}",
+        h.calls()
+    );
 }
 
 /// An unbounded-agent host: kube1's tree, the agent's `.nspawn` file and
@@ -2032,7 +2086,11 @@ fn unbounded_identity_and_units(h: &Host) {
     let kubelet = root.machine_tree("kube1").join("var/lib/kubelet");
     let pki = kubelet.join("pki");
     fs::create_dir_all(&pki).unwrap();
-    fs::write(pki.join("kubelet-client-2026-04-27-10-00-00.pem"), "CLIENT CERT AND KEY").unwrap();
+    fs::write(
+        pki.join("kubelet-client-2026-04-27-10-00-00.pem"),
+        "CLIENT CERT AND KEY",
+    )
+    .unwrap();
     fs::set_permissions(
         pki.join("kubelet-client-2026-04-27-10-00-00.pem"),
         fs::Permissions::from_mode(0o600),
@@ -2128,7 +2186,10 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
     // the identity is in the node state, as the kubelet left it
     let key = node_pki.join("kubelet-client-2026-04-27-10-00-00.pem");
     assert_eq!(fs::read_to_string(&key).unwrap(), "CLIENT CERT AND KEY");
-    assert_eq!(fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     assert_eq!(
         fs::read_link(node_pki.join("kubelet-client-current.pem")).unwrap(),
         Path::new("/var/lib/kubelet/pki/kubelet-client-2026-04-27-10-00-00.pem")
@@ -2137,7 +2198,10 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
     assert!(fs::read_to_string(&kubeconfig)
         .unwrap()
         .contains("client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem"));
-    assert_eq!(fs::metadata(&kubeconfig).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        fs::metadata(&kubeconfig).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     // the flip to kube2 keeps it (kube2 binds the node state)
     let (code, r, err) = h.activate();
     assert_eq!(code, 0, "{err}\n{r:#}");
@@ -2161,7 +2225,10 @@ fn adopt_never_follows_a_link_out_of_the_adopted_tree() {
     let kubelet = root.machine_tree("kube1").join("var/lib/kubelet");
     fs::create_dir_all(kubelet.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink("../../../../../../etc/host-secret", &kubelet).unwrap();
-    assert!(kubelet.join("pki/key.pem").exists(), "the link must resolve");
+    assert!(
+        kubelet.join("pki/key.pem").exists(),
+        "the link must resolve"
+    );
     let (code, out, err) = h.cmd(&["adopt"]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(

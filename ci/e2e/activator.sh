@@ -24,7 +24,7 @@ ACT_RUNS=0
 #  * sysctl-*: the outer host is a container: its /proc/sys is read-only
 #    and holds this CI machine's values (vm.overcommit_memory=0,
 #    kernel.panic=1, ...), which the tests must not change;
-#    systemd-sysctl.service skips a read-only /proc/sys, so the activator's
+#    systemd-sysctl cannot write a read-only /proc/sys, so the activator's
 #    drop-in cannot take effect there. The fixture kubelet does not check
 #    them. (The unit tests check them on fake /proc trees.)
 #  * dev-kmsg: nspawn gives the outer no /dev/kmsg character device.

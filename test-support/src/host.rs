@@ -1,12 +1,14 @@
 //! A fake host tree for the activator's preflight and host-settings tests:
 //! the files its checks read under a root (`/proc`, `/sys`, `/dev`, the
 //! dpkg database), as a Debian bookworm host that can run node machines
-//! has them, and what `systemd-sysctl` does with kubeslot's drop-in.
+//! has them, and stand-ins for `systemd-sysctl` and `systemd-modules-load`
+//! under the root's `/lib/systemd` that do what the real ones do with the
+//! files they are given (the activator runs the root's tools).
 //!
 //! Given a directory used as the root; writes only below it (`/dev/kmsg`
 //! is a real character device made with `mknod`: the tests run as root).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// The kernel parameters of a typical host as booted (the kernel's own
@@ -66,6 +68,17 @@ pub fn fake_host(root: &Path) {
             &format!("{value}\n"),
         );
     }
+    for (name, text) in [
+        ("lib/systemd/systemd-sysctl", FAKE_SYSTEMD_SYSCTL),
+        (
+            "lib/systemd/systemd-modules-load",
+            FAKE_SYSTEMD_MODULES_LOAD,
+        ),
+    ] {
+        write(name, text);
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(root.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let kmsg = root.join("dev/kmsg");
     std::fs::create_dir_all(kmsg.parent().unwrap()).unwrap();
     let _ = std::fs::remove_file(&kmsg);
@@ -81,28 +94,37 @@ pub fn fake_host(root: &Path) {
     );
 }
 
-/// What `systemd-sysctl` does at boot, on a [`fake_host`]: every
-/// `key = value` line of `<root>/etc/sysctl.d/*.conf`, in file name order,
-/// written to `<root>/proc/sys/<key>` (existing keys only, as the kernel).
-pub fn apply_sysctl_dropins(root: &Path) {
-    let Ok(dir) = std::fs::read_dir(root.join("etc/sysctl.d")) else {
-        return;
-    };
-    let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
-    files.sort();
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-                continue;
-            }
-            if let Some((k, v)) = line.split_once('=') {
-                let p = root.join("proc/sys").join(k.trim().replace('.', "/"));
-                if p.is_file() {
-                    std::fs::write(p, format!("{}\n", v.trim())).unwrap();
-                }
-            }
-        }
-    }
-}
+/// Where the stand-in tools of [`fake_host`] log their command lines
+/// (relative to the root).
+pub const FAKE_TOOLS_LOG: &str = "var/log/kubeslot-fake-tools.log";
+
+/// `systemd-sysctl [FILE...]` on a [`fake_host`]: every `key = value` line
+/// of the files given (without arguments, as at boot, of every
+/// `etc/sysctl.d/*.conf` in name order) written to the root's
+/// `proc/sys/<key>` (existing keys only, as the kernel). With
+/// `proc/sys/.read-only` present it fails as on a container host.
+const FAKE_SYSTEMD_SYSCTL: &str = r#"#!/bin/sh
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$root/var/log" && echo "systemd-sysctl $*" >>"$root/var/log/kubeslot-fake-tools.log"
+if [ -e "$root/proc/sys/.read-only" ]; then
+  echo "Couldn't write '1' to 'net/ipv4/ip_forward': Read-only file system" >&2
+  exit 1
+fi
+[ $# -gt 0 ] || set -- $(ls "$root"/etc/sysctl.d/*.conf 2>/dev/null | sort)
+for f in "$@"; do
+  while IFS= read -r line; do
+    case $line in ''|'#'*|';'*) continue ;; esac
+    k=$(echo "${line%%=*}" | tr -d ' 	')
+    v=$(echo "${line#*=}" | sed 's/^[ 	]*//; s/[ 	]*$//')
+    p="$root/proc/sys/$(echo "$k" | tr . /)"
+    if [ -f "$p" ]; then echo "$v" >"$p"; fi
+  done <"$f"
+done
+"#;
+
+/// `systemd-modules-load [FILE...]` on a [`fake_host`]: the modules are
+/// loaded already (`proc/modules`); it only logs its command line.
+const FAKE_SYSTEMD_MODULES_LOAD: &str = r#"#!/bin/sh
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$root/var/log" && echo "systemd-modules-load $*" >>"$root/var/log/kubeslot-fake-tools.log"
+"#;

@@ -23,7 +23,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 
 pub use debian::{debian_mirror, debian_rootfs};
-pub use host::{apply_sysctl_dropins, fake_host, BOOT_SYSCTLS};
+pub use host::{fake_host, BOOT_SYSCTLS, FAKE_TOOLS_LOG};
 pub use registry::Registry;
 
 /// Panics with an install hint when `tool` is not on PATH. Tests call this

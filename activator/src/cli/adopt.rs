@@ -171,7 +171,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if args.dry_run {
             // the shape of the file; its secrets stay out of the output
-            println!("{}", serde_json::to_string_pretty(&adopt::redacted(config))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&adopt::redacted(config))?
+            );
         }
     }
     Ok(())

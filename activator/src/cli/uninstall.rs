@@ -94,7 +94,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             k.display()
         );
     }
-    if done.units.iter().any(|u| u.starts_with("kubeslot-activator")) {
+    if done
+        .units
+        .iter()
+        .any(|u| u.starts_with("kubeslot-activator"))
+    {
         println!(
             "the packaged units stay disabled, also across a reinstall without purge: `systemctl enable --now kubeslot-activator.path kubeslot-activator.service` turns them on again"
         );
