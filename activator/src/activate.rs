@@ -596,12 +596,14 @@ impl Resolved {
 }
 
 /// Opens the configured source, resolves the reference once and checks the
-/// trust policy (fail closed). Fetches no layer.
+/// trust policy (fail closed), for a look at the image (`plan`,
+/// `preflight`): registries get [`crate::trust::INSPECT_DEADLINE`] at most,
+/// not the download deadline of a run. Fetches no layer.
 pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
     open_verified_paced(
         root,
         config,
-        Arc::new(crate::trust::pacing(&config.download)),
+        Arc::new(crate::trust::inspect_pacing(&config.download)),
     )
 }
 

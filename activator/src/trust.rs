@@ -1,7 +1,8 @@
 //! The host's inputs to the image crate, read from the config through the
 //! root handle: the trust policy (public key files), the registry settings
 //! (mirrors, `insecure`, password files) and the pacing of registry requests
-//! (the `download` deadline; waits shown as progress lines).
+//! (the `download` deadline, or the short one of a mere look at the image;
+//! waits shown as progress lines).
 //!
 //! Given the config's `trust`, `registries` and `download` sections and the
 //! root, it turns host paths into paths under the root and nothing else:
@@ -55,8 +56,24 @@ pub fn registries(config: &BTreeMap<String, RegistryConfig>, root: &Root) -> Reg
 /// The pacing of one run's registry requests: the default backoff, the
 /// config's deadline (counted from now), every wait announced on stderr.
 pub fn pacing(download: &Download) -> Pacing {
+    paced(Duration::from_secs(download.deadline_secs))
+}
+
+/// How long a look at the image (`plan`, `activate --dry-run`,
+/// `preflight`) may spend on registries: someone is waiting for the
+/// answer, so a busy registry is reported, not waited out for the
+/// download deadline of a real run.
+pub const INSPECT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// [`pacing`] for a look at the image: the config's deadline, at most
+/// [`INSPECT_DEADLINE`].
+pub fn inspect_pacing(download: &Download) -> Pacing {
+    paced(Duration::from_secs(download.deadline_secs).min(INSPECT_DEADLINE))
+}
+
+fn paced(deadline: Duration) -> Pacing {
     Pacing::new(retry::Policy {
-        deadline: Some(Duration::from_secs(download.deadline_secs)),
+        deadline: Some(deadline),
         ..retry::Policy::default()
     })
     .with_notice(|line| crate::progress::line(|| line.to_string()))

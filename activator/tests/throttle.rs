@@ -92,6 +92,16 @@ impl Host {
             .unwrap()
     }
 
+    /// Runs the activator with `args` against this root.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--root")
+            .arg(&self.root)
+            .output()
+            .unwrap()
+    }
+
     fn report(&self) -> serde_json::Value {
         let bytes = fs::read(self.root.join("var/lib/kubeslot/report.json")).unwrap();
         serde_json::from_slice(&bytes).unwrap()
@@ -321,4 +331,41 @@ fn a_refusing_mirror_is_left_for_the_registry_after_three_tries() {
     let t = pacing.traffic();
     assert_eq!((t.sent, t.throttled), (4, 3), "{t:?}");
     assert!(t.waited_ms >= 20, "{t:?}");
+}
+
+#[test]
+fn plan_and_preflight_report_a_busy_registry_within_their_short_deadline() {
+    let (reg, _, _, _d) = registry_with_image();
+    // Retry-After fits the run's download deadline (1200 s), not the 30 s
+    // a look at the image may take
+    let relay = Relay::start(&reg.host(), Duration::ZERO, |_, path, _| {
+        if path.contains("/manifests/") {
+            Answer::too_many("45")
+        } else {
+            Answer::Forward
+        }
+    });
+    let host = Host::new(
+        &format!("{}/{REPO}:v1", relay.host()),
+        serde_json::json!({}),
+        1200,
+    );
+    let out = host.run(&["plan"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("Retry-After of 45 s reaches past the download deadline")
+            && err.contains("of 30 s)"),
+        "{err}"
+    );
+    let out = host.run(&["preflight"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("preflight: image size unknown:")
+            && err.contains("Retry-After of 45 s reaches past the download deadline")
+            && err.contains("of 30 s)"),
+        "{err}"
+    );
+    // each asked the manifest once and gave up
+    assert_eq!(relay.seen().len(), 2, "{:#?}", relay.seen());
 }
