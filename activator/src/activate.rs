@@ -478,6 +478,22 @@ fn run_fetch(
     };
     report.phase("stage");
     if !b.flip.reuse_staged {
+        // The one check that concerns what fetch writes: room for it.
+        let disk = preflight::disk_only(
+            host.root,
+            &preflight::Inputs {
+                ignore: b.config.preflight.ignore.clone(),
+                disk: flip_disk_use(host.root, &b),
+                ..preflight::Inputs::default()
+            },
+        );
+        report.preflight = disk.notable();
+        if !disk.passed() {
+            return Err(ActivateError::Preflight {
+                count: 1,
+                summary: disk.failure_summary(),
+            });
+        }
         let source = b.source.take().expect("opened in begin");
         host.stage_slot(
             &mut b.state,
@@ -627,12 +643,32 @@ pub fn resolve(root: &Root, config: &Config) -> Result<Digest, ActivateError> {
     Ok(open_verified(root, config)?.digest())
 }
 
-/// The compressed size of the configured image's layers for this host's
-/// platform (resolved and verified; no layer is fetched): what the
-/// preflight's free-space estimate starts from.
-pub fn image_size(root: &Root, config: &Config) -> Result<u64, ActivateError> {
+/// What activating the configured image would write on this host
+/// (resolved and verified, no layer fetched; the state read, not
+/// repaired): nothing when the slot the next flip uses holds it already,
+/// else what the content store lacks plus the unpacked tree. For the
+/// `preflight` command.
+pub fn disk_use(root: &Root, config: &Config) -> Result<preflight::DiskUse, ActivateError> {
     let r = open_verified(root, config)?;
-    Ok(r.verified.image.layers.iter().map(|(d, _, _)| d.size).sum())
+    let (state, _repair) = State::load_torn(root)?;
+    let digest = r.digest();
+    let target = state.slot(state.active.map_or(Slot::Kube1, Slot::other));
+    if target.status == SlotStatus::Staged && target.digest == Some(digest) {
+        return Ok(preflight::DiskUse::Staged);
+    }
+    Ok(preflight::DiskUse::Needs(preflight::DiskNeed::of(
+        root,
+        &r.verified.image,
+    )))
+}
+
+/// What a planned flip writes: nothing when it reuses a staged slot.
+fn flip_disk_use(root: &Root, b: &Begun) -> preflight::DiskUse {
+    if b.flip.reuse_staged {
+        preflight::DiskUse::Staged
+    } else {
+        preflight::DiskUse::Needs(preflight::DiskNeed::of(root, &b.verified.image))
+    }
 }
 
 /// The hash that names a set of host-file inputs (the files rendered for
@@ -1219,14 +1255,12 @@ impl Host<'_> {
         if !notes.is_empty() {
             report.host_settings = Some(notes.join("; "));
         }
-        let image_bytes = (!b.flip.reuse_staged)
-            .then(|| b.verified.image.layers.iter().map(|(d, _, _)| d.size).sum());
         let result = preflight::run(
             self.root,
             &preflight::Inputs {
                 gpu: b.config.gpu,
                 ignore: b.config.preflight.ignore.clone(),
-                image_bytes,
+                disk: flip_disk_use(self.root, b),
                 settings_pending: false,
             },
         );
@@ -1807,6 +1841,31 @@ mod tests {
             .filter(|n| n.to_string_lossy().starts_with(".archive-"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn the_disk_need_counts_what_the_store_lacks_and_reads_stored_layer_sizes() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        let config = Config::load(&s.config).unwrap();
+        let image = open_verified(&s.root, &config).unwrap().verified.image;
+        let blobs: u64 =
+            image.manifest.config.size + image.layers.iter().map(|(d, _, _)| d.size).sum::<u64>();
+        // an empty store: everything to fetch, the tree estimated
+        let need = preflight::DiskNeed::of(&s.root, &image);
+        assert_eq!(
+            (need.fetch, need.exact_layers, need.layers),
+            (blobs, 0, 1),
+            "{need:?}"
+        );
+        assert_eq!(need.tree, image.layers[0].0.size * 4);
+        // once stored: nothing to fetch, the tree from the gzip trailer
+        // plus a tenth (the layer's tar is 2560 bytes: a header and a data
+        // block for etc/fixture-health, a header for the empty
+        // etc/version, the two end blocks)
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let need = preflight::DiskNeed::of(&s.root, &image);
+        assert_eq!((need.fetch, need.exact_layers), (0, 1), "{need:?}");
+        assert_eq!(need.tree, 2560 + 256);
     }
 
     #[test]

@@ -1936,6 +1936,119 @@ fn the_host_settings_apply_kubeslots_files_and_no_other() {
     );
 }
 
+impl Host {
+    /// Runs `commands` (activator arguments, each with a name for its
+    /// output files) one after the other in a private mount namespace whose
+    /// `/var/lib/machines` is a fresh tmpfs of `mib` MiB (the content store
+    /// stays on the test's filesystem); returns each one's exit code and
+    /// stderr.
+    fn in_small_machines_fs(&self, mib: u32, commands: &[(&str, &[&str])]) -> Vec<(i32, String)> {
+        require_tool("unshare", "util-linux");
+        let out = self.dir.path().join("small-fs");
+        fs::create_dir_all(&out).unwrap();
+        fs::create_dir_all(self.root().join("var/lib/machines")).unwrap();
+        let mut script = format!(
+            "mount -t tmpfs -o size={mib}m kubeslot-test \"$ROOT/var/lib/machines\" || exit 99\n"
+        );
+        for (name, args) in commands {
+            let args: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+            script += &format!(
+                "\"$ACT\" {} --root \"$ROOT\" >\"$OUT/{name}.out\" 2>\"$OUT/{name}.err\"; echo $? >\"$OUT/{name}.rc\"\n",
+                args.join(" ")
+            );
+        }
+        let path = format!(
+            "{}:{}",
+            self.fake().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .env("ACT", env!("CARGO_BIN_EXE_kubeslot-activator"))
+            .env("ROOT", self.root())
+            .env("OUT", &out)
+            .env("PATH", path)
+            .env("KUBESLOT_FAKE", self.fake())
+            .env("KUBESLOT_FAKE_ROOT", self.root())
+            .env("KUBESLOT_FAKE_PORT", self.port.to_string())
+            .env_remove(failpoint::ENV)
+            .status()
+            .unwrap();
+        assert!(status.success(), "unshare/mount failed: {status}");
+        commands
+            .iter()
+            .map(|(name, _)| {
+                let rc = fs::read_to_string(out.join(format!("{name}.rc"))).unwrap();
+                (
+                    rc.trim().parse().unwrap(),
+                    fs::read_to_string(out.join(format!("{name}.err"))).unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn the_disk_check_counts_what_a_flip_writes_and_fetch_checks_it_too() {
+    let img = images();
+    // an image whose layer (4 MiB of noise) does not fit 8 MiB unpacked
+    // at the estimate for a layer not in the store yet (4 x compressed)
+    let layout = image::open_or_create(&img.layout);
+    let noise = kubeslot_test_support::tar::noise(7, 4 << 20);
+    let tar = tar_with_dirs(
+        &["etc/", "usr/", "usr/bin/"],
+        &[
+            ("etc/fixture-health", b"healthy"),
+            ("usr/bin/kubelet-version", b"kubelet big\n"),
+            ("usr/bin/noise", &noise),
+        ],
+    );
+    let layer = image::gzip_layer(&layout, &tar);
+    image::write_manifest_image(&layout, "big", &Platform::host(), &[layer]);
+    let h = Host::new(&img);
+    for (name, tag) in [("v2.json", "v2"), ("big.json", "big")] {
+        fs::write(
+            h.root().join("etc/kubeslot").join(name),
+            serde_json::to_vec_pretty(&h.config(tag, serde_json::json!({}))).unwrap(),
+        )
+        .unwrap();
+    }
+    let v2 = h.root().join("etc/kubeslot/v2.json");
+    let big = h.root().join("etc/kubeslot/big.json");
+    let (v2, big) = (v2.to_str().unwrap(), big.to_str().unwrap());
+    let ran = h.in_small_machines_fs(
+        8,
+        &[
+            // a small image needs what it writes (no 1 GiB floor)
+            ("activate-v1", &["activate"]),
+            // fetch checks the space before it stages
+            ("fetch-big", &["fetch", "--config", big]),
+            ("fetch-v2", &["fetch", "--config", v2]),
+            // the staged slot is reused: nothing to write
+            ("activate-v2", &["activate", "--config", v2]),
+        ],
+    );
+    assert_eq!(ran[0].0, 0, "activate v1: {}", ran[0].1);
+    assert_eq!(ran[1].0, 3, "fetch big: {}", ran[1].1);
+    assert!(
+        ran[1]
+            .1
+            .contains("preflight: 1 check(s) failed: disk-space (seen: ")
+            && ran[1]
+                .1
+                .contains("MiB free for the unpacked tree (4 x the compressed layers)"),
+        "{}",
+        ran[1].1
+    );
+    assert_eq!(ran[2].0, 0, "fetch v2: {}", ran[2].1);
+    assert_eq!(ran[3].0, 0, "activate v2: {}", ran[3].1);
+    let report = h.report();
+    assert_eq!(report["outcome"], "committed", "{report:#}");
+    assert!(report.get("downloads").is_none(), "restaged: {report:#}");
+    assert!(report.get("preflight").is_none(), "{report:#}");
+    assert_eq!(h.state().active, Some(Slot::Kube2));
+}
+
 /// An unbounded-agent host: kube1's tree, the agent's `.nspawn` file and
 /// drop-in, its boot link, its applied config with the sidecar; kube1
 /// running (the fake's healthy server).

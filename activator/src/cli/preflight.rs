@@ -21,7 +21,9 @@ use super::{Failed, HostArgs};
 /// other container engines, and with GPUs the NVIDIA driver. Reads /proc,
 /// /sys and /dev under --root. With a readable config, its
 /// "preflight.ignore" list applies and the image is resolved (no layer is
-/// fetched) to estimate the space it needs. Before the first `activate`
+/// fetched; registries get 30 s) to work out the space it needs: the blobs
+/// the content store lacks plus the unpacked tree, nothing when the slot
+/// the next flip uses holds the image already. Before the first `activate`
 /// the kernel parameters it sets are not applied yet: those checks warn
 /// instead of failing.
 ///
@@ -47,7 +49,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut inputs = Inputs {
         gpu: GpuMode::Auto,
         ignore: args.ignore.clone(),
-        image_bytes: None,
+        disk: Default::default(),
         settings_pending: !host_settings::diff(&root).is_empty(),
     };
     if path.exists() {
@@ -59,8 +61,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         inputs
             .ignore
             .extend(config.preflight.ignore.iter().cloned());
-        match activate::image_size(&root, &config) {
-            Ok(bytes) => inputs.image_bytes = Some(bytes),
+        match activate::disk_use(&root, &config) {
+            Ok(disk) => inputs.disk = disk,
             // the disk-space check then says the size is unknown
             Err(e) => eprintln!("preflight: image size unknown: {}", error_chain(&e)),
         }

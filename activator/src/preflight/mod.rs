@@ -17,7 +17,8 @@
 //! * `kernel.rs` — `cgroup-v2`, `kernel-module-*`, `sysctl-*`, `swap`,
 //!   `dev-kmsg` (the values come from `host_settings`, the one table the
 //!   rendered sysctl file is made from);
-//! * `host.rs` — `disk-space`, `container-engine`;
+//! * `host.rs` — `disk-space` (what staging the image writes, from what the
+//!   content store holds), `container-engine`;
 //! * `gpu.rs` — the GPU checks, run when the config binds GPUs and the host
 //!   has (or must have) them: `gpu-driver`, `gpu-nvidiactl`,
 //!   `gpu-nvidia-uvm`, `gpu-libraries` (the one check that runs a process:
@@ -32,6 +33,8 @@ mod gpu;
 mod host;
 mod kernel;
 mod systemd;
+
+pub use host::{DiskNeed, DiskUse};
 
 use std::fmt;
 
@@ -106,9 +109,9 @@ pub struct Inputs {
     /// Names of checks whose failure does not block: exact names, `all`,
     /// or a prefix ending in `*` (`sysctl-*`).
     pub ignore: Vec<String>,
-    /// The compressed size of the image's layers, when the image is known:
-    /// the free space needed is estimated from it.
-    pub image_bytes: Option<u64>,
+    /// What staging the image writes (unknown when the image could not be
+    /// resolved; nothing when the target slot holds it already).
+    pub disk: DiskUse,
     /// kubeslot's host settings (sysctl, modules-load drop-ins) are not
     /// written as rendered yet: a sysctl or module the next `activate`
     /// writes and applies before its own checks is a warning here, not a
@@ -162,12 +165,19 @@ pub fn is_ignored(name: &str, ignore: &[String]) -> bool {
     })
 }
 
+/// The `disk-space` check alone (what `fetch` runs before it stages).
+pub fn disk_only(root: &Root, inputs: &Inputs) -> Preflight {
+    let mut f = host::disk_space(root, &inputs.disk);
+    f.ignored = f.status == Status::Fail && is_ignored(&f.name, &inputs.ignore);
+    Preflight { checks: vec![f] }
+}
+
 /// Runs every check against the host under `root`.
 pub fn run(root: &Root, inputs: &Inputs) -> Preflight {
     let mut checks = Vec::new();
     checks.extend(systemd::checks(root));
     checks.extend(kernel::checks(root, inputs.settings_pending));
-    checks.extend(host::checks(root, inputs.image_bytes));
+    checks.extend(host::checks(root, &inputs.disk));
     checks.extend(gpu::checks(root, inputs.gpu));
     for f in &mut checks {
         f.ignored = f.status == Status::Fail && is_ignored(&f.name, &inputs.ignore);

@@ -246,21 +246,55 @@ fn disk_space_is_estimated_from_the_image() {
     let h = Fake::healthy();
     let f = h.finding("disk-space");
     assert!(f.needed.contains("image size unknown"), "{f:?}");
-    // more than any disk has: 3 x 1 EiB
-    let p = run(
-        &h.root,
-        &Inputs {
-            image_bytes: Some(1 << 60),
-            ..Inputs::default()
-        },
-    );
-    let f = p.checks.iter().find(|f| f.name == "disk-space").unwrap();
+    // more than any disk has: 1 EiB of tree
+    let check = |disk: DiskUse| {
+        run(
+            &h.root,
+            &Inputs {
+                disk,
+                ..Inputs::default()
+            },
+        )
+        .checks
+        .into_iter()
+        .find(|f| f.name == "disk-space")
+        .unwrap()
+    };
+    let f = check(DiskUse::Needs(DiskNeed {
+        fetch: 1 << 20,
+        tree: 1 << 60,
+        exact_layers: 1,
+        layers: 2,
+    }));
     assert_eq!(f.status, Status::Fail, "{f:?}");
-    assert!(f.needed.contains("3 x the image's"), "{f:?}");
+    assert!(
+        f.needed.contains("1 MiB of blobs to download")
+            && f.needed
+                .contains("1 of 2 layers from their stored sizes, the rest 4 x compressed"),
+        "{f:?}"
+    );
     // the nearest existing parent of /var/lib/machines is measured
     assert!(
         f.seen.contains(&h.root.dir().display().to_string()),
         "{f:?}"
+    );
+    // a small image needs what it writes, not a floor of 1 GiB
+    let f = check(DiskUse::Needs(DiskNeed {
+        fetch: 3 << 20,
+        tree: 10 << 20,
+        exact_layers: 2,
+        layers: 2,
+    }));
+    assert_eq!(f.status, Status::Pass, "{f:?}");
+    assert!(f.needed.starts_with("13 MiB free"), "{f:?}");
+    // a slot that holds the image already: nothing to write
+    let f = check(DiskUse::Staged);
+    assert_eq!(
+        (f.status, f.needed.as_str()),
+        (
+            Status::Pass,
+            "nothing: the target slot holds the image already"
+        )
     );
 }
 
