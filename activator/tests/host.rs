@@ -2562,6 +2562,43 @@ fn uninstall_keeps_an_adopted_machine_unless_asked() {
     assert!(!root.dropin_file("kube1").exists());
 }
 
+#[test]
+fn the_debian_package_is_byte_identical_under_any_umask() {
+    for (tool, pkg) in [("dpkg-deb", "dpkg"), ("objdump", "binutils"), ("git", "git")] {
+        require_tool(tool, pkg);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = kubeslot_test_support::workspace_root().join("ci/deb/build.sh");
+    // any small executable: the package's layout, not the binary, is at
+    // stake (the activator's debug build takes seconds to compress)
+    let binary = dir.path().join("kubeslot-activator");
+    fs::copy("/bin/true", &binary).unwrap();
+    let build = |umask: &str| {
+        let out = dir.path().join(format!("umask-{umask}.deb"));
+        let run = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "umask {umask} && exec \"$0\" --binary \"$1\" --compress gzip --out \"$2\""
+            ))
+            .arg(&script)
+            .arg(&binary)
+            .arg(&out)
+            .env("SOURCE_DATE_EPOCH", "1700000000")
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "umask {umask}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        fs::read(out).unwrap()
+    };
+    let usual = build("022");
+    for umask in ["077", "002"] {
+        assert!(build(umask) == usual, "umask {umask} built another package");
+    }
+}
+
 /// The example config the Debian package ships loads as a real one does.
 #[test]
 fn the_packaged_example_config_loads() {

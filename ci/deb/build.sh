@@ -12,9 +12,13 @@
 # on an 18 MB debug binary here, gzip 1 s.
 # The version is the crate's, the architecture dpkg's; Depends names the
 # glibc the binary needs (its newest GLIBC_ symbol version). With the same
-# binary the package is byte for byte the same: owners root, mtimes
-# SOURCE_DATE_EPOCH (default: the last commit's time).
+# binary the package is byte for byte the same: owners root, modes from
+# umask 022 whatever the caller's, mtimes SOURCE_DATE_EPOCH (default: the
+# last commit's time).
 set -euo pipefail
+# directories made on the way (install -D, mkdir) take their mode from the
+# umask: fixed, so two builds are identical anywhere
+umask 022
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 

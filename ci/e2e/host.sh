@@ -27,8 +27,9 @@ install_deb() {
 
 unit_enabled() { outer systemctl is-enabled --quiet "$1" 2>/dev/null; }
 
-# The package as an operator installs it: removed (the units stopped, the
-# binary gone), purged (the units' enablement forgotten: an upgrade or a
+# The package as an operator installs it: removed while a run holds the
+# lock (prerm waits for the run to end instead of killing it), then the
+# units stopped and the binary gone; purged (the units' enablement forgotten: an upgrade or a
 # reinstall after `dpkg -r` keeps what the administrator chose, and the
 # harness had disabled the path unit), then installed again with dpkg -i:
 # the binary and the shipped units appear, the path unit is enabled and
@@ -40,7 +41,27 @@ scenario_deb_install() {
   # shellcheck disable=SC2016 # a dpkg-query format, not a shell expansion
   version=$(outer dpkg-query -W -f='${Version}' kubeslot-activator)
   check_eq "kubeslot-activator version = the package's" "$(outer kubeslot-activator version)" "$version" || return 1
-  outer dpkg -r kubeslot-activator >"$WORK/logs/dpkg-remove.log" 2>&1 || { cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg -r"; return 1; }
+  # A run in flight holds the run lock (here a stand-in holds it until told
+  # to let go): dpkg -r waits for it in prerm instead of killing it and
+  # removing the binary under it.
+  local release=/var/tmp/e2e-release-lock holder dpkg_pid
+  rm -f "$OUTER$release"
+  outer mkdir -p /var/lib/kubeslot
+  outer flock /var/lib/kubeslot/lock sh -c "while [ ! -e $release ]; do sleep 0.1; done" &
+  holder=$!
+  local deadline=$((SECONDS + 10))
+  while [ $SECONDS -lt $deadline ] && outer flock --nonblock --shared /var/lib/kubeslot/lock true; do sleep 0.1; done
+  outer dpkg -r kubeslot-activator >"$WORK/logs/dpkg-remove.log" 2>&1 &
+  dpkg_pid=$!
+  sleep 3
+  check "dpkg -r still waits while a run holds the lock" kill -0 "$dpkg_pid" || { touch "$OUTER$release"; wait "$holder"; cat "$WORK/logs/dpkg-remove.log" >&2; return 1; }
+  check "the binary is still there while the run goes on" test -x "$OUTER/usr/bin/kubeslot-activator" || { touch "$OUTER$release"; return 1; }
+  touch "$OUTER$release"
+  wait "$holder" || true
+  wait "$dpkg_pid" || { cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg -r"; return 1; }
+  check "prerm said it waited" grep -q "an activation is running; waiting for it to end" "$WORK/logs/dpkg-remove.log" || { cat "$WORK/logs/dpkg-remove.log" >&2; return 1; }
+  rm -f "$OUTER$release"
+  rm -rf "$OUTER/var/lib/kubeslot"
   check "binary gone after dpkg -r" test ! -e "$OUTER/usr/bin/kubeslot-activator" || return 1
   check "path unit stopped after dpkg -r" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet kubeslot-activator.path" || return 1
   outer dpkg --purge kubeslot-activator >>"$WORK/logs/dpkg-remove.log" 2>&1 || { cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg --purge"; return 1; }
