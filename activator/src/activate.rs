@@ -1261,6 +1261,7 @@ impl Host<'_> {
                 gpu: b.config.gpu,
                 ignore: b.config.preflight.ignore.clone(),
                 disk: flip_disk_use(self.root, b),
+                swap_allowed: b.config.kubelet_allows_swap(),
                 settings_pending: false,
             },
         );

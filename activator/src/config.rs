@@ -69,6 +69,21 @@ pub struct PreflightSettings {
     /// that may fail in the way the check describes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignore: Vec<String>,
+    /// The node's kubelet runs with swap on: its KubeletConfiguration (the
+    /// image's) sets `failSwapOn: false`. The `swap` check then passes
+    /// with active swap, naming this setting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_swap: bool,
+}
+
+impl Config {
+    /// What says the node's kubelet runs with swap, when something does
+    /// (for the `swap` preflight check).
+    pub fn kubelet_allows_swap(&self) -> Option<String> {
+        self.preflight
+            .allow_swap
+            .then(|| "preflight.allow_swap: the image's kubelet sets failSwapOn: false".to_string())
+    }
 }
 
 /// Bounds on a run's registry work (owner: fleet). A registry that answers

@@ -2049,6 +2049,31 @@ fn the_disk_check_counts_what_a_flip_writes_and_fetch_checks_it_too() {
     assert_eq!(h.state().active, Some(Slot::Kube2));
 }
 
+#[test]
+fn swap_passes_when_the_config_says_the_kubelet_runs_with_it() {
+    let img = images();
+    let h = Host::new(&img);
+    fs::write(
+        h.root().join("proc/swaps"),
+        "Filename Type Size Used Priority\n/swapfile file 1024 0 -2\n",
+    )
+    .unwrap();
+    let (code, r, _) = h.activate();
+    assert_eq!(code, 3, "{r:#}");
+    let mut c = h.config("v1", serde_json::json!({}));
+    c["preflight"] = serde_json::json!({"allow_swap": true});
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let (code, out, err) = h.cmd(&["preflight"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("[PASS] swap: seen on: /swapfile; the kubelet allows it (preflight.allow_swap: the image's kubelet sets failSwapOn: false)"),
+        "{out}"
+    );
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
 /// An unbounded-agent host: kube1's tree, the agent's `.nspawn` file and
 /// drop-in, its boot link, its applied config with the sidecar; kube1
 /// running (the fake's healthy server).
@@ -2564,7 +2589,11 @@ fn uninstall_keeps_an_adopted_machine_unless_asked() {
 
 #[test]
 fn the_debian_package_is_byte_identical_under_any_umask() {
-    for (tool, pkg) in [("dpkg-deb", "dpkg"), ("objdump", "binutils"), ("git", "git")] {
+    for (tool, pkg) in [
+        ("dpkg-deb", "dpkg"),
+        ("objdump", "binutils"),
+        ("git", "git"),
+    ] {
         require_tool(tool, pkg);
     }
     let dir = tempfile::tempdir().unwrap();

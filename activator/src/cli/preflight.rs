@@ -50,6 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         gpu: GpuMode::Auto,
         ignore: args.ignore.clone(),
         disk: Default::default(),
+        swap_allowed: None,
         settings_pending: !host_settings::diff(&root).is_empty(),
     };
     if path.exists() {
@@ -58,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             message: error_chain(&e),
         })?;
         inputs.gpu = config.gpu;
+        inputs.swap_allowed = config.kubelet_allows_swap();
         inputs
             .ignore
             .extend(config.preflight.ignore.iter().cloned());

@@ -21,7 +21,8 @@ const OPTIONAL_CONTROLLERS: &[&str] = &["io", "hugetlb"];
 /// `settings_pending`: kubeslot's sysctl and modules-load drop-ins are not
 /// written yet, so the sysctl failures they would fix are warnings
 /// (`activate` writes and applies them before its checks).
-pub fn checks(root: &Root, settings_pending: bool) -> Vec<Finding> {
+/// `swap_allowed`: what lets the kubelet run with swap, if anything.
+pub fn checks(root: &Root, settings_pending: bool, swap_allowed: Option<&str>) -> Vec<Finding> {
     let mut settings = Vec::new();
     settings.extend(MODULES.iter().map(|(m, why)| module(root, m, why)));
     settings.extend(SYSCTLS.iter().map(|s| sysctl(root, s.key, s.value, s.why)));
@@ -43,7 +44,7 @@ pub fn checks(root: &Root, settings_pending: bool) -> Vec<Finding> {
     }
     let mut out = vec![cgroup_v2(root)];
     out.extend(settings);
-    out.push(swap(root));
+    out.push(swap(root, swap_allowed));
     out.push(kmsg(root));
     out
 }
@@ -179,7 +180,7 @@ fn sysctl(root: &Root, key: &str, want: &str, why: &str) -> Finding {
     }
 }
 
-fn swap(root: &Root) -> Finding {
+fn swap(root: &Root, allowed: Option<&str>) -> Finding {
     let needed =
         "no active swap (the kubelet refuses to start with swap unless its config allows it)";
     let Some(text) = read(&root.proc("swaps")) else {
@@ -192,6 +193,13 @@ fn swap(root: &Root) -> Finding {
         .collect();
     if active.is_empty() {
         Finding::new("swap", Status::Pass, "off", needed)
+    } else if let Some(by) = allowed {
+        Finding::new(
+            "swap",
+            Status::Pass,
+            format!("on: {}; the kubelet allows it ({by})", active.join(", ")),
+            needed,
+        )
     } else {
         Finding::new(
             "swap",
@@ -200,8 +208,8 @@ fn swap(root: &Root) -> Finding {
             needed,
         )
         .hint(
-            "swapoff -a and remove swap from /etc/fstab, or --ignore swap when the image's \
-             kubelet sets failSwapOn: false",
+            "swapoff -a and remove swap from /etc/fstab; or, when the image's kubelet sets \
+             failSwapOn: false, say so with the config's \"preflight\": {\"allow_swap\": true}",
         )
     }
 }

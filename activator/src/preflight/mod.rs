@@ -112,6 +112,10 @@ pub struct Inputs {
     /// What staging the image writes (unknown when the image could not be
     /// resolved; nothing when the target slot holds it already).
     pub disk: DiskUse,
+    /// What lets the node's kubelet run with swap, when the config says so
+    /// ([`crate::config::Config::kubelet_allows_swap`]): active swap then
+    /// passes the `swap` check.
+    pub swap_allowed: Option<String>,
     /// kubeslot's host settings (sysctl, modules-load drop-ins) are not
     /// written as rendered yet: a sysctl or module the next `activate`
     /// writes and applies before its own checks is a warning here, not a
@@ -176,7 +180,11 @@ pub fn disk_only(root: &Root, inputs: &Inputs) -> Preflight {
 pub fn run(root: &Root, inputs: &Inputs) -> Preflight {
     let mut checks = Vec::new();
     checks.extend(systemd::checks(root));
-    checks.extend(kernel::checks(root, inputs.settings_pending));
+    checks.extend(kernel::checks(
+        root,
+        inputs.settings_pending,
+        inputs.swap_allowed.as_deref(),
+    ));
     checks.extend(host::checks(root, &inputs.disk));
     checks.extend(gpu::checks(root, inputs.gpu));
     for f in &mut checks {

@@ -217,6 +217,22 @@ fn swap_kmsg_and_other_engines_are_found() {
     );
     let f = h.finding("swap");
     assert_eq!((f.status, f.seen.as_str()), (Status::Fail, "on: /swapfile"));
+    // a kubelet configured to run with swap
+    let p = run(
+        &h.root,
+        &Inputs {
+            swap_allowed: Some("failSwapOn: false".into()),
+            ..Inputs::default()
+        },
+    );
+    let f = p.checks.iter().find(|f| f.name == "swap").unwrap();
+    assert_eq!(
+        (f.status, f.seen.as_str()),
+        (
+            Status::Pass,
+            "on: /swapfile; the kubelet allows it (failSwapOn: false)"
+        )
+    );
 
     fs::remove_file(h.root.join("dev/kmsg")).unwrap();
     let f = h.finding("dev-kmsg");
