@@ -1612,6 +1612,13 @@ fn a_committed_node_that_does_not_come_up_never_blocks_the_way_out() {
     let img = images();
     let h = Host::new(&img);
     let root = Root::new(h.root());
+    // gates that fail do not take the default 5 s each
+    let config = |tag: &str| {
+        let mut c = h.config(tag, serde_json::json!({}));
+        c["health"]["timeout_secs"] = 2.into();
+        fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    };
+    config("v1");
     assert_eq!(h.activate().0, 0);
     // kube1's tree is gone while the host is off: its unit cannot start
     fs::remove_dir_all(root.machine_tree("kube1")).unwrap();
@@ -1630,7 +1637,7 @@ fn a_committed_node_that_does_not_come_up_never_blocks_the_way_out() {
         "{r:#}"
     );
     // a new image flips, treating kube1 as down
-    h.set_config("v2", serde_json::json!({}));
+    config("v2");
     let (code, r, err) = h.activate();
     assert_eq!(code, 0, "{err}\n{r:#}");
     assert_eq!(
