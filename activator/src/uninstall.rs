@@ -11,6 +11,9 @@
 //! record of (another tool's node, e.g. unbounded-agent's `kube1` never
 //! adopted) refuses the whole uninstall, naming the machine and what was
 //! found, before anything changes, unless [`Options::remove_unmanaged`].
+//! A state that cannot be read is no dead end: every slot is then judged
+//! by its files alone (kubeslot's rendered `.nspawn`/drop-in, its saved
+//! slot config), and the output says so.
 //!
 //! The order makes it safe to run again after an interruption: first
 //! nothing can start an activation (the path unit) or a machine at boot,
@@ -35,7 +38,7 @@ use crate::lock::{Lock, LockError};
 use crate::paths::{Root, RENDER_UNIT};
 use crate::render::rendered_by_kubeslot;
 use crate::slot::Slot;
-use crate::state::{SlotStatus, State, StateError};
+use crate::state::{SlotStatus, State};
 use crate::systemd::{Systemd, SystemdError};
 
 /// The units the package ships (disabled by `uninstall`; their files are
@@ -48,8 +51,6 @@ pub enum UninstallError {
     Lock(#[from] LockError),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
-    #[error(transparent)]
-    State(#[from] StateError),
     #[error(
         "uninstall: machine {machine} still runs after `systemctl stop {unit}`: its tree is kept"
     )]
@@ -94,6 +95,9 @@ pub struct Uninstalled {
     pub kept: Option<PathBuf>,
     /// Adopted machines left as they were, and whether each runs.
     pub kept_adopted: Vec<(Slot, bool)>,
+    /// The state could not be read (why): machines were told apart by
+    /// their files alone.
+    pub state_unreadable: Option<String>,
 }
 
 /// Whose a slot's machine is, as far as `uninstall` can tell.
@@ -146,9 +150,7 @@ fn owner(
     let mut found = Vec::new();
     // the config a flip rendered the slot from: kubeslot used this slot
     let mut ours = root.slot_inputs(m).exists();
-    if running(systemd, slot)? {
-        found.push("the machine is running".to_string());
-    }
+    let up = running(systemd, slot)?;
     let dropin_dir = |r: &Root| {
         r.dropin_file(m)
             .parent()
@@ -166,6 +168,11 @@ fn owner(
                 found.push(shown.display().to_string());
             }
         }
+    }
+    // a machine that runs (or a tree) with kubeslot's files is kubeslot's
+    // node, whatever the record says (a state that cannot be read)
+    if up && !ours {
+        found.insert(0, "the machine is running".to_string());
     }
     if root.machine_tree(m).exists() && !ours {
         found.push(host.machine_tree(m).display().to_string());
@@ -216,7 +223,16 @@ pub fn uninstall(
 
     // Whose each machine is, decided before anything changes: a foreign
     // machine refuses the whole run.
-    let (state, _repair) = State::load_torn(root)?;
+    // A state that cannot be read cannot say whose the machines are; the
+    // files on disk still can (kubeslot's rendered ones), and the rest is
+    // refused as unmanaged: an uninstall is never blocked for good.
+    let state = match State::load_torn(root) {
+        Ok((state, _repair)) => state,
+        Err(e) => {
+            done.state_unreadable = Some(kubeslot_image::error_chain(&e));
+            State::default()
+        }
+    };
     let mut ours = Vec::new();
     for slot in Slot::ALL {
         match owner(root, systemd, &state, slot)? {
@@ -224,12 +240,15 @@ pub fn uninstall(
             Owner::Adopted if opts.remove_adopted => ours.push(slot),
             Owner::Adopted => done.kept_adopted.push((slot, running(systemd, slot)?)),
             Owner::Unmanaged(_) if opts.remove_unmanaged => ours.push(slot),
-            Owner::Unmanaged(found) => {
+            Owner::Unmanaged(mut found) => {
+                if let Some(why) = &done.state_unreadable {
+                    found.insert(0, format!("the state cannot be read: {why}"));
+                }
                 return Err(UninstallError::Unmanaged {
                     machine: slot,
                     state: host.state_file(),
                     found: found.join(", "),
-                })
+                });
             }
             Owner::Absent => {}
         }

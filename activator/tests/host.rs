@@ -2557,6 +2557,24 @@ fn uninstall_refuses_a_machine_kubeslot_has_no_record_of_and_changes_nothing() {
 }
 
 #[test]
+fn uninstall_with_an_unreadable_state_tells_kubeslots_machines_by_their_files() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    assert_eq!(h.activate().0, 0);
+    fs::write(root.state_file(), "{ not json").unwrap();
+    let (code, out, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("warning: the state cannot be read (")
+            && out.contains("removed /var/lib/machines/kube1\n"),
+        "{out}"
+    );
+    assert!(h.running().is_empty());
+    assert!(!root.machine_tree("kube1").exists() && !root.state_file().exists());
+}
+
+#[test]
 fn uninstall_keeps_an_adopted_machine_unless_asked() {
     let img = images();
     let h = Host::new(&img);

@@ -72,6 +72,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             message: error_chain(&e),
         }
     })?;
+    if let Some(why) = &done.state_unreadable {
+        println!(
+            "warning: the state cannot be read ({why}): kubeslot's machines were told apart by their rendered files"
+        );
+    }
     for u in &done.units {
         println!("stopped and disabled {u}");
     }
