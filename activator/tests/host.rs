@@ -2281,6 +2281,11 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
         );
     }
     assert!(!node_pki.exists());
+    let (_, out, _) = h.cmd(&["adopt", "--dry-run", "--disable-agent"]);
+    assert!(
+        out.contains("would stop and disable unbounded-agent-daemon.service"),
+        "{out}"
+    );
 
     // dropped fields that change the node's behaviour: refused without
     // --force, before the agent's units or the identity are touched

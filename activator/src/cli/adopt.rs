@@ -147,6 +147,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for u in &done.agent_units {
         if u.disabled {
             println!("stopped and disabled {} ({})", u.unit, u.why);
+        } else if args.dry_run && args.disable_agent {
+            println!("would stop and disable {} ({})", u.unit, u.why);
         } else {
             println!(
                 "warning: {} is installed: {}; `--disable-agent` stops and disables it",
