@@ -57,6 +57,9 @@ pub struct Config {
     /// How long a run may spend on registries.
     #[serde(default)]
     pub download: Download,
+    /// The node's containerd: registry mirrors for pod images.
+    #[serde(default)]
+    pub containerd: Containerd,
 }
 
 /// Preflight settings (see the `preflight` module).
@@ -112,6 +115,67 @@ impl Default for Download {
         }
     }
 }
+
+/// Settings rendered for the containerd inside the node machine.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Containerd {
+    /// Per registry host (`host[:port]`, as pod images name it): mirrors,
+    /// rendered as `/etc/containerd/certs.d/<host>/hosts.toml`. Unset: the
+    /// mirrors of `registries` (those the activator uses for the node image);
+    /// `{}`: none.
+    #[serde(default)]
+    pub registry_mirrors: Option<BTreeMap<String, RegistryMirror>>,
+}
+
+/// One registry's mirrors for containerd.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryMirror {
+    /// Tried in order, then the registry itself: `host[:port][/path]`
+    /// (https, or http when `insecure` or loopback) or a full
+    /// `http://`/`https://` URL.
+    #[serde(default)]
+    pub mirrors: Vec<String>,
+    /// Mirrors without a scheme speak plain HTTP.
+    #[serde(default)]
+    pub insecure: bool,
+    /// A PEM CA on the host that signs the mirrors' (and the registry's)
+    /// certificates; copied into the host files and named in `hosts.toml`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Top-level `kubelet.config` keys the activator renders itself (or the
+/// image's contract with its containerd fixes), refused in the object so
+/// that a setting has exactly one place.
+pub const KUBELET_OWNED_FIELDS: &[(&str, &str)] = &[
+    ("apiVersion", "the drop-in's own header"),
+    ("kind", "the drop-in's own header"),
+    ("clusterDNS", "use kubelet.cluster_dns"),
+    ("clusterDomain", "use kubelet.cluster_domain"),
+    (
+        "resolvConf",
+        "the activator renders the machine's resolv.conf",
+    ),
+    ("serverTLSBootstrap", "use kubelet.server_tls_bootstrap"),
+    (
+        "healthzBindAddress",
+        "the health gate probes health.kubelet_healthz_url",
+    ),
+    (
+        "healthzPort",
+        "the health gate probes health.kubelet_healthz_url",
+    ),
+    (
+        "containerRuntimeEndpoint",
+        "fixed by the image (its containerd's socket)",
+    ),
+    (
+        "cgroupDriver",
+        "fixed by the image (systemd, as its containerd)",
+    ),
+];
 
 /// Unpack policy settings (owner: activator-core). Every field only widens
 /// or narrows the unpacker's safe defaults explicitly; an empty section
@@ -195,6 +259,25 @@ pub struct Kubelet {
     /// `key=value:Effect` strings, as `kubelet --register-with-taints`.
     #[serde(default)]
     pub taints: Vec<String>,
+    /// The cluster's DNS domain (`clusterDomain`).
+    #[serde(default = "default_cluster_domain")]
+    pub cluster_domain: String,
+    /// `--node-ip`: one address, or an IPv4 and an IPv6 one comma-separated.
+    #[serde(default)]
+    pub node_ip: Option<String>,
+    /// `serverTLSBootstrap`: the kubelet asks the cluster for a serving
+    /// certificate, which someone must approve; off by default (a
+    /// self-signed one, as without it).
+    #[serde(default)]
+    pub server_tls_bootstrap: bool,
+    /// More KubeletConfiguration fields, merged over the image's config as a
+    /// drop-in (`--config-dir`); fields the activator renders are refused.
+    #[serde(default)]
+    pub config: serde_json::Map<String, serde_json::Value>,
+}
+
+fn default_cluster_domain() -> String {
+    "cluster.local".into()
 }
 
 /// A client-go exec credential plugin.
@@ -381,6 +464,42 @@ impl Config {
                 ))
             }
             _ => {}
+        }
+        for (key, value) in &k.config {
+            if let Some((_, why)) = KUBELET_OWNED_FIELDS.iter().find(|(f, _)| f == key) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: "kubelet.config",
+                    reason: format!("{key:?} is set by the activator ({why})"),
+                });
+            }
+            let ca = value
+                .pointer("/x509/clientCAFile")
+                .filter(|_| key == "authentication");
+            if ca.is_some() {
+                return Err(invalid(
+                    "kubelet.config",
+                    "\"authentication.x509.clientCAFile\" is set by the activator (the cluster CA of kubelet.ca_data/ca_file)",
+                ));
+            }
+        }
+        if let Some(m) = &self.containerd.registry_mirrors {
+            for (host, mirror) in m {
+                if host.is_empty() || host.contains('/') || host.contains("://") {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        field: "containerd.registry_mirrors",
+                        reason: format!("{host:?} is not a registry host[:port]"),
+                    });
+                }
+                if mirror.mirrors.is_empty() && mirror.ca_file.is_none() {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        field: "containerd.registry_mirrors",
+                        reason: format!("{host:?}: neither mirrors nor a ca_file"),
+                    });
+                }
+            }
         }
         for d in &self.devices {
             if !d.starts_with("/dev/") {

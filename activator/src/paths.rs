@@ -281,8 +281,14 @@ pub mod host_files {
     pub const EXEC_KUBECONFIG: &str = "kubeconfig";
     /// The cluster CA certificate.
     pub const CLIENT_CA: &str = "apiserver-client-ca.crt";
-    /// The kubelet.service drop-in (node name, labels, taints, cluster DNS).
+    /// The kubelet.service drop-in (node name, node IP, labels, taints,
+    /// kubeconfigs).
     pub const KUBELET_DROPIN: &str = "20-kubeslot.conf";
+    /// The kubelet config drop-in (`--config-dir`): cluster DNS and domain,
+    /// resolv.conf, serving certificate mode, `kubelet.config`.
+    pub const KUBELET_CONFIG: &str = "kubelet-config.conf";
+    /// containerd's registry host dirs (`<host>/hosts.toml`, `<host>/ca.crt`).
+    pub const CERTS_D: &str = "certs.d";
     pub const RESOLV_CONF: &str = "resolv.conf";
     pub const HOSTNAME: &str = "hostname";
 }
@@ -295,6 +301,11 @@ pub mod machine {
     pub const HOSTNAME: &str = "/etc/hostname";
     pub const CLIENT_CA: &str = "/etc/kubernetes/pki/apiserver-client-ca.crt";
     pub const KUBELET_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/20-kubeslot.conf";
+    /// The image's kubelet reads drop-ins from `--config-dir` (this file's
+    /// directory); ours sorts after the image's own `1x-`/`4x-` ones.
+    pub const KUBELET_CONFIG_DROPIN: &str = "/etc/kubernetes/kubelet/config.d/50-kubeslot.conf";
+    /// containerd's `config_path` (the image's config.toml names it).
+    pub const CERTS_D: &str = "/etc/containerd/certs.d";
     pub const KUBELET_STATE: &str = "/var/lib/kubelet";
     pub const CONTAINERD_STATE: &str = "/var/lib/containerd";
     /// NVIDIA library directories are bound at `<this>/<i>` (the NVIDIA

@@ -1,7 +1,9 @@
 //! The host files of a node machine: the `.nspawn` file, the
 //! `systemd-nspawn@<machine>.service.d/override.conf` drop-in, the render
 //! oneshot unit, and the kubelet per-host files (kubeconfig, cluster CA,
-//! kubelet drop-in, resolv.conf, hostname) bound read-only into the machine.
+//! kubelet unit drop-in, kubelet config drop-in, resolv.conf, hostname) and
+//! containerd's registry mirror files (`certs.d/<host>/hosts.toml`, with
+//! their CA) bound read-only into the machine.
 //!
 //! Three steps, each separately testable: [`gather`] reads everything the
 //! files depend on from the host once (through the root handle: CA file,
@@ -18,7 +20,7 @@
 //! oneshot runs while `activate` (which holds the lock) starts a machine;
 //! two writes of one machine take turns on an flock of its host-files dir.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -26,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use kubeslot_image::atomic::{self, AtomicError};
 
-use crate::config::{Config, ExecCredential, NetworkMode};
+use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
 use crate::gpu::{self, GpuBinds, GpuError};
 use crate::paths::{self, host, host_files, machine as inside, Root};
 use crate::slot::Slot;
@@ -54,6 +56,9 @@ pub struct HostFacts {
     /// as a test host may not). nspawn refuses to start with a bind whose
     /// source is missing, so the bind is rendered only when it exists.
     pub lib_modules: bool,
+    /// The CA of each registry whose mirrors name a `ca_file`, by registry
+    /// host (PEM text, read once).
+    pub registry_cas: BTreeMap<String, String>,
 }
 
 /// One rendered file.
@@ -99,6 +104,15 @@ pub enum RenderError {
     },
     #[error("cluster CA {origin}: not a PEM certificate (no \"-----BEGIN CERTIFICATE-----\")")]
     CaNotPem { origin: String },
+    #[error("registry CA {path} (containerd.registry_mirrors.\"{registry}\".ca_file): cannot read: {source}")]
+    RegistryCaRead {
+        registry: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("registry CA {path} (containerd.registry_mirrors.\"{registry}\".ca_file): not a PEM certificate")]
+    RegistryCaNotPem { registry: String, path: PathBuf },
     #[error("node name: kubelet.node_name is unset and no host name was found in {tried}")]
     NoHostname { tried: String },
     #[error("{field}: {value:?} {reason}")]
@@ -152,6 +166,7 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         gpu::run_ldconfig(root)
     })?;
     let devices = gpu::extra_devices(root, &config.devices)?;
+    let registry_cas = read_registry_cas(root, config)?;
     for d in gpu.devices.iter().chain(&devices) {
         check_device_path(d)?;
     }
@@ -171,7 +186,71 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         gpu,
         devices,
         lib_modules: root.lib_modules().is_dir(),
+        registry_cas,
     })
+}
+
+fn read_registry_cas(
+    root: &Root,
+    config: &Config,
+) -> Result<BTreeMap<String, String>, RenderError> {
+    let mut out = BTreeMap::new();
+    for (registry, m) in registry_mirrors(config) {
+        let Some(file) = &m.ca_file else { continue };
+        let path = root.join(&file.to_string_lossy());
+        let pem = std::fs::read_to_string(&path).map_err(|source| RenderError::RegistryCaRead {
+            registry: registry.clone(),
+            path: file.clone(),
+            source,
+        })?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(RenderError::RegistryCaNotPem {
+                registry,
+                path: file.clone(),
+            });
+        }
+        out.insert(registry, ensure_newline(pem));
+    }
+    Ok(out)
+}
+
+/// The registry mirrors containerd gets: `containerd.registry_mirrors` when
+/// set, else every `registries` entry with mirrors (what the activator
+/// itself uses for the node image), each mirror speaking plain HTTP when the
+/// activator would (its own `registries` entry says `insecure`, or it is a
+/// loopback address).
+pub fn registry_mirrors(config: &Config) -> BTreeMap<String, RegistryMirror> {
+    if let Some(m) = &config.containerd.registry_mirrors {
+        return m.clone();
+    }
+    config
+        .registries
+        .iter()
+        .filter(|(_, r)| !r.mirrors.is_empty())
+        .map(|(host, r)| {
+            let mirrors = r
+                .mirrors
+                .iter()
+                .map(|m| {
+                    if m.contains("://") {
+                        return m.clone();
+                    }
+                    let name = m.split('/').next().unwrap_or(m);
+                    let plain = kubeslot_image::registry::is_loopback(name)
+                        || config.registries.get(name).is_some_and(|r| r.insecure);
+                    format!("{}://{m}", if plain { "http" } else { "https" })
+                })
+                .collect();
+            (
+                host.clone(),
+                RegistryMirror {
+                    mirrors,
+                    insecure: false,
+                    ca_file: None,
+                },
+            )
+        })
+        .collect()
 }
 
 fn read_hostname(root: &Root) -> Result<String, RenderError> {
@@ -399,6 +478,57 @@ fn check_kubelet(config: &Config) -> Result<(), RenderError> {
             return Err(invalid("kubelet.cluster_dns", dns, "is not an IP address"));
         }
     }
+    check_node_name("kubelet.cluster_domain", &k.cluster_domain)?;
+    if let Some(ips) = &k.node_ip {
+        let parsed: Vec<Option<IpAddr>> = ips.split(',').map(|ip| ip.parse().ok()).collect();
+        let ok = match parsed[..] {
+            [Some(_)] => true,
+            [Some(a), Some(b)] => a.is_ipv4() != b.is_ipv4(),
+            _ => false,
+        };
+        if !ok {
+            return Err(invalid(
+                "kubelet.node_ip",
+                ips,
+                "is not an IP address, or an IPv4 and an IPv6 address separated by a comma",
+            ));
+        }
+    }
+    for (registry, m) in registry_mirrors(config) {
+        // registry and mirror names end up in TOML strings and directory names
+        let host_ok = |h: &str| {
+            !h.is_empty()
+                && h.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b'-' | b':' | b'_' | b'[' | b']')
+                })
+        };
+        if !host_ok(&registry) {
+            return Err(invalid(
+                "containerd.registry_mirrors",
+                &registry,
+                "is not a registry host[:port]",
+            ));
+        }
+        for mirror in &m.mirrors {
+            let rest = mirror
+                .strip_prefix("https://")
+                .or_else(|| mirror.strip_prefix("http://"))
+                .unwrap_or(mirror);
+            let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+            let path_ok = path
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'-' | b'_'));
+            if !host_ok(host) || !path_ok || (mirror.contains("://") && !mirror.starts_with("http"))
+            {
+                return Err(invalid(
+                    "containerd.registry_mirrors",
+                    mirror,
+                    "is not a mirror: host[:port][/path] or an http:// or https:// URL",
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -461,6 +591,11 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
             mode: 0o644,
         },
         RenderedFile {
+            path: dir.join(host_files::KUBELET_CONFIG),
+            contents: kubelet_config(config),
+            mode: 0o644,
+        },
+        RenderedFile {
             path: dir.join(host_files::RESOLV_CONF),
             contents: resolv_conf(&facts.nameservers),
             mode: 0o644,
@@ -493,6 +628,24 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
         contents,
         mode: 0o600,
     });
+    for (registry, m) in registry_mirrors(config) {
+        let host_dir = dir
+            .join(host_files::CERTS_D)
+            .join(certs_dir_name(&registry));
+        let ca = facts.registry_cas.get(&registry);
+        files.push(RenderedFile {
+            path: host_dir.join("hosts.toml"),
+            contents: hosts_toml(config, &registry, &m, ca.is_some()),
+            mode: 0o644,
+        });
+        if let Some(pem) = ca {
+            files.push(RenderedFile {
+                path: host_dir.join("ca.crt"),
+                contents: pem.clone(),
+                mode: 0o644,
+            });
+        }
+    }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     HostFiles { files }
 }
@@ -576,6 +729,20 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     let _ = writeln!(
         s,
         "BindReadOnly={d}/{}:{}",
+        host_files::KUBELET_CONFIG,
+        inside::KUBELET_CONFIG_DROPIN
+    );
+    if !registry_mirrors(config).is_empty() {
+        let _ = writeln!(
+            s,
+            "BindReadOnly={d}/{}:{}",
+            host_files::CERTS_D,
+            inside::CERTS_D
+        );
+    }
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
         host_files::RESOLV_CONF,
         inside::RESOLV_CONF
     );
@@ -642,23 +809,100 @@ fn kubelet_dropin(config: &Config, node_name: &str) -> String {
     if !k.taints.is_empty() {
         args.push(format!("--register-with-taints={}", k.taints.join(",")));
     }
-    if !k.cluster_dns.is_empty() {
-        args.push(format!("--cluster-dns={}", k.cluster_dns.join(",")));
+    if let Some(ips) = &k.node_ip {
+        args.push(format!("--node-ip={ips}"));
     }
-    // pods get the file we rendered, whatever the image does with its own
-    // /etc/resolv.conf (often a symlink to systemd-resolved's stub)
-    args.push(format!(
-        "--resolv-conf={host_dir}/{}",
-        host_files::RESOLV_CONF
-    ));
     let mut s = String::from(
         "# Rendered by kubeslot-activator on the host and bound read-only; the\n\
-         # image's kubelet.service passes $KUBELET_ARGS to the kubelet.\n",
+         # image's kubelet.service passes $KUBELET_ARGS to the kubelet. Settings\n\
+         # that have a KubeletConfiguration field are in its config drop-in.\n",
     );
     s.push_str("[Service]\n");
     // every value was checked against a character set without quotes, '%',
     // '$', '\\' or spaces, so no systemd escaping is needed
     let _ = writeln!(s, "Environment=\"KUBELET_ARGS={}\"", args.join(" "));
+    s
+}
+
+/// The kubelet config drop-in: the fields the activator owns, then
+/// `kubelet.config` (the config refuses owned fields there). JSON is YAML,
+/// which the kubelet reads drop-ins as; keys sorted, so the bytes are stable.
+fn kubelet_config(config: &Config) -> String {
+    let k = &config.kubelet;
+    let mut m = k.config.clone();
+    m.insert("apiVersion".into(), "kubelet.config.k8s.io/v1beta1".into());
+    m.insert("kind".into(), "KubeletConfiguration".into());
+    m.insert("clusterDomain".into(), k.cluster_domain.clone().into());
+    if !k.cluster_dns.is_empty() {
+        m.insert("clusterDNS".into(), k.cluster_dns.clone().into());
+    }
+    // pods get the file we rendered, whatever the image does with its own
+    // /etc/resolv.conf (often a symlink to systemd-resolved's stub)
+    m.insert(
+        "resolvConf".into(),
+        format!("{}/{}", inside::HOST_FILES, host_files::RESOLV_CONF).into(),
+    );
+    m.insert("serverTLSBootstrap".into(), k.server_tls_bootstrap.into());
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator on the host and bound read-only into the\n\
+         # kubelet's --config-dir: merged over the image's kubelet config.\n",
+    );
+    s.push_str(&serde_json::to_string_pretty(&m).expect("JSON values serialise"));
+    s.push('\n');
+    s
+}
+
+/// containerd's directory name for a registry host: `host_port_` for
+/// `host:port` (what containerd looks for first; `:` would also break the
+/// nspawn bind syntax).
+fn certs_dir_name(registry: &str) -> String {
+    match registry.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && !port.contains(']') => format!("{host}_{port}_"),
+        _ => registry.to_string(),
+    }
+}
+
+/// `hosts.toml` for one registry: its mirrors in order (pull and resolve),
+/// then the registry itself as the `server` containerd falls back to.
+fn hosts_toml(config: &Config, registry: &str, m: &RegistryMirror, with_ca: bool) -> String {
+    let plain_server = kubeslot_image::registry::is_loopback(registry)
+        || config.registries.get(registry).is_some_and(|r| r.insecure);
+    let server_host = if registry == "docker.io" {
+        "registry-1.docker.io"
+    } else {
+        registry
+    };
+    let ca = format!("{}/{}/ca.crt", inside::CERTS_D, certs_dir_name(registry));
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator on the host and bound read-only: the\n\
+         # mirrors containerd pulls this registry's images from, in order, then\n\
+         # the registry itself.\n",
+    );
+    let _ = writeln!(
+        s,
+        "server = {}",
+        q(&format!(
+            "{}://{server_host}",
+            if plain_server { "http" } else { "https" }
+        ))
+    );
+    if with_ca {
+        let _ = writeln!(s, "ca = {}", q(&ca));
+    }
+    for mirror in &m.mirrors {
+        let url = if mirror.contains("://") {
+            mirror.clone()
+        } else {
+            let host = mirror.split('/').next().unwrap_or(mirror);
+            let plain = m.insecure || kubeslot_image::registry::is_loopback(host);
+            format!("{}://{mirror}", if plain { "http" } else { "https" })
+        };
+        let _ = writeln!(s, "\n[host.{}]", q(url.trim_end_matches('/')));
+        s.push_str("  capabilities = [\"pull\", \"resolve\"]\n");
+        if with_ca {
+            let _ = writeln!(s, "  ca = {}", q(&ca));
+        }
+    }
     s
 }
 
@@ -764,14 +1008,19 @@ fn host_file_dirs(files: &HostFiles) -> BTreeSet<PathBuf> {
 fn stale_files(root: &Root, files: &HostFiles) -> Vec<PathBuf> {
     let wanted: BTreeSet<&Path> = files.files.iter().map(|f| f.path.as_path()).collect();
     let mut stale = Vec::new();
-    for dir in host_file_dirs(files) {
+    // subdirectories too (certs.d/<registry>/): a registry dropped from the
+    // config loses its files
+    let mut pending: Vec<PathBuf> = host_file_dirs(files).into_iter().collect();
+    while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(root.dir().join(&dir)) else {
             continue;
         };
         for e in entries.flatten() {
             let rel = dir.join(e.file_name());
             let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-            if !is_dir && !wanted.contains(rel.as_path()) {
+            if is_dir {
+                pending.push(rel);
+            } else if !wanted.contains(rel.as_path()) {
                 stale.push(rel);
             }
         }
@@ -843,6 +1092,14 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
         outcome.changed.push(rel);
     }
     for dir in dirs {
+        // a directory of a dropped registry goes with its last file
+        let empty = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
+        if empty && std::fs::remove_dir(&dir).is_ok() {
+            if let Some(parent) = dir.parent() {
+                atomic::sync_dir(parent)?;
+            }
+            continue;
+        }
         atomic::sync_dir(&dir)?;
     }
     let units = Root::new("").systemd_system_dir();

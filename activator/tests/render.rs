@@ -785,12 +785,19 @@ fn golden_bootstrap_token() {
         "--hostname-override=worker-7",
         "--node-labels=node.kubernetes.io/pool=general,topology.kubernetes.io/zone=zone-a",
         "--register-with-taints=dedicated=batch:NoSchedule,spot:PreferNoSchedule",
-        "--cluster-dns=10.96.0.10",
         "--bootstrap-kubeconfig=/etc/kubeslot/host/bootstrap-kubeconfig",
         "--kubeconfig=/var/lib/kubelet/kubeconfig",
     ] {
         assert!(kubelet.contains(arg), "{arg}: {kubelet}");
     }
+    // settings with a KubeletConfiguration field are in the config drop-in,
+    // not deprecated flags
+    assert!(!kubelet.contains("--cluster-dns") && !kubelet.contains("--resolv-conf"));
+    let kc = kubelet_config_json(&files);
+    assert_eq!(kc["clusterDNS"], serde_json::json!(["10.96.0.10"]));
+    assert_eq!(kc["clusterDomain"], "cluster.local");
+    assert_eq!(kc["resolvConf"], "/etc/kubeslot/host/resolv.conf");
+    assert_eq!(kc["serverTLSBootstrap"], false, "off unless asked for");
     // configured nameservers win over the host's
     assert!(file(&files, "resolv.conf").contains("nameserver 2001:db8::53\n"));
     check_golden("bootstrap-token", &files);
@@ -816,6 +823,282 @@ fn golden_exec_credential() {
         .any(|f| f.path.ends_with("bootstrap-kubeconfig")));
     assert!(file(&files, "20-kubeslot.conf").contains("--kubeconfig=/etc/kubeslot/host/kubeconfig"));
     check_golden("exec-credential", &files);
+}
+
+/// The kubelet config drop-in as JSON (its comment lines stripped).
+fn kubelet_config_json(files: &HostFiles) -> serde_json::Value {
+    let text = file(files, "kubelet-config.conf");
+    let json: String = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("not JSON: {e}\n{text}"))
+}
+
+/// Every rendered `hosts.toml`, parsed.
+fn hosts_tomls(files: &HostFiles) -> BTreeMap<String, toml::Table> {
+    files
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with("hosts.toml"))
+        .map(|f| {
+            let dir = f.path.parent().unwrap().file_name().unwrap();
+            let table: toml::Table = f
+                .contents
+                .parse()
+                .unwrap_or_else(|e| panic!("{}: not TOML: {e}", f.path.display()));
+            (dir.to_string_lossy().into_owned(), table)
+        })
+        .collect()
+}
+
+#[test]
+fn golden_pod_settings() {
+    let host = Host::new();
+    fs::write(
+        host.path("etc/kubeslot/mirror-ca.pem"),
+        CA.replace("Kubeslot", "Mirror"),
+    )
+    .unwrap();
+    let config = load_scenario("pod-settings");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let kubelet = file(&files, "20-kubeslot.conf");
+    assert!(
+        kubelet.contains(" --node-ip=198.51.100.10,2001:db8::10"),
+        "{kubelet}"
+    );
+    let kc = kubelet_config_json(&files);
+    assert_eq!(kc["apiVersion"], "kubelet.config.k8s.io/v1beta1");
+    assert_eq!(kc["kind"], "KubeletConfiguration");
+    assert_eq!(kc["clusterDomain"], "k8s.example");
+    assert_eq!(
+        kc["clusterDNS"],
+        serde_json::json!(["10.96.0.10", "fd00::a"])
+    );
+    assert_eq!(kc["serverTLSBootstrap"], true);
+    // kubelet.config merged in as given
+    assert_eq!(kc["maxPods"], 50);
+    assert_eq!(kc["failSwapOn"], false);
+    assert_eq!(kc["evictionHard"]["memory.available"], "200Mi");
+    assert_eq!(kc["authentication"]["webhook"]["cacheTTL"], "30s");
+
+    let nspawn = file(&files, ".nspawn");
+    for bind in [
+        "BindReadOnly=/etc/kubeslot/host/kube1/kubelet-config.conf:/etc/kubernetes/kubelet/config.d/50-kubeslot.conf",
+        "BindReadOnly=/etc/kubeslot/host/kube1/certs.d:/etc/containerd/certs.d",
+    ] {
+        assert!(nspawn.lines().any(|l| l == bind), "{bind}:\n{nspawn}");
+    }
+    let hosts = hosts_tomls(&files);
+    assert_eq!(
+        hosts.keys().collect::<Vec<_>>(),
+        ["docker.io", "registry.internal_5000_", "registry.k8s.io"]
+    );
+    let k8s = &hosts["registry.k8s.io"];
+    assert_eq!(k8s["server"].as_str(), Some("https://registry.k8s.io"));
+    let mirrors = k8s["host"].as_table().unwrap();
+    assert_eq!(
+        mirrors.keys().collect::<Vec<_>>(),
+        [
+            "https://backup.internal/k8s",
+            "https://mirror.internal:5000"
+        ]
+    );
+    let ca = "/etc/containerd/certs.d/registry.k8s.io/ca.crt";
+    for (_, m) in mirrors {
+        assert_eq!(m["capabilities"].as_array().unwrap().len(), 2);
+        assert_eq!(m["ca"].as_str(), Some(ca));
+    }
+    // the order containerd tries them in is the config's
+    let text = file(&files, "registry.k8s.io/hosts.toml");
+    assert!(text.find("mirror.internal:5000").unwrap() < text.find("backup.internal").unwrap());
+    assert!(file(&files, "registry.k8s.io/ca.crt").contains("MirrorTestCA"));
+    // insecure: plain HTTP to the mirror; a loopback mirror is HTTP anyway
+    assert!(hosts["registry.internal_5000_"]["host"]
+        .as_table()
+        .unwrap()
+        .contains_key("http://10.0.0.7:5000"));
+    assert_eq!(
+        hosts["docker.io"]["server"].as_str(),
+        Some("https://registry-1.docker.io")
+    );
+    assert!(hosts["docker.io"]["host"]
+        .as_table()
+        .unwrap()
+        .contains_key("http://127.0.0.1:5001"));
+    check_golden("pod-settings", &files);
+}
+
+#[test]
+fn golden_mirrors_from_registries() {
+    let host = Host::new();
+    let config = load_scenario("mirrors-from-registries");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    // the activator's own mirrors for the node image, nothing else
+    let hosts = hosts_tomls(&files);
+    assert_eq!(
+        hosts.keys().collect::<Vec<_>>(),
+        ["registry.internal_5000_"]
+    );
+    let h = &hosts["registry.internal_5000_"];
+    assert_eq!(h["server"].as_str(), Some("https://registry.internal:5000"));
+    let text = file(&files, "hosts.toml");
+    let order: Vec<usize> = [
+        "https://mirror-a.internal:5000",
+        "http://127.0.0.1:5001",
+        "http://mirror-b.internal",
+    ]
+    .iter()
+    .map(|m| {
+        text.find(&format!("[host.\"{m}\"]"))
+            .unwrap_or_else(|| panic!("{m}: {text}"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+    assert!(!text.contains("ca ="));
+    check_golden("mirrors-from-registries", &files);
+
+    // an explicit empty map turns the default off: no certs.d, no bind
+    let mut none = config.clone();
+    none.containerd.registry_mirrors = Some(Default::default());
+    let files = render::render(&none, Slot::Kube1, &facts);
+    assert!(hosts_tomls(&files).is_empty());
+    assert!(!file(&files, ".nspawn").contains("certs.d"));
+}
+
+#[test]
+fn kubelet_config_refuses_the_fields_the_activator_owns() {
+    for (object, names) in [
+        (r#"{"clusterDNS":["10.0.0.10"]}"#, "kubelet.cluster_dns"),
+        (r#"{"clusterDomain":"x"}"#, "kubelet.cluster_domain"),
+        (
+            r#"{"serverTLSBootstrap":true}"#,
+            "kubelet.server_tls_bootstrap",
+        ),
+        (r#"{"resolvConf":"/etc/resolv.conf"}"#, "resolv.conf"),
+        (r#"{"healthzPort":10300}"#, "health.kubelet_healthz_url"),
+        (r#"{"cgroupDriver":"cgroupfs"}"#, "systemd"),
+        (r#"{"kind":"KubeletConfiguration"}"#, "header"),
+        (
+            r#"{"authentication":{"x509":{"clientCAFile":"/x"}}}"#,
+            "authentication.x509.clientCAFile",
+        ),
+    ] {
+        let json = TOKEN_CONFIG.replace("GPU", "off").replace(
+            r#""bootstrap_token""#,
+            &format!(r#""config":{object},"bootstrap_token""#),
+        );
+        let e = Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/etc/kubeslot/activator.json")
+                && e.contains("kubelet.config")
+                && e.contains("set by the activator")
+                && e.contains(names),
+            "{object}: {e}"
+        );
+    }
+    // other authentication settings are the user's
+    let json = TOKEN_CONFIG.replace("GPU", "off").replace(
+        r#""bootstrap_token""#,
+        r#""config":{"authentication":{"webhook":{"cacheTTL":"1m"}}},"bootstrap_token""#,
+    );
+    Config::parse(Path::new("c.json"), json.as_bytes()).unwrap();
+}
+
+#[test]
+fn pod_settings_refusals_name_the_field() {
+    let host = Host::new();
+    let mut c = config_with("off");
+    c.kubelet.node_ip = Some("198.51.100.1,198.51.100.2".into());
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("kubelet.node_ip") && e.contains("198.51.100.2"),
+        "{e}"
+    );
+    c.kubelet.node_ip = Some("node-1".into());
+    assert!(render::gather(&host.root, &c).is_err());
+
+    let mut c = config_with("off");
+    c.kubelet.cluster_domain = "Cluster.Local".into();
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(e.contains("kubelet.cluster_domain"), "{e}");
+
+    let mut c = config_with("off");
+    c.containerd.registry_mirrors = Some(
+        [(
+            "registry.k8s.io".to_string(),
+            kubeslot_activator::config::RegistryMirror {
+                mirrors: vec!["mirror.internal\"\n[x]".into()],
+                ..Default::default()
+            },
+        )]
+        .into(),
+    );
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("containerd.registry_mirrors") && e.contains("is not a mirror"),
+        "{e}"
+    );
+
+    // a CA file the host does not have: named, nothing rendered
+    let mut c = config_with("off");
+    c.containerd.registry_mirrors = Some(
+        [(
+            "registry.k8s.io".to_string(),
+            kubeslot_activator::config::RegistryMirror {
+                mirrors: vec!["mirror.internal".into()],
+                ca_file: Some("/etc/kubeslot/missing-mirror-ca.pem".into()),
+                ..Default::default()
+            },
+        )]
+        .into(),
+    );
+    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    assert!(
+        e.contains("/etc/kubeslot/missing-mirror-ca.pem")
+            && e.contains("registry.k8s.io")
+            && e.contains("ca_file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_dropped_registry_loses_its_certs_d_files() {
+    let host = Host::new();
+    host.fake_systemctl();
+    fs::write(host.path("etc/kubeslot/mirror-ca.pem"), CA).unwrap();
+    let with = CLI_CONFIG.replace("LABEL", "a").replace(
+        r#""image""#,
+        r#""containerd":{"registry_mirrors":{"registry.k8s.io":{"mirrors":["mirror.internal"],"ca_file":"/etc/kubeslot/mirror-ca.pem"},"quay.io":{"mirrors":["mirror.internal"]}}},"image""#,
+    );
+    host.write_config(&with);
+    ok(host.render(&["kube1"]));
+    let certs = host.path("etc/kubeslot/host/kube1/certs.d");
+    assert!(certs.join("registry.k8s.io/ca.crt").is_file());
+    assert!(certs.join("quay.io/hosts.toml").is_file());
+    host.write_config(&with.replace(r#","quay.io":{"mirrors":["mirror.internal"]}"#, ""));
+    let out = ok(host.render(&["kube1"]));
+    assert!(
+        out.contains("removed etc/kubeslot/host/kube1/certs.d/quay.io/hosts.toml"),
+        "{out}"
+    );
+    assert!(
+        !certs.join("quay.io").exists(),
+        "the registry's dir goes too"
+    );
+    assert!(certs.join("registry.k8s.io/hosts.toml").is_file());
+    assert_eq!(
+        host.systemctl_calls().len(),
+        1,
+        "no unit changed, no reload"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1127,7 +1410,7 @@ fn concurrent_renders_of_one_machine_take_turns() {
             ok(c.wait_with_output().unwrap());
         }
         let dir = tree(&host.path("etc/kubeslot/host/kube1"));
-        assert_eq!(dir.len(), 5, "{:?}", dir.keys().collect::<Vec<_>>());
+        assert_eq!(dir.len(), 6, "{:?}", dir.keys().collect::<Vec<_>>());
         assert!(host
             .read("etc/kubeslot/host/kube1/20-kubeslot.conf")
             .contains(&format!("pool=r{round}")));
@@ -1265,11 +1548,34 @@ fn diff_shows_what_write_would_change() {
         .collect();
     assert_eq!(changed.len(), 1, "{changed:?}");
     assert!(
-        changed[0].diff.contains("+Environment=\"KUBELET_ARGS="),
+        changed[0].path.ends_with("kubelet-config.conf"),
+        "{changed:?}"
+    );
+    assert!(
+        changed[0].diff.contains("+  \"clusterDNS\": ["),
         "{}",
         changed[0].diff
     );
-    assert!(changed[0].diff.contains("--cluster-dns=10.96.0.10"));
+    assert!(changed[0].diff.contains("+    \"10.96.0.10\""));
+    // a registry mirror shows up as new files (plan prints this diff)
+    let mut c3 = config.clone();
+    c3.registries.insert(
+        "ghcr.io".into(),
+        kubeslot_activator::config::RegistryConfig {
+            mirrors: vec!["mirror.internal:5000".into()],
+            ..Default::default()
+        },
+    );
+    let files3 = render::render(&c3, Slot::Kube1, &facts);
+    let d3 = render::diff(&host.root, &files3);
+    let hosts = d3
+        .iter()
+        .find(|f| f.path.ends_with("certs.d/ghcr.io/hosts.toml"))
+        .expect("hosts.toml in the plan's diff");
+    assert!(hosts.diff.starts_with("--- /dev/null\n"), "{}", hosts.diff);
+    assert!(hosts
+        .diff
+        .contains("+[host.\"https://mirror.internal:5000\"]"));
     // a wrong mode is a difference too, and write repairs it
     let kc = host.path("etc/kubeslot/host/kube1/bootstrap-kubeconfig");
     fs::set_permissions(&kc, fs::Permissions::from_mode(0o644)).unwrap();
@@ -1418,5 +1724,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 7, "one check per golden scenario");
+    assert_eq!(checked, 9, "one check per golden scenario");
 }
