@@ -107,8 +107,16 @@ pub async fn execute(
                 )
                 .await?;
                 let mut layers = base.layers;
+                // `[[images]]` archives (blocking reads through the source)
+                let archives = tokio::task::block_in_place(|| {
+                    plan.images
+                        .iter()
+                        .map(|i| Ok((i.spec.clone(), crate::images::archive(i, platform, &work)?)))
+                        .collect::<anyhow::Result<Vec<_>>>()
+                })?;
                 for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
-                    let mut tree = group_tree(recipe, &l.group, platform, &files, &work)?;
+                    let mut tree =
+                        group_tree(recipe, &l.group, platform, &files, &archives, &work)?;
                     if let Some(shape) = &base.shape {
                         tree.fit_onto(shape).with_context(|| {
                             format!("{}: layer {}", recipe.path.display(), l.group)

@@ -20,7 +20,9 @@ use kubeslot_image::time;
 use crate::assemble::LayerDesc;
 use crate::plan::Plan;
 use crate::progress::Progress;
-use crate::recipe::{BaseSpec, Format, Input, InputKind, Recipe, BASE_GROUP};
+use crate::recipe::{
+    BaseSpec, Format, ImageSpec, Input, InputKind, Recipe, BASE_GROUP, IMAGES_DIR,
+};
 use crate::rootfs::{clean_path, BaseShape, Data, Entry, Kind, LayerBlob, Tree};
 
 /// What one platform's base contributes: layers already in the staging
@@ -223,12 +225,15 @@ async fn rootfs_layer(
 }
 
 /// The tree of one non-base group for one platform: component binaries and
-/// archive members, baked files, unit enable symlinks.
+/// archive members, baked files, unit enable symlinks, and the `[[images]]`
+/// archives (`archives`: written by `crate::images::archive`) with their
+/// `NAME=`/`DIGEST=` files.
 pub fn group_tree(
     recipe: &Recipe,
     group: &str,
     platform: &Platform,
     files: &[(Input, PathBuf)],
+    archives: &[(ImageSpec, PathBuf)],
     work: &Path,
 ) -> anyhow::Result<Tree> {
     let epoch = recipe.file.source_date_epoch;
@@ -295,6 +300,33 @@ pub fn group_tree(
             &f.path,
             Entry::root(Kind::File(data), mode, epoch),
             "file",
+        )?;
+    }
+    for (spec, archive) in archives.iter().filter(|(s, _)| s.group == group) {
+        let what = format!("image {}", spec.name);
+        let stem = format!("{IMAGES_DIR}/{}", spec.slug());
+        put(
+            &mut tree,
+            &format!("{stem}.oci.tar"),
+            Entry::root(Kind::File(Data::file(archive)?), 0o644, epoch),
+            &what,
+        )?;
+        let meta = format!(
+            "# Baked by kubeslot-builder from [[images]]; the image's import unit\n\
+             # loads {stem}.oci.tar into containerd (namespace k8s.io).\n\
+             NAME='{}'\nDIGEST='{}'\n",
+            spec.reference(),
+            spec.digest
+        );
+        put(
+            &mut tree,
+            &format!("{stem}.image"),
+            Entry::root(
+                Kind::File(Data::Bytes(Arc::new(meta.into_bytes()))),
+                0o644,
+                epoch,
+            ),
+            &what,
         )?;
     }
     for u in &recipe.file.units.enable {

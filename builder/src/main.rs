@@ -9,6 +9,7 @@ mod creds;
 mod debian;
 mod diff;
 mod fetch;
+mod images;
 mod layers;
 mod output;
 mod plan;

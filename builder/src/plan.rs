@@ -4,7 +4,8 @@
 //! Given a [`BuildRequest`] (plain values, not command-line structs), it
 //! loads and validates the recipe, resolves every input of every platform
 //! to a pinned URL (download overrides applied), opens a base image and
-//! checks it against its pinned digest, loads a package base's lock (a
+//! checks it against its pinned digest, opens every `[[images]]` source
+//! and checks it against its pin, loads a package base's lock (a
 //! missing or stale one refuses the build), computes the annotations and
 //! loads the signing key. It downloads nothing but a base image's
 //! documents and writes nothing; [`crate::build`] applies a plan.
@@ -53,6 +54,8 @@ pub struct Plan {
     pub tag: String,
     pub inputs: Vec<(Platform, Vec<Input>)>,
     pub base_image: Option<ResolvedBaseImage>,
+    /// `[[images]]`, each resolved and checked against its pin.
+    pub images: Vec<crate::images::ResolvedImage>,
     /// A package base's lock, checked against the recipe while planning.
     pub debian: Option<DebianPlan>,
     pub annotations: BTreeMap<String, String>,
@@ -134,6 +137,12 @@ impl Plan {
         for p in &recipe.platforms {
             inputs.push((p.clone(), recipe.inputs(p, &cli)?));
         }
+        let images = recipe
+            .file
+            .images
+            .iter()
+            .map(|i| crate::images::resolve(&recipe, i, &req.cache.join("tmp")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let base_image = match &recipe.file.base {
             BaseSpec::Image(b) => Some(resolve_base_image(&recipe, b, &req.cache.join("tmp"))?),
             BaseSpec::Rootfs(_) => None,
@@ -192,6 +201,7 @@ impl Plan {
             tag,
             inputs,
             base_image,
+            images,
             debian,
             annotations,
             sign_key,
@@ -285,6 +295,10 @@ impl Plan {
                     p.packages.len()
                 ));
             }
+        }
+        for i in &self.images {
+            out.push(format!("image {}: {}", i.spec.name, i.spec.digest));
+            out.push(format!("    from {}", i.name));
         }
         for (platform, inputs) in &self.inputs {
             for i in inputs {

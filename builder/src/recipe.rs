@@ -129,7 +129,59 @@ pub struct RecipeFile {
     pub files: Vec<FileSpec>,
     #[serde(default)]
     pub units: UnitsSpec,
+    /// `[[images]]`: container images baked in as archives for the node's
+    /// containerd (the pause image, so the first pod needs no registry).
+    #[serde(default)]
+    pub images: Vec<ImageSpec>,
     pub layers: Vec<LayerSpec>,
+}
+
+/// Where baked container images live in the node image: per `[[images]]`
+/// entry an OCI archive `<slug>.oci.tar` (the pinned image, this platform's
+/// blobs only, named for containerd by an `io.containerd.image.name`
+/// annotation) and `<slug>.image` (`NAME=` and `DIGEST=` lines), which the
+/// image's import unit reads.
+pub const IMAGES_DIR: &str = "/usr/lib/kubeslot/images";
+
+/// `[[images]]`: one container image, pinned by digest.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSpec {
+    /// The reference containerd knows it by, with a tag
+    /// (`registry.k8s.io/pause:3.10.2`): what the sandbox image setting or a
+    /// pod names.
+    pub name: String,
+    /// Where to fetch it from, when not from `name`'s registry: a registry
+    /// reference, `oci:DIR[:TAG]` or `oci-archive:FILE[:TAG]` (paths
+    /// relative to the recipe).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// The digest the image (its index or manifest) must have.
+    pub digest: Digest,
+    /// The layer group the archive goes into.
+    pub group: String,
+}
+
+impl ImageSpec {
+    /// `name` parsed (validated by [`Recipe::parse`]).
+    pub fn reference(&self) -> kubeslot_image::ImageRef {
+        self.name.parse().expect("validated")
+    }
+
+    /// File name stem inside [`IMAGES_DIR`]: the normalised name with
+    /// `/` and `:` as `_`.
+    pub fn slug(&self) -> String {
+        self.reference().to_string().replace(['/', ':'], "_")
+    }
+
+    /// Where to fetch from: `source`, else `name` (a registry).
+    pub fn source(&self) -> Result<ImageSource, String> {
+        self.source
+            .as_deref()
+            .unwrap_or(&self.name)
+            .parse::<ImageSource>()
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// `[base]`.
@@ -325,6 +377,9 @@ impl Recipe {
                 out.push(format!("enable {} (wanted by {})", u.unit, u.wanted_by));
             }
         }
+        for i in f.images.iter().filter(|i| i.group == group) {
+            out.push(format!("image {}@{}", i.name, i.digest));
+        }
         out
     }
 
@@ -514,6 +569,29 @@ impl Recipe {
                 (None, Some(_)) => {}
                 _ => return Err(self.invalid(&at, "exactly one of source or content")),
             }
+        }
+        let mut names = BTreeSet::new();
+        for (i, img) in f.images.iter().enumerate() {
+            let at = format!("images[{i}] ({})", img.name);
+            self.check_group(&at, &img.group, &seen)?;
+            used.insert(&img.group);
+            let r: kubeslot_image::ImageRef = img
+                .name
+                .parse()
+                .map_err(|e| self.invalid(&format!("{at}.name"), format!("{e}")))?;
+            // written out, not defaulted: `latest` is no pin for a name
+            let tagged = img.name.rsplit('/').next().is_some_and(|l| l.contains(':'));
+            if !tagged || r.tag.is_none() || r.digest.is_some() {
+                return Err(self.invalid(
+                    &format!("{at}.name"),
+                    "a reference with a tag and without a digest (the digest is pinned in `digest`)",
+                ));
+            }
+            if !names.insert(r.to_string()) {
+                return Err(self.invalid(&at, "the image is listed twice"));
+            }
+            img.source()
+                .map_err(|e| self.invalid(&format!("{at}.source"), e))?;
         }
         for (i, u) in f.units.enable.iter().enumerate() {
             let at = format!("units.enable[{i}] ({})", u.unit);

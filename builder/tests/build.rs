@@ -1149,3 +1149,244 @@ fn outputs_are_readable_by_other_users() {
         assert_eq!(mode, 0o644, "{}", f.display());
     }
 }
+
+/// The members of the layers of `tag`'s `arch` manifest in the layout at
+/// `dir`, by path (later layers win), as bytes.
+fn layer_files(dir: &Path, tag: &str, arch: &str) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use std::io::Read as _;
+    let blob = |d: &str| {
+        dir.join("blobs/sha256")
+            .join(d.trim_start_matches("sha256:"))
+    };
+    let json = |d: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(blob(d)).unwrap()).unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let top = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .expect("tag in index.json");
+    let image_index = json(top["digest"].as_str().unwrap());
+    let manifest = image_index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["platform"]["architecture"] == arch)
+        .unwrap();
+    let manifest = json(manifest["digest"].as_str().unwrap());
+    let mut out = std::collections::BTreeMap::new();
+    for l in manifest["layers"].as_array().unwrap() {
+        let f = std::fs::File::open(blob(l["digest"].as_str().unwrap())).unwrap();
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().into_owned();
+            let mut bytes = Vec::new();
+            e.read_to_end(&mut bytes).unwrap();
+            out.insert(path, bytes);
+        }
+    }
+    out
+}
+
+/// `[[images]]`: the pinned image (here the two-platform demo image, from
+/// a layout and from a registry) is baked per platform as an OCI archive
+/// holding that platform's blobs only, named for containerd, next to the
+/// `NAME=`/`DIGEST=` file the import unit reads; the same pin from either
+/// source gives the same node image; a wrong pin is refused before anything
+/// is written.
+#[test]
+fn images_are_baked_as_per_platform_archives_named_for_containerd() {
+    require_tool("skopeo", "skopeo");
+    let t = tempfile::tempdir().unwrap();
+    let pinned = build(&demo(), t.path(), &[]);
+    let layout = t.path().join("out");
+    let recipe = |source: &str, digest: &str| {
+        derived_recipe(&format!("oci:{}:{TAG}", layout.display()), &pinned)
+            + &format!(
+                "[[images]]\nname = \"registry.k8s.io/pause:3.10.2\"\nsource = \"{source}\"\ndigest = \"{digest}\"\ngroup = \"extra\"\n"
+            )
+    };
+    let w = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w.path(),
+        &recipe(&format!("oci:{}:{TAG}", layout.display()), &pinned),
+    );
+    let plan = ok(bin().arg("build").arg(&r).arg("--dry-run"));
+    assert!(
+        plan.contains(&format!("image registry.k8s.io/pause:3.10.2: {pinned}")),
+        "{plan}"
+    );
+    let from_layout = build(&r, w.path(), &[]);
+
+    let stem = "usr/lib/kubeslot/images/registry.k8s.io_pause_3.10.2";
+    for arch in ["amd64", "arm64"] {
+        let files = layer_files(&w.path().join("out"), "1", arch);
+        let meta = String::from_utf8(files[&format!("{stem}.image")].clone()).unwrap();
+        assert!(
+            meta.contains("NAME='registry.k8s.io/pause:3.10.2'\n")
+                && meta.contains(&format!("DIGEST='{pinned}'\n")),
+            "{meta}"
+        );
+        // the archive: skopeo reads it as the pinned image
+        let archive = w.path().join(format!("pause-{arch}.tar"));
+        std::fs::write(&archive, &files[&format!("{stem}.oci.tar")]).unwrap();
+        let raw = Command::new("skopeo")
+            .args(["inspect", "--raw"])
+            .arg(format!("oci-archive:{}", archive.display()))
+            .output()
+            .unwrap();
+        assert!(
+            raw.status.success(),
+            "{}",
+            String::from_utf8_lossy(&raw.stderr)
+        );
+        assert_eq!(format!("sha256:{}", sha256_hex(&raw.stdout)), pinned);
+        let mut ar = tar::Archive::new(std::fs::File::open(&archive).unwrap());
+        let mut names = Vec::new();
+        let mut index = Vec::new();
+        for e in ar.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            if name == "index.json" {
+                std::io::Read::read_to_end(&mut e, &mut index).unwrap();
+            }
+            names.push(name);
+        }
+        let index: serde_json::Value = serde_json::from_slice(&index).unwrap();
+        let entry = &index["manifests"][0];
+        assert_eq!(entry["digest"], pinned.as_str());
+        assert_eq!(
+            entry["annotations"]["io.containerd.image.name"],
+            "registry.k8s.io/pause:3.10.2"
+        );
+        assert_eq!(
+            entry["annotations"]["org.opencontainers.image.ref.name"],
+            "3.10.2"
+        );
+        // this platform's blobs only: the index, its manifest, config and
+        // layers; not the other platform's manifest
+        let demo_index: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                layout
+                    .join("blobs/sha256")
+                    .join(pinned.trim_start_matches("sha256:")),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        for m in demo_index["manifests"].as_array().unwrap() {
+            let digest = m["digest"].as_str().unwrap().trim_start_matches("sha256:");
+            let present = names.contains(&format!("blobs/sha256/{digest}"));
+            assert_eq!(
+                present,
+                m["platform"]["architecture"] == arch,
+                "{m} in {names:?}"
+            );
+        }
+        let own = layer_files(&layout, TAG, arch);
+        assert!(!own.is_empty());
+        let blobs = names
+            .iter()
+            .filter(|n| n.starts_with("blobs/sha256/") && n.len() > 20)
+            .count();
+        let own_manifest = demo_index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["platform"]["architecture"] == arch)
+            .unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:")
+            .to_string();
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(layout.join("blobs/sha256").join(&own_manifest)).unwrap(),
+        )
+        .unwrap();
+        let layers = manifest["layers"].as_array().unwrap().len();
+        assert_eq!(
+            blobs,
+            3 + layers,
+            "index, manifest, config, layers: {names:?}"
+        );
+    }
+
+    // the same pin from a registry: the same node image
+    let registry = kubeslot_test_support::Registry::start();
+    let push = Command::new("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--all",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("oci:{}:{TAG}", layout.display()))
+        .arg(format!("docker://{}/e2e/pause:3.10.2", registry.host()))
+        .output()
+        .unwrap();
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let w2 = tempfile::tempdir().unwrap();
+    let r = write_recipe(
+        w2.path(),
+        &recipe(&format!("{}/e2e/pause:3.10.2", registry.host()), &pinned),
+    );
+    assert_eq!(build(&r, w2.path(), &[]), from_layout);
+
+    // a wrong pin: refused, naming it, nothing written
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000003";
+    let r = write_recipe(
+        w2.path(),
+        &recipe(&format!("{}/e2e/pause:3.10.2", registry.host()), wrong),
+    );
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(w2.path().join("cache"))
+            .arg("build")
+            .arg(&r)
+            .arg("--output")
+            .arg(format!("oci:{}", w2.path().join("out2").display())),
+    );
+    assert!(
+        err.contains(wrong) && err.contains("images registry.k8s.io/pause:3.10.2"),
+        "{err}"
+    );
+    assert!(!w2.path().join("out2").exists());
+
+    // names need a tag; a group must be listed
+    let text = recipe(&format!("oci:{}:{TAG}", layout.display()), &pinned);
+    let last_group = text.rfind("group = \"extra\"").unwrap();
+    for (bad, says) in [
+        (
+            text.replace(
+                "name = \"registry.k8s.io/pause:3.10.2\"",
+                "name = \"registry.k8s.io/pause\"",
+            ),
+            "with a tag",
+        ),
+        (
+            format!(
+                "{}group = \"nope\"{}",
+                &text[..last_group],
+                &text[last_group + 15..]
+            ),
+            "not listed in [[layers]]",
+        ),
+    ] {
+        let r = write_recipe(w2.path(), &bad);
+        let err = fails(bin().arg("check").arg(&r));
+        assert!(
+            err.contains("images[0]") && err.contains(says),
+            "{says}: {err}"
+        );
+    }
+}
