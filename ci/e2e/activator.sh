@@ -251,9 +251,15 @@ print_downtime() {
 
 # hand_nspawn MACHINE: the .nspawn file DESIGN.md section 5 prescribes (with a
 # private veth, as the e2e config asks), written by hand for the scenarios
-# that run before `activate` renders it.
+# that run before `activate` renders it. Without the rendered drop-in these
+# machines get nspawn's own cgroup layout, which on this hybrid CI host is
+# cgroup v1: a kubelet config drop-in bound in (as the activator binds its
+# own) says failCgroupV1: false, which the kubelet (and its fixture) want
+# before they run there.
 hand_nspawn() {
-  mkdir -p "$OUTER/etc/systemd/nspawn"
+  mkdir -p "$OUTER/etc/systemd/nspawn" "$OUTER/etc/kubeslot/e2e"
+  printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n' \
+    >"$OUTER/etc/kubeslot/e2e/40-allow-cgroup-v1.conf"
   cat >"$OUTER/etc/systemd/nspawn/$1.nspawn" <<'EOF2'
 [Exec]
 Boot=yes
@@ -263,6 +269,9 @@ SystemCallFilter=@keyring bpf perf_event_open
 
 [Network]
 VirtualEthernet=yes
+
+[Files]
+BindReadOnly=/etc/kubeslot/e2e/40-allow-cgroup-v1.conf:/etc/kubernetes/kubelet/config.d/40-allow-cgroup-v1.conf
 EOF2
   outer systemctl daemon-reload
 }

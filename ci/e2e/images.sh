@@ -30,16 +30,65 @@ export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED DIGEST_v1 DIGEST_v
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
-# images_stage: the files of the config layer and of each Kubernetes layer.
+# The small container images pods run (a busybox-static rootfs, built here):
+# REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps) and
+# REGISTRY/e2e/hello:1 (prints a line). Set by test_images_build.
+PAUSE_DIGEST="" HELLO_DIGEST=""
+
+# test_images_build: both images with umoci from Debian's busybox-static,
+# pushed to the local registry; PAUSE_DIGEST and HELLO_DIGEST are their
+# manifest digests there. Also the CNI plugins tarball the node images
+# carry in /opt/cni/bin (Debian's plugins, from the node rootfs).
+test_images_build() {
+  local dir=$WORK/images/test root layout tag
+  root=$dir/rootfs layout=$dir/layout
+  rm -rf "$dir"; mkdir -p "$root/bin" "$root/etc" "$root/tmp"
+  install -m 0755 /bin/busybox "$root/bin/busybox"
+  for tag in sh sleep echo cat ping wget ip hostname; do ln -s busybox "$root/bin/$tag"; done
+  echo 'root:x:0:0:root:/:/bin/sh' >"$root/etc/passwd"
+  tar -C "$root" --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner -cf "$dir/rootfs.tar" .
+  umoci init --layout "$layout"
+  umoci new --image "$layout:empty"
+  umoci raw add-layer --image "$layout:empty" --tag busybox "$dir/rootfs.tar"
+  umoci config --image "$layout:busybox" --tag pause \
+    --config.entrypoint /bin/sleep --config.cmd 2147483647
+  umoci config --image "$layout:busybox" --tag hello \
+    --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from an e2e pod'
+  skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/e2e/pause:3.10.2"
+  skopeo copy --quiet --dest-tls-verify=false "oci:$layout:hello" "docker://$REGISTRY/e2e/hello:1"
+  PAUSE_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/pause:3.10.2" | sha256sum | cut -d' ' -f1)
+  HELLO_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/hello:1" | sha256sum | cut -d' ' -f1)
+  log "test images: $REGISTRY/e2e/pause:3.10.2 ($PAUSE_DIGEST), $REGISTRY/e2e/hello:1 ($HELLO_DIGEST)"
+  # Debian's CNI plugins, as an upstream-shaped tarball (plugins at the top).
+  mkdir -p "$dir/cni"
+  tar -C "$dir/cni" -xf "$NODE_TAR" --strip-components=4 \
+    ./usr/lib/cni/bridge ./usr/lib/cni/host-local ./usr/lib/cni/loopback ./usr/lib/cni/portmap
+  CNI_TGZ=$dir/cni-plugins.tgz
+  tar -C "$dir/cni" --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner -cf - . | gzip -n >"$CNI_TGZ"
+}
+
+# images_stage: the files of the config layer and of each Kubernetes layer
+# (the umoci stand-in's layers, and what node_tree_fill copies into a tree
+# made by hand): the recipe's config group, less the baked pause image,
+# which only kubeslot-builder makes.
 images_stage() {
-  local stage=$WORK/images/stage units=$E2E_TESTDATA/node/units v
+  local stage=$WORK/images/stage units=$E2E_TESTDATA/node/units files=$REPO/recipes/files v u
   rm -rf "$stage"
-  mkdir -p "$stage/config/etc/systemd/system/multi-user.target.wants"
+  mkdir -p "$stage/config/etc/systemd/system/multi-user.target.wants" \
+    "$stage/config/etc/kubernetes/kubelet/config.d" "$stage/config/etc/tmpfiles.d" \
+    "$stage/config/etc/containerd" "$stage/config/usr/libexec/kubeslot" "$stage/config/opt/cni/bin"
   install -m 0644 "$units/kubelet.service" "$units/kubeslot-test-cgroup-rw.service" \
+    "$units/kubeslot-test-kernel-defaults.service" "$files/kubeslot-images.service" \
     "$stage/config/etc/systemd/system/"
-  ln -s ../kubelet.service "$stage/config/etc/systemd/system/multi-user.target.wants/kubelet.service"
-  ln -s ../kubeslot-test-cgroup-rw.service \
-    "$stage/config/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
+  for u in kubelet kubeslot-images kubeslot-test-cgroup-rw kubeslot-test-kernel-defaults; do
+    ln -s "/etc/systemd/system/$u.service" "$stage/config/etc/systemd/system/multi-user.target.wants/$u.service"
+  done
+  install -m 0644 "$files/kubelet-config.yaml" "$stage/config/etc/kubernetes/kubelet/config.yaml"
+  install -m 0644 "$files/kubelet-config.d-README" "$stage/config/etc/kubernetes/kubelet/config.d/README"
+  install -m 0644 "$files/kmsg.conf" "$stage/config/etc/tmpfiles.d/kmsg.conf"
+  install -m 0644 "$E2E_TESTDATA/node/containerd-config.toml" "$stage/config/etc/containerd/config.toml"
+  install -m 0755 "$files/import-images" "$stage/config/usr/libexec/kubeslot/import-images"
+  tar -C "$stage/config/opt/cni/bin" -xzf "$CNI_TGZ"
   for v in "${E2E_VERSIONS[@]}"; do
     mkdir -p "$stage/kubernetes-$v/usr/bin"
     install -m 0755 "$WORK/kubelet/$v/kubelet" "$stage/kubernetes-$v/usr/bin/kubelet"
@@ -64,6 +113,12 @@ recipe_for() {
     -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/$v/kubelet" | cut -d' ' -f1)|g" \
     -e "s|@KUBELET@|$WORK/kubelet/$v/kubelet|g" \
     -e "s|@UNITS@|$E2E_TESTDATA/node/units|g" \
+    -e "s|@NODE@|$E2E_TESTDATA/node|g" \
+    -e "s|@RECIPE_FILES@|$REPO/recipes/files|g" \
+    -e "s|@CNI_TGZ@|$CNI_TGZ|g" \
+    -e "s|@CNI_SHA256@|$(sha256sum "$CNI_TGZ" | cut -d' ' -f1)|g" \
+    -e "s|@REGISTRY@|$REGISTRY|g" \
+    -e "s|@PAUSE_DIGEST@|$PAUSE_DIGEST|g" \
     "$E2E_TESTDATA/node.toml.in" >"$recipe"
   echo "$recipe"
 }

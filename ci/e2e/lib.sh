@@ -98,11 +98,15 @@ OUTER_ARGS=()
 
 # outer_boot ROOTFS_TAR [extra nspawn args...]: extracts the outer rootfs and
 # boots it with systemd as PID 1, exactly as E2E.md measured.
+# OUTER_ROOT, OUTER_NAME_WANTED, OUTER_LOG_NAME and OUTER_IDS (optional)
+# boot a second outer host beside the first (the pod scenarios' own,
+# ci/e2e/pods.sh), with its own console log and PID file.
 outer_boot() {
   local tar=$1; shift
   OUTER_ARGS=("$@")
-  OUTER=$WORK/outer
-  OUTER_NAME=ks-e2e-$$
+  OUTER=${OUTER_ROOT:-$WORK/outer}
+  OUTER_NAME=${OUTER_NAME_WANTED:-ks-e2e-$$}
+  OUTER_LOG=$WORK/logs/${OUTER_LOG_NAME:-outer-console.log}
   mkdir -p "$OUTER"
   tar -C "$OUTER" -xpf "$tar" --numeric-owner
   # The outer needs no network config of its own (it shares the host's) and
@@ -131,16 +135,16 @@ outer_start() {
     _ "${#procs[@]}" "${procs[@]}" \
     systemd-nspawn -D "$OUTER" -M "$OUTER_NAME" --boot --register=no --keep-unit \
       --console=passive --capability=all --system-call-filter='@keyring bpf' \
-      "${OUTER_ARGS[@]}" </dev/null >>"$WORK/logs/outer-console.log" 2>&1 &
+      "${OUTER_ARGS[@]}" </dev/null >>"$OUTER_LOG" 2>&1 &
   OUTER_NSPAWN_PID=$!
   local deadline=$((SECONDS + 30))
   while [ -z "$OUTER_LEADER" ]; do
     OUTER_LEADER=$(ps -o pid= --ppid "$OUTER_NSPAWN_PID" | tr -d ' ' | head -n1 || true)
-    kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null || { cat "$WORK/logs/outer-console.log" >&2; die "outer nspawn exited"; }
+    kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null || { cat "$OUTER_LOG" >&2; die "outer nspawn exited"; }
     [ $SECONDS -lt $deadline ] || die "outer has no leader process after 30 s"
     [ -n "$OUTER_LEADER" ] || sleep 0.1
   done
-  echo "$OUTER_NSPAWN_PID $OUTER_LEADER" >"$WORK/outer.ids"
+  echo "$OUTER_NSPAWN_PID $OUTER_LEADER" >"${OUTER_IDS:-$WORK/outer.ids}"
   local state=""
   deadline=$((SECONDS + 60))
   while :; do
@@ -158,7 +162,7 @@ outer_start() {
 # outer_reload: the outer's PIDs as the last (re)boot left them.
 outer_reload() {
   OUTER_NSPAWN_PID="" OUTER_LEADER=""
-  if [ -s "$WORK/outer.ids" ]; then read -r OUTER_NSPAWN_PID OUTER_LEADER <"$WORK/outer.ids"; fi
+  if [ -s "${OUTER_IDS:-$WORK/outer.ids}" ]; then read -r OUTER_NSPAWN_PID OUTER_LEADER <"${OUTER_IDS:-$WORK/outer.ids}"; fi
   return 0
 }
 
@@ -178,7 +182,7 @@ outer_kill() {
   done
   wait "$OUTER_NSPAWN_PID" 2>/dev/null || true
   OUTER_NSPAWN_PID="" OUTER_LEADER=""
-  : >"$WORK/outer.ids"
+  : >"${OUTER_IDS:-$WORK/outer.ids}"
   cgroup_reset
 }
 
@@ -222,7 +226,7 @@ outer_stop() {
   wait "$OUTER_NSPAWN_PID" 2>/dev/null || true
   OUTER_NSPAWN_PID=""
   OUTER_LEADER=""
-  [ -z "${WORK:-}" ] || : >"$WORK/outer.ids"
+  [ -z "${WORK:-}" ] || : >"${OUTER_IDS:-$WORK/outer.ids}"
 }
 
 # ---------------------------------------------------------------- registry
@@ -306,17 +310,15 @@ registry_log_lines() { wc -l <"$REGISTRY_LOG"; }
 # ---------------------------------------------------------------- node trees
 
 # node_tree_fill DIR ROOTFS_TAR KUBELET_BIN: a node machine tree by hand (for
-# the smoke scenario that runs before any image is built): the node rootfs,
-# the fixture kubelet, the kubelet unit and the test cgroup unit, enabled.
+# the scenarios that run without an image): the node rootfs, the fixture
+# kubelet and the images' config layer as staged by images_stage (units,
+# kubelet and containerd config, the test units), enabled.
 node_tree_fill() {
-  local dir=$1 tar=$2 kubelet=$3 units=$E2E_TESTDATA/node/units
+  local dir=$1 tar=$2 kubelet=$3
   mkdir -p "$dir"
   tar -C "$dir" -xpf "$tar" --numeric-owner
   install -m 0755 "$kubelet" "$dir/usr/bin/kubelet"
-  install -m 0644 "$units/kubelet.service" "$units/kubeslot-test-cgroup-rw.service" "$dir/etc/systemd/system/"
-  mkdir -p "$dir/etc/systemd/system/multi-user.target.wants"
-  ln -sf ../kubelet.service "$dir/etc/systemd/system/multi-user.target.wants/kubelet.service"
-  ln -sf ../kubeslot-test-cgroup-rw.service "$dir/etc/systemd/system/multi-user.target.wants/kubeslot-test-cgroup-rw.service"
+  cp -a "$WORK/images/stage/config/." "$dir/"
 }
 
 # machine_probe MACHINE PATH: one GET on the fixture kubelet's port inside
@@ -413,6 +415,8 @@ kill_tree() {
 cleanup() {
   local rc=$?
   set +e
+  # the pod scenarios' outer host and registries (ci/e2e/pods.sh), if booted
+  if declare -F pods_cleanup >/dev/null; then pods_cleanup; fi
   [ -n "${WORK:-}" ] && outer_reload
   outer_stop
   registry_stop

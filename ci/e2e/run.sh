@@ -32,6 +32,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/host.sh"
 # shellcheck source=ci/e2e/gpu.sh
 . "$REPO/ci/e2e/gpu.sh"
+# shellcheck source=ci/e2e/pods.sh
+. "$REPO/ci/e2e/pods.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -57,7 +59,12 @@ jq jq
 openssl openssl
 dpkg-deb dpkg
 objdump binutils
+umoci umoci
 EOF
+  # the pod scenarios' container images are made from it
+  if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then
+    die "a static /bin/busybox is needed for the test container images: apt-get install -y busybox-static (or run .ci/run)"
+  fi
   # The node machines share this machine's network (see write_config): the
   # fixture kubelet's port must be free, or the gate would probe someone else.
   if (exec 3<>/dev/tcp/127.0.0.1/10248) 2>/dev/null; then
@@ -224,6 +231,10 @@ SCENARIOS=(
   kill_mid_gate
   config_change_activates
   reboot_mid_flip
+  pod_runs
+  mirror_pull_airgapped
+  image_cache_survives_flip
+  preloaded_pause
   airgap_archive
   gpu_setup
 )
@@ -260,6 +271,7 @@ main() {
   build_binaries
   rootfs_tars
   registry_start
+  test_images_build
   images_build
   images_push
   images_sign

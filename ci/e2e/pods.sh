@@ -1,0 +1,280 @@
+# shellcheck shell=bash
+# The pod scenarios, sourced by ci/e2e/run.sh: containers run by the node
+# image's own containerd (runc, CNI bridge networking) inside node machines
+# the real kubeslot-activator activated, with the pod image pulled through the
+# registry mirror the activator rendered, and the baked pause image.
+#
+# They get an outer host of their own (booted by the first of them, stopped
+# by the last), with a private network namespace (systemd-nspawn
+# --private-network): the CNI bridge, its routes and any iptables rule stay
+# in that namespace, never on this machine. Nothing there reaches this
+# machine's network, so two docker-registry processes of this run serve the
+# run's registry storage inside it (started with `nsenter -n` into its
+# namespace): one on the same 127.0.0.1 port as the run's registry (so the
+# node image references, signatures and identities are the same), and one
+# TLS mirror with a certificate from a test CA, on 127.0.0.1:5443 there.
+# Pods name their images `registry.e2e.invalid/...`: a name that resolves
+# nowhere, so a pull works only through the rendered hosts.toml (mirror and
+# CA). The node machine shares that namespace (VirtualEthernet=no, as in
+# production); a dummy interface gives the node its IP (198.51.100.10,
+# kubelet.node_ip).
+#
+# Two test-only adjustments, both in the pod outer host only: the node
+# machines keep nspawn's own cgroup layout (a drop-in unsets the rendered
+# SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: on this hybrid-cgroup host the v2
+# hierarchy has no controllers, and runc needs them, see E2E.md), and the
+# host config's kubelet.config says failCgroupV1: false, which a kubelet
+# on cgroup v1 needs.
+#
+# State between the scenarios lives in the pod outer host and in
+# WORK/pods/ (PIDs), not in shell variables.
+
+POD_NODE_IP=198.51.100.10
+POD_MIRROR=127.0.0.1:5443
+POD_REGISTRY_NAME=registry.e2e.invalid
+
+# pods_enter: points the outer helpers (outer, act, write_config, ...) at
+# the pod outer host; fails when it is not booted.
+pods_enter() {
+  [ -s "$WORK/pods/leader.pid" ] || { fail "the pod outer host is not booted (run pod_runs first)"; return 1; }
+  OUTER=$WORK/pod-outer
+  OUTER_LEADER=$(cat "$WORK/pods/leader.pid")
+  OUTER_NSPAWN_PID=$(cat "$WORK/pods/nspawn.pid")
+}
+
+# pods_registry CONFIG LOG: a docker-registry in the pod outer's network
+# namespace; its PID is appended to WORK/pods/registries.pid.
+pods_registry() {
+  nsenter -t "$OUTER_LEADER" -n docker-registry serve "$1" >>"$2" 2>&1 </dev/null &
+  echo $! >>"$WORK/pods/registries.pid"
+}
+
+# pods_wait_port PORT: until something listens on 127.0.0.1:PORT in the pod
+# outer's network namespace (10 s).
+pods_wait_port() {
+  local deadline=$((SECONDS + 10))
+  while [ $SECONDS -lt $deadline ]; do
+    nsenter -t "$OUTER_LEADER" -n bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# pods_outer_up: boots the pod outer host (private network, the activator
+# bound in), its node IP, the two registries, the test CA, the drop-in that
+# keeps nspawn's cgroup layout.
+pods_outer_up() {
+  mkdir -p "$WORK/pods"
+  local dirs=() d
+  # nspawn --keep-unit makes payload/ and supervisor/ below the cgroup it
+  # starts in: a cgroup of its own, beside the first outer's
+  for d in "${CGROUP_DIRS[@]}"; do mkdir -p "$d/pods"; dirs+=("$d/pods"); done
+  CGROUP_DIRS=("${dirs[@]}")
+  OUTER_IDS=$WORK/pods/outer.ids OUTER_LOG_NAME=pod-outer-console.log \
+    OUTER_ROOT=$WORK/pod-outer OUTER_NAME_WANTED=ks-pods-$$ outer_boot "$OUTER_TAR" \
+    --private-network \
+    --bind-ro="$ACTIVATOR:/usr/local/bin/kubeslot-activator" \
+    --bind-ro="$ACTIVATOR:/usr/bin/kubeslot-activator" \
+    --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
+  echo "$OUTER_NSPAWN_PID" >"$WORK/pods/nspawn.pid"
+  echo "$OUTER_LEADER" >"$WORK/pods/leader.pid"
+  nsenter -t "$OUTER_LEADER" -n ip link add node0 type dummy
+  nsenter -t "$OUTER_LEADER" -n ip addr add "$POD_NODE_IP/24" dev node0
+  nsenter -t "$OUTER_LEADER" -n ip link set node0 up
+
+  # the TLS mirror's CA and certificate (for 127.0.0.1)
+  local tls=$WORK/pods/tls
+  mkdir -p "$tls"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj /CN=kubeslot-e2e-mirror-ca -keyout "$tls/ca.key" -out "$tls/ca.crt" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=127.0.0.1 \
+    -keyout "$tls/mirror.key" -out "$tls/mirror.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\n' >"$tls/san.ext"
+  openssl x509 -req -in "$tls/mirror.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -CAcreateserial \
+    -days 2 -extfile "$tls/san.ext" -out "$tls/mirror.crt" 2>/dev/null
+  mkdir -p "$OUTER/etc/kubeslot"
+  install -m 0644 "$tls/ca.crt" "$OUTER/etc/kubeslot/e2e-mirror-ca.pem"
+  sed -e "s|^  addr: .*|  addr: $POD_MIRROR\n  tls:\n    certificate: $tls/mirror.crt\n    key: $tls/mirror.key|" \
+    "$WORK/registry/config.yml" >"$WORK/pods/mirror.yml"
+  pods_registry "$WORK/registry/config.yml" "$WORK/logs/registry-pods.log"
+  pods_registry "$WORK/pods/mirror.yml" "$WORK/logs/registry-pods-mirror.log"
+  pods_wait_port "${REGISTRY#*:}" || die "the pod outer's registry does not listen"
+  pods_wait_port "${POD_MIRROR#*:}" || die "the pod outer's TLS mirror does not listen"
+
+  mkdir -p "$OUTER/etc/systemd/system/systemd-nspawn@.service.d"
+  cat >"$OUTER/etc/systemd/system/systemd-nspawn@.service.d/zz-e2e-cgroup-layout.conf" <<'EOF2'
+# TEST-ONLY (ci/e2e/pods.sh): nspawn's own cgroup layout instead of the
+# rendered cgroup2-only one, whose v2 hierarchy has no controllers on this
+# hybrid-cgroup CI host (runc needs them).
+[Service]
+UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY
+EOF2
+  outer systemctl daemon-reload
+  act_setup
+  log "  pod outer host up: private network, node IP $POD_NODE_IP, registry and TLS mirror inside"
+}
+
+# pods_cleanup: stops what pods_outer_up started (called by lib.sh's cleanup).
+pods_cleanup() {
+  local pid
+  if [ -s "${WORK:-/nonexistent}/pods/registries.pid" ]; then
+    while read -r pid; do
+      kill "$pid" 2>/dev/null || true
+    done <"$WORK/pods/registries.pid"
+    : >"$WORK/pods/registries.pid"
+  fi
+  if [ -s "${WORK:-/nonexistent}/pods/nspawn.pid" ]; then
+    (OUTER_IDS=$WORK/pods/outer.ids OUTER_NSPAWN_PID=$(cat "$WORK/pods/nspawn.pid"); outer_stop)
+    rm -f "$WORK/pods/nspawn.pid" "$WORK/pods/leader.pid"
+  fi
+}
+
+# pods_config IMAGE: the activator config of the pod outer: write_config's,
+# plus the node IP, the mirror for the pods' registry name with its CA, and
+# failCgroupV1: false (see the top of this file).
+pods_config() {
+  write_config "$1"
+  jq --arg ip "$POD_NODE_IP" --arg name "$POD_REGISTRY_NAME" --arg mirror "https://$POD_MIRROR" '
+    .kubelet.node_ip = $ip
+    | .kubelet.config = {failCgroupV1: false}
+    | .containerd.registry_mirrors = {($name): {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"}}
+  ' "$OUTER$CONFIG_IN_OUTER" >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# in_machine MACHINE CMD...: CMD inside the node machine, output piped back.
+in_machine() {
+  local m=$1; shift
+  outer systemd-run -M "$m" --quiet --wait --pipe "$@" </dev/null
+}
+
+# pods_cni MACHINE: a bridge network for the pods (what a cluster's CNI
+# DaemonSet writes in production).
+pods_cni() {
+  outer systemd-run -M "$1" --quiet --wait --pipe \
+    sh -c 'mkdir -p /etc/cni/net.d && cat >/etc/cni/net.d/10-e2e-bridge.conflist' <<'EOF2' >/dev/null
+{"cniVersion": "0.4.0", "name": "e2e", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF2
+}
+
+# pods_run MACHINE ID [CMD...]: `ctr run --rm --cni` of the hello image in
+# containerd's k8s.io namespace (the CRI's), output on stdout.
+pods_run() {
+  local m=$1 id=$2; shift 2
+  in_machine "$m" ctr -n k8s.io run --rm --cni "$POD_REGISTRY_NAME/e2e/hello:1" "$id" "$@" 2>&1
+}
+
+# The pod outer boots; v1 is activated into kube1 (the node's kubelet
+# fixture starts: /dev/kmsg, the kernel defaults, the cgroup driver and the
+# host's kubelet config drop-in all pass its checks) and imports the baked
+# pause image; the hello image is pulled through the rendered mirror and a
+# container runs with runc and CNI bridge networking: it prints its line,
+# has a bridge address and reaches the node's IP.
+scenario_pod_runs() {
+  activator_present || return 1
+  pods_outer_up || return 1
+  pods_enter || return 1
+  pods_config "$REF_v1"
+  act activate || { show_log; log_report; fail "activate v1 in the pod outer exited non-zero"; return 1; }
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  local got
+  # shellcheck disable=SC2016 # expanded in the machine
+  got=$(in_machine kube1 sh -c 'tr "\0" "\n" </proc/$(systemctl show kubelet -p MainPID --value)/cmdline | grep -c "^--node-ip='"$POD_NODE_IP"'$"; grep -c "\"failCgroupV1\": false" /etc/kubernetes/kubelet/config.d/50-kubeslot.conf; readlink /dev/kmsg' | paste -sd' ')
+  check_eq "kubelet: --node-ip, the host's config drop-in, /dev/kmsg" "$got" "1 1 /dev/console" || return 1
+  got=$(in_machine kube1 journalctl -u kubeslot-images --no-pager -o cat | grep 'registry.k8s.io/pause' || true)
+  check "the pause image was imported at first boot" grep -q "registry.k8s.io/pause:3.10.2: imported ($PAUSE_DIGEST)" <<<"$got" || { echo "$got" >&2; return 1; }
+
+  pods_cni kube1
+  local t0 out
+  t0=$(now_ms)
+  out=$(in_machine kube1 ctr -n k8s.io images pull --hosts-dir /etc/containerd/certs.d \
+    "$POD_REGISTRY_NAME/e2e/hello:1" 2>&1) || { echo "$out" >&2; fail "pull of $POD_REGISTRY_NAME/e2e/hello:1 through the rendered mirror"; return 1; }
+  log "  pulled $POD_REGISTRY_NAME/e2e/hello:1 through the mirror in $(($(now_ms) - t0)) ms"
+  out=$(pods_run kube1 hello-1) || { echo "$out" >&2; fail "ctr run --cni of the hello image"; return 1; }
+  check "the container printed its line" grep -qx 'hello from an e2e pod' <<<"$out" || { echo "$out" >&2; return 1; }
+  out=$(pods_run kube1 hello-2 sh -c "ip -4 addr show eth0; ping -c1 -W5 $POD_NODE_IP") ||
+    { echo "$out" >&2; fail "a container reaches the node IP $POD_NODE_IP"; return 1; }
+  check "the container has a CNI bridge address" grep -q 'inet 10\.88\.' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "the container reached the node IP" grep -q '1 packets received' <<<"$out" || { echo "$out" >&2; return 1; }
+  log "  pod: $(grep -o 'inet [0-9./]*' <<<"$out") -> $POD_NODE_IP ok"
+}
+
+# The pull above went through the mirror only: the pods' registry name
+# resolves nowhere in the node, the TLS mirror's log has the manifest
+# request with containerd's ns=registry.e2e.invalid, and the rendered CA is
+# what makes it work: the same pull with the rendered hosts.toml less its
+# `ca` lines fails on the certificate.
+scenario_mirror_pull_airgapped() {
+  pods_enter || return 1
+  # (.invalid never resolves, RFC 2606; and the namespace has no way out)
+  check_eq "default route in the node's network namespace" \
+    "$(nsenter -t "$OUTER_LEADER" -n ip -4 route show default)" "" || return 1
+  check "the mirror served the manifest for $POD_REGISTRY_NAME" \
+    grep -q "GET /v2/e2e/hello/manifests/1?ns=$POD_REGISTRY_NAME" "$WORK/logs/registry-pods-mirror.log" || return 1
+  local hosts out
+  hosts=$(in_machine kube1 cat "/etc/containerd/certs.d/$POD_REGISTRY_NAME/hosts.toml")
+  check "hosts.toml names the mirror and its CA" grep -q "^ca = \"/etc/containerd/certs.d/$POD_REGISTRY_NAME/ca.crt\"" <<<"$hosts" || { echo "$hosts" >&2; return 1; }
+  # shellcheck disable=SC2016 # expanded in the machine
+  out=$(in_machine kube1 sh -c '
+    d=/run/e2e-hosts-no-ca/'"$POD_REGISTRY_NAME"'; mkdir -p $d
+    grep -v "^ *ca = " /etc/containerd/certs.d/'"$POD_REGISTRY_NAME"'/hosts.toml >$d/hosts.toml
+    ctr -n e2e-no-ca images pull --hosts-dir /run/e2e-hosts-no-ca '"$POD_REGISTRY_NAME"'/e2e/hello:1' 2>&1) &&
+    { echo "$out" >&2; fail "a pull without the rendered CA succeeded"; return 1; }
+  check "without the CA the pull fails on the certificate" grep -qi 'x509\|certificate' <<<"$out" || { echo "$out" >&2; return 1; }
+  out=$(in_machine kube1 ctr -n e2e-with-ca images pull --hosts-dir /etc/containerd/certs.d "$POD_REGISTRY_NAME/e2e/hello:1" 2>&1) ||
+    { echo "$out" >&2; fail "the same pull with the rendered hosts.toml"; return 1; }
+  in_machine kube1 ctr -n e2e-with-ca images rm "$POD_REGISTRY_NAME/e2e/hello:1" >/dev/null 2>&1 || true
+  log "  ok: the rendered CA is what the mirror pull needs"
+}
+
+# The flip to kube2 (v2): the image pulled on kube1 is in kube2's containerd
+# (node state in /var/lib/kubeslot/node/containerd survived), and a
+# container runs from it there with the mirror stopped (no pull).
+scenario_image_cache_survives_flip() {
+  activator_present || return 1
+  pods_enter || return 1
+  pods_config "$REF_v2"
+  act activate || { show_log; log_report; fail "activate v2 in the pod outer exited non-zero"; return 1; }
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  local listed out
+  listed=$(in_machine kube2 ctr -n k8s.io images ls -q)
+  check "kube2's containerd has the image pulled on kube1" grep -qx "$POD_REGISTRY_NAME/e2e/hello:1" <<<"$listed" || { echo "$listed" >&2; return 1; }
+  # no registry from here on: the container must come from the cache
+  local pid
+  while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$WORK/pods/registries.pid"
+  : >"$WORK/pods/registries.pid"
+  check "the mirror is down" bash -c "! nsenter -t $OUTER_LEADER -n bash -c 'exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}' 2>/dev/null" || return 1
+  pods_cni kube2
+  out=$(pods_run kube2 hello-3) || { echo "$out" >&2; fail "ctr run --cni in kube2"; return 1; }
+  check "a container from the cached image runs in kube2" grep -qx 'hello from an e2e pod' <<<"$out" || { echo "$out" >&2; return 1; }
+}
+
+# The baked pause image: in kube2 its import was skipped (already there from
+# kube1's first boot, node state survived), the unit finished before the
+# kubelet started, the image is the pinned digest under the name
+# containerd's sandbox_image gives, and it runs; no registry ever served it
+# to a node. Last pod scenario: the pod outer host is stopped.
+scenario_preloaded_pause() {
+  pods_enter || return 1
+  local got done_at started_at out
+  got=$(in_machine kube2 journalctl -u kubeslot-images --no-pager -o cat | grep 'registry.k8s.io/pause' || true)
+  check "kube2 skipped the import (kept from kube1)" grep -q "registry.k8s.io/pause:3.10.2: already imported ($PAUSE_DIGEST)" <<<"$got" || { echo "$got" >&2; return 1; }
+  done_at=$(outer systemctl -M kube2 show kubeslot-images -p ExecMainExitTimestampMonotonic --value)
+  started_at=$(outer systemctl -M kube2 show kubelet -p ExecMainStartTimestampMonotonic --value)
+  check "the import finished before the kubelet started ($done_at <= $started_at)" test "$done_at" -le "$started_at" || return 1
+  got=$(in_machine kube2 ctr -n k8s.io images ls "name==registry.k8s.io/pause:3.10.2" | awk 'NR > 1 { print $3 }')
+  check_eq "registry.k8s.io/pause:3.10.2 in containerd" "$got" "$PAUSE_DIGEST" || return 1
+  got=$(in_machine kube2 sh -c 'grep -c "sandbox_image = \"registry.k8s.io/pause:3.10.2\"" /etc/containerd/config.toml')
+  check_eq "containerd's sandbox image is the baked one" "$got" 1 || return 1
+  out=$(in_machine kube2 sh -c 'ctr -n k8s.io run -d registry.k8s.io/pause:3.10.2 pause-check >/dev/null &&
+    sleep 0.5 && ctr -n k8s.io tasks ls | grep pause-check;
+    ctr -n k8s.io tasks kill -s SIGKILL pause-check; sleep 0.3; ctr -n k8s.io tasks rm pause-check; ctr -n k8s.io containers rm pause-check' 2>&1) || true
+  check "the pause image runs" grep -q 'pause-check.*RUNNING' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "no registry the nodes can reach was asked for the pause image" \
+    bash -c "! grep -h '/v2/e2e/pause/' '$WORK/logs/registry-pods.log' '$WORK/logs/registry-pods-mirror.log'" || return 1
+  pods_cleanup
+  rm -rf --one-file-system "$WORK/pod-outer"
+}
