@@ -16,8 +16,8 @@
 # Pods name their images `registry.e2e.invalid/...`: a name that resolves
 # nowhere, so a pull works only through the rendered hosts.toml (mirror and
 # CA). The node machine shares that namespace (VirtualEthernet=no, as in
-# production); a dummy interface gives the node its IP (198.51.100.10,
-# kubelet.node_ip).
+# production); an address on its loopback device gives the node its IP
+# (198.51.100.10, kubelet.node_ip).
 #
 # Two test-only adjustments, both in the pod outer host only: the node
 # machines keep nspawn's own cgroup layout (a drop-in unsets the rendered
@@ -70,6 +70,8 @@ pods_outer_up() {
   # starts in: a cgroup of its own, beside the first outer's
   for d in "${CGROUP_DIRS[@]}"; do mkdir -p "$d/pods"; dirs+=("$d/pods"); done
   CGROUP_DIRS=("${dirs[@]}")
+  # (a fresh leader: the main outer's must never be taken for it)
+  OUTER_LEADER="" OUTER_NSPAWN_PID=""
   OUTER_IDS=$WORK/pods/outer.ids OUTER_LOG_NAME=pod-outer-console.log \
     OUTER_ROOT=$WORK/pod-outer OUTER_NAME_WANTED=ks-pods-$$ outer_boot "$OUTER_TAR" \
     --private-network \
@@ -78,9 +80,11 @@ pods_outer_up() {
     --bind-ro="$WORK/kubelet/v1/kubelet:/usr/local/bin/e2e-probe"
   echo "$OUTER_NSPAWN_PID" >"$WORK/pods/nspawn.pid"
   echo "$OUTER_LEADER" >"$WORK/pods/leader.pid"
-  nsenter -t "$OUTER_LEADER" -n ip link add node0 type dummy
-  nsenter -t "$OUTER_LEADER" -n ip addr add "$POD_NODE_IP/24" dev node0
-  nsenter -t "$OUTER_LEADER" -n ip link set node0 up
+  # never act on this machine's own network namespace
+  [ "$(readlink "/proc/$OUTER_LEADER/ns/net")" != "$(readlink /proc/self/ns/net)" ] ||
+    die "the pod outer host shares this machine's network namespace"
+  # the node's IP: an address of its namespace (no dummy driver here)
+  nsenter -t "$OUTER_LEADER" -n ip addr add "$POD_NODE_IP/32" dev lo
 
   # the TLS mirror's CA and certificate (for 127.0.0.1)
   local tls=$WORK/pods/tls
@@ -111,7 +115,7 @@ UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY
 EOF2
   outer systemctl daemon-reload
   act_setup
-  log "  pod outer host up: private network, node IP $POD_NODE_IP, registry and TLS mirror inside"
+  log "  pod outer host up (leader $OUTER_LEADER): private network, node IP $POD_NODE_IP, registry and TLS mirror inside"
 }
 
 # pods_cleanup: stops what pods_outer_up started (called by lib.sh's cleanup).
