@@ -1,4 +1,6 @@
 # shellcheck shell=bash
+# REF_*, PAUSE_DIGEST, ... are set by images.sh, which run.sh sources first.
+# shellcheck disable=SC2154
 # The pod scenarios, sourced by ci/e2e/run.sh: containers run by the node
 # image's own containerd (runc, CNI bridge networking) inside node machines
 # the real kubeslot-activator activated, with the pod image pulled through the
