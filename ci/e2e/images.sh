@@ -67,10 +67,10 @@ test_images_build() {
   tar -C "$dir/cni" --sort=name --mtime=@1700000000 --owner=0 --group=0 --numeric-owner -cf - . | gzip -n >"$CNI_TGZ"
 }
 
-# images_stage: the files of the config layer and of each Kubernetes layer
-# (the umoci stand-in's layers, and what node_tree_fill copies into a tree
-# made by hand): the recipe's config group, less the baked pause image,
-# which only kubeslot-builder makes.
+# images_stage: what node_tree_fill copies into a node tree made by hand:
+# the recipe's config group (units and their enable links, the kubelet and
+# containerd config, the import unit, the CNI plugins), less the baked pause
+# image, which only kubeslot-builder makes; and each version's kubelet.
 images_stage() {
   local stage=$WORK/images/stage units=$E2E_TESTDATA/node/units files=$REPO/recipes/files v u
   rm -rf "$stage"
