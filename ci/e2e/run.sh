@@ -185,11 +185,23 @@ scenario_images() {
     check_eq "layers $v shares with v1" "$shared" 2 || return 1
   done
   # Each fixture build, run for a moment on a free loopback port: v1, v2 and
-  # v4 answer /healthz ok, v3 answers 500.
-  local port pid out rc
+  # v4 answer /healthz ok, v3 answers 500. It runs here, on this machine, so
+  # its start-up checks read a fake node (FAKE_KUBELET_ROOT: cgroup2, no
+  # swap, /dev/kmsg, the kernel defaults): they must never write this
+  # machine's /proc/sys.
+  local port pid out rc fake=$WORK/fixture-root k
+  mkdir -p "$fake/proc/self" "$fake/dev"
+  echo '25 1 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw' >"$fake/proc/self/mountinfo"
+  printf 'Filename\tType\tSize\tUsed\tPriority\n' >"$fake/proc/swaps"
+  : >"$fake/dev/kmsg"
+  for k in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
+    kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
+    mkdir -p "$fake/proc/sys/$(dirname "${k%=*}")"
+    echo "${k#*=}" >"$fake/proc/sys/${k%=*}"
+  done
   for v in "${E2E_VERSIONS[@]}"; do
     port=$(free_port)
-    "$WORK/kubelet/$v/kubelet" --healthz-port "$port" >"$WORK/logs/fixture-$v.log" 2>&1 &
+    FAKE_KUBELET_ROOT=$fake "$WORK/kubelet/$v/kubelet" --healthz-port "$port" >"$WORK/logs/fixture-$v.log" 2>&1 &
     pid=$!
     rc=1
     for _ in $(seq 50); do
