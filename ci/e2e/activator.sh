@@ -25,8 +25,10 @@ ACT_RUNS=0
 #    and holds this CI machine's values (vm.overcommit_memory=0,
 #    kernel.panic=1, ...), which the tests must not change;
 #    systemd-sysctl cannot write a read-only /proc/sys, so the activator's
-#    drop-in cannot take effect there. The fixture kubelet does not check
-#    them. (The unit tests check them on fake /proc trees.)
+#    drop-in cannot take effect there. The fixture kubelet checks them
+#    inside each node machine, where the TEST-ONLY unit
+#    kubeslot-test-kernel-defaults shows it the wanted values. (The unit
+#    tests check both on fake /proc trees.)
 #  * dev-kmsg: nspawn gives the outer no /dev/kmsg character device.
 # preflight_fails drops one of these to prove a refusal on real grounds.
 E2E_PREFLIGHT_IGNORE='["cgroup-v2", "sysctl-*", "dev-kmsg"]'
