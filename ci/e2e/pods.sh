@@ -130,7 +130,7 @@ pods_cleanup() {
     : >"$WORK/pods/registries.pid"
   fi
   if [ -s "${WORK:-/nonexistent}/pods/nspawn.pid" ]; then
-    (OUTER_IDS=$WORK/pods/outer.ids OUTER_NSPAWN_PID=$(cat "$WORK/pods/nspawn.pid"); outer_stop)
+    (OUTER_NSPAWN_PID=$(cat "$WORK/pods/nspawn.pid"); OUTER_IDS=$WORK/pods/outer.ids outer_stop)
     rm -f "$WORK/pods/nspawn.pid" "$WORK/pods/leader.pid"
   fi
 }
