@@ -252,6 +252,10 @@ scenario_image_cache_survives_flip() {
   local pid
   while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$WORK/pods/registries.pid"
   : >"$WORK/pods/registries.pid"
+  # (a registry shuts down gracefully: wait up to 10 s for the port to close)
+  local deadline=$((SECONDS + 10))
+  while nsenter -t "$OUTER_LEADER" -n bash -c "exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}" 2>/dev/null &&
+    [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   check "the mirror is down" bash -c "! nsenter -t $OUTER_LEADER -n bash -c 'exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}' 2>/dev/null" || return 1
   pods_cni kube2
   out=$(pods_run kube2 hello-3) || { echo "$out" >&2; fail "ctr run --cni in kube2"; return 1; }
