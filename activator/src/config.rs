@@ -83,6 +83,9 @@ impl Config {
     /// What says the node's kubelet runs with swap, when something does
     /// (for the `swap` preflight check).
     pub fn kubelet_allows_swap(&self) -> Option<String> {
+        if self.kubelet.config.get("failSwapOn") == Some(&serde_json::Value::Bool(false)) {
+            return Some("kubelet.config.failSwapOn: false".to_string());
+        }
         self.preflight
             .allow_swap
             .then(|| "preflight.allow_swap: the image's kubelet sets failSwapOn: false".to_string())
@@ -532,6 +535,29 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn swap_is_allowed_by_the_kubelet_config_or_the_preflight_knob() {
+        let base = serde_json::json!({
+            "image": "ghcr.io/o/node:v1",
+            "kubelet": {"api_server": "https://10.0.0.1:6443", "bootstrap_token": "abcdef.0123456789abcdef"}
+        });
+        let parse = |v: serde_json::Value| -> Config { serde_json::from_value(v).unwrap() };
+        assert_eq!(parse(base.clone()).kubelet_allows_swap(), None);
+        let mut c = base.clone();
+        c["kubelet"]["config"] = serde_json::json!({"failSwapOn": false});
+        assert_eq!(
+            parse(c).kubelet_allows_swap().as_deref(),
+            Some("kubelet.config.failSwapOn: false")
+        );
+        let mut c = base.clone();
+        c["kubelet"]["config"] = serde_json::json!({"failSwapOn": true});
+        assert_eq!(parse(c).kubelet_allows_swap(), None);
+        let mut c = base;
+        c["preflight"] = serde_json::json!({"allow_swap": true});
+        assert!(parse(c).kubelet_allows_swap().is_some());
+    }
+
     use super::*;
 
     const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";

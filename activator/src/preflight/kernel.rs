@@ -208,8 +208,9 @@ fn swap(root: &Root, allowed: Option<&str>) -> Finding {
             needed,
         )
         .hint(
-            "swapoff -a and remove swap from /etc/fstab; or, when the image's kubelet sets \
-             failSwapOn: false, say so with the config's \"preflight\": {\"allow_swap\": true}",
+            "swapoff -a and remove swap from /etc/fstab; or let the kubelet run with swap: \
+             \"kubelet\": {\"config\": {\"failSwapOn\": false}} in the config (or, when the \
+             image's own kubelet config sets it, \"preflight\": {\"allow_swap\": true})",
         )
     }
 }
