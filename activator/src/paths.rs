@@ -113,6 +113,30 @@ impl Root {
             .join(format!("{machine}.tree"))
     }
 
+    /// `/var/lib/kubeslot/layers`: the layer store of overlay slots, one
+    /// directory per verified layer named by its diff_id's hex.
+    pub fn layers_dir(&self) -> PathBuf {
+        self.state_dir().join("layers")
+    }
+
+    /// `/var/lib/kubeslot/slots/<machine>`: an overlay slot's `upper` and
+    /// `work` directories (what the running machine wrote).
+    pub fn slot_overlay_dir(&self, machine: &str) -> PathBuf {
+        self.state_dir().join("slots").join(machine)
+    }
+
+    /// `/etc/systemd/system/<escaped machine tree>.mount`: an overlay slot's
+    /// mount unit (`var-lib-machines-kube1.mount` on a host).
+    pub fn mount_unit_file(&self, machine: &str) -> PathBuf {
+        self.systemd_system_dir().join(self.mount_unit(machine))
+    }
+
+    /// The name of an overlay slot's mount unit: the machine tree's path,
+    /// escaped the way systemd names mount units (`systemd-escape --path`).
+    pub fn mount_unit(&self, machine: &str) -> String {
+        format!("{}.mount", systemd_escape_path(&self.machine_tree(machine)))
+    }
+
     /// `/var/lib/machines/.kubeslot-staging-<machine>`: where a slot tree is
     /// unpacked before it is renamed into place (same filesystem).
     pub fn machine_staging(&self, machine: &str) -> PathBuf {
@@ -265,6 +289,38 @@ pub mod host {
     pub const ACTIVATOR_BIN: &str = "/usr/bin/kubeslot-activator";
 }
 
+/// `systemd-escape --path`: `/` separators become `-`, every byte outside
+/// `[A-Za-z0-9:_.]` (and a leading `.`) becomes `\xNN`.
+pub fn systemd_escape_path(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = path.as_os_str().as_bytes();
+    let parts: Vec<&[u8]> = bytes
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    if parts.is_empty() {
+        return "-".into();
+    }
+    let mut out = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push('-');
+        }
+        for (j, &b) in part.iter().enumerate() {
+            let plain = b.is_ascii_alphanumeric()
+                || b == b':'
+                || b == b'_'
+                || (b == b'.' && !(i == 0 && j == 0));
+            if plain {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("\\x{b:02x}"));
+            }
+        }
+    }
+    out
+}
+
 /// The template unit file name of the render oneshot.
 pub const RENDER_UNIT: &str = "kubeslot-render@.service";
 
@@ -334,6 +390,19 @@ mod tests {
         assert_eq!(
             Root::host().nspawn_file("kube2"),
             Path::new("/etc/systemd/nspawn/kube2.nspawn")
+        );
+    }
+
+    #[test]
+    fn mount_units_are_named_like_systemd_escape_path() {
+        assert_eq!(
+            Root::host().mount_unit("kube1"),
+            "var-lib-machines-kube1.mount"
+        );
+        assert_eq!(systemd_escape_path(Path::new("/.a")), "\\x2ea");
+        assert_eq!(
+            systemd_escape_path(Path::new("/tmp/.x-y/a b/")),
+            "tmp-.x\\x2dy-a\\x20b"
         );
     }
 }

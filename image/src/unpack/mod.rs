@@ -11,7 +11,10 @@
 //! without bound) and applies them with its own code (`apply.rs`): never following a symlink, with OCI whiteout and
 //! opaque-directory semantics (`whiteout.rs`) and the name rules of
 //! `path.rs`. Every refusal is an [`UnpackError`] naming layer, entry and
-//! [`Rule`].
+//! [`Rule`]. In [`Whiteouts::Overlay`] mode (one layer per target, for an
+//! overlayfs lower directory) whiteouts are recorded as overlayfs ones
+//! instead of applied: `.wh.NAME` becomes a 0:0 character device `NAME`,
+//! `.wh..wh..opq` the `trusted.overlay.opaque=y` xattr on its directory.
 //!
 //! Deliberately not here: fetching or trusting blobs (the store and
 //! `verify` do that; the `diff_id` check here is defence in depth and the
@@ -114,7 +117,25 @@ pub struct Unpacker {
     buf: Vec<u8>,
     keys: (RandomState, RandomState),
     failed: bool,
+    whiteouts: Whiteouts,
 }
+
+/// What a whiteout entry does to the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Whiteouts {
+    /// All layers go into one tree: a whiteout removes what lower layers
+    /// put there (the copy mode).
+    #[default]
+    Apply,
+    /// The target holds one layer, to be an overlayfs lower directory: a
+    /// whiteout is recorded as an overlayfs whiteout (a 0:0 character
+    /// device), an opaque marker as `trusted.overlay.opaque=y` on its
+    /// directory. A hardlink can only point into the same layer.
+    Overlay,
+}
+
+/// The xattr that makes an overlayfs directory hide lower layers' entries.
+pub const OVERLAY_OPAQUE: &str = "trusted.overlay.opaque";
 
 /// A reader that counts uncompressed bytes and fails once they pass a
 /// budget; `tripped` tells the caller the failure was the budget.
@@ -183,6 +204,8 @@ struct LayerState {
     dir_times: Vec<(ImagePath, Timespec)>,
     saved: SavedTimes,
     stats: LayerStats,
+    /// Paths this layer whited out ([`Whiteouts::Overlay`] only).
+    whited: HashSet<u128>,
 }
 
 impl Unpacker {
@@ -226,7 +249,16 @@ impl Unpacker {
             buf: vec![0; BUF_BYTES],
             keys: (RandomState::new(), RandomState::new()),
             failed: false,
+            whiteouts: Whiteouts::Apply,
         })
+    }
+
+    /// An unpacker for one layer into its own directory, whiteouts recorded
+    /// the overlayfs way ([`Whiteouts::Overlay`]).
+    pub fn new_overlay_layer(target: &Path, policy: Policy) -> Result<Unpacker, UnpackError> {
+        let mut u = Unpacker::new(target, policy)?;
+        u.whiteouts = Whiteouts::Overlay;
+        Ok(u)
     }
 
     /// Applies one layer (decompress in-process: flate2 gzip, zstd, plain tar),
@@ -285,6 +317,7 @@ impl Unpacker {
         let mut archive = tar::Archive::new(BufReader::with_capacity(BUF_BYTES, budget));
         let mut state = LayerState {
             written: HashSet::new(),
+            whited: HashSet::new(),
             ancestors: HashSet::new(),
             dir_times: Vec::new(),
             saved: SavedTimes::default(),
@@ -681,6 +714,11 @@ impl Unpacker {
                 let parent = self.parent(dir, state)?;
                 let fd = self.tree.create_dir(parent.as_fd(), name, shown)?;
                 self.set_meta(&fd, &path, &meta, &xattrs, false, &mut state.stats)?;
+                if self.whiteouts == Whiteouts::Overlay && state.whited.contains(&key) {
+                    // Whited out and written in the same layer: the lower
+                    // layers' directory is gone, this layer's stays.
+                    set_opaque(&fd, shown)?;
+                }
                 state.dir_times.push((path, mtime));
                 state.stats.dirs += 1;
             }
@@ -811,7 +849,8 @@ impl Unpacker {
         Ok(())
     }
 
-    /// A hardlink: the target must be a regular file already in the tree.
+    /// A hardlink: the target must be a regular file already in the tree
+    /// (in overlay mode: in this layer).
     fn hardlink(
         &mut self,
         path: &ImagePath,
@@ -826,13 +865,21 @@ impl Unpacker {
             ),
             r => Step::Rule(r, format!("hardlink target \"{}\": {d}", escape(target))),
         })?;
+        let overlay = self.whiteouts == Whiteouts::Overlay;
         let missing = || {
             Step::Rule(
                 Rule::HardlinkMissing,
-                format!(
-                    "hardlink target \"{}\" is not in the tree (yet)",
-                    escape(tpath.as_bytes())
-                ),
+                if overlay {
+                    format!(
+                        "hardlink target \"{}\" is not in this layer (an overlay layer cannot link into a lower one; slots.mode = \"copy\" can)",
+                        escape(tpath.as_bytes())
+                    )
+                } else {
+                    format!(
+                        "hardlink target \"{}\" is not in the tree (yet)",
+                        escape(tpath.as_bytes())
+                    )
+                },
             )
         };
         let Some((tdir, tname)) = tpath.split_last() else {
@@ -911,6 +958,9 @@ impl Unpacker {
     /// already wrote that path (or something under it), only lower
     /// layers' contents beneath it go.
     fn whiteout(&mut self, dir: &[u8], name: &[u8], state: &mut LayerState) -> Result<(), Step> {
+        if self.whiteouts == Whiteouts::Overlay {
+            return self.overlay_whiteout(dir, name, state);
+        }
         let Some(parent) = self.tree.open_dir(dir, false)? else {
             return Ok(()); // nothing below to hide
         };
@@ -939,10 +989,57 @@ impl Unpacker {
 
     /// `dir/.wh..wh..opq`: removes lower layers' entries in `dir`.
     fn opaque(&mut self, dir: &[u8], state: &mut LayerState) -> Result<(), Step> {
+        if self.whiteouts == Whiteouts::Overlay {
+            let parent = self.parent(dir, state)?;
+            return set_opaque(&parent, dir);
+        }
         let Some(fd) = self.tree.open_dir(dir, false)? else {
             return Ok(());
         };
         self.prune(&fd, &ImagePath::from_normalised(dir), state)
+    }
+
+    /// `dir/.wh.name` in a layer of its own: an overlayfs whiteout device
+    /// `dir/name` (0:0), unless this layer wrote that path itself: its own
+    /// non-directory hides the lower one already, its own directory becomes
+    /// opaque. A later entry of this layer for the path replaces the device.
+    fn overlay_whiteout(
+        &mut self,
+        dir: &[u8],
+        name: &[u8],
+        state: &mut LayerState,
+    ) -> Result<(), Step> {
+        let target = ImagePath::from_normalised(dir).join(name);
+        let key = self.path_key(target.as_bytes());
+        let parent = self.parent(dir, state)?;
+        if state.written.contains(&key) || state.ancestors.contains(&key) {
+            if let Ok(fd) = rfs::openat(
+                &parent,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                set_opaque(&fd, target.as_bytes())?;
+            }
+            return Ok(());
+        }
+        state.whited.insert(key);
+        rfs::mknodat(
+            &parent,
+            name,
+            FileType::CharacterDevice,
+            Mode::empty(),
+            rfs::makedev(0, 0),
+        )
+        .map_err(|e| {
+            Step::Rule(
+                Rule::Io,
+                format!(
+                    "create the overlayfs whiteout \"{}\" (a 0:0 character device): {e}",
+                    escape(target.as_bytes())
+                ),
+            )
+        })
     }
 
     /// Removes lower layers' entries under `dir` (see [`Tree::prune`]).
@@ -1129,6 +1226,32 @@ fn read_capped<R: Read>(
         ));
     }
     Ok(data)
+}
+
+/// Marks directory `fd` opaque for overlayfs (lower layers' entries under
+/// it are hidden). `fd` may be an `O_PATH` handle: it is reopened readable.
+fn set_opaque(fd: &impl AsFd, shown: &[u8]) -> Result<(), Step> {
+    let readable = rfs::openat(
+        fd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        Step::Rule(
+            Rule::Io,
+            format!("open directory \"{}\": {e}", escape(shown)),
+        )
+    })?;
+    rfs::fsetxattr(&readable, OVERLAY_OPAQUE, b"y", rfs::XattrFlags::empty()).map_err(|e| {
+        Step::Rule(
+            Rule::Xattr,
+            format!(
+                "{OVERLAY_OPAQUE} on \"{}\" (the layer store's filesystem must keep trusted.* xattrs): {e}",
+                escape(shown)
+            ),
+        )
+    })
 }
 
 fn parse_u64(v: &[u8]) -> Option<u64> {

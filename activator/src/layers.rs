@@ -1,0 +1,179 @@
+//! The layer store of overlay slots: each verified layer unpacked once, by
+//! the safe unpacker, into `/var/lib/kubeslot/layers/<diff_id hex>`.
+//!
+//! Given the root handle, the content store (blobs already verified) and a
+//! verified image, [`ensure`] makes every layer directory the image needs:
+//! a missing one is unpacked alone into `layers/.staging-<hex>-<random>`
+//! ([`Unpacker::new_overlay_layer`]: whiteouts recorded as overlayfs
+//! whiteouts, never applied), synced, and renamed into place (no replace);
+//! a present one is reused, never unpacked again. A directory appears under
+//! its diff_id only complete, so a crash leaves staging garbage (removed by
+//! the next run, which holds the host lock), never a half layer.
+//!
+//! Nothing here writes into a layer directory once it is in place: overlay
+//! mounts use them as read-only lowers. It does not mount, choose slots or
+//! remove layers (the overlay and GC code do).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use kubeslot_image::atomic;
+use kubeslot_image::digest::Digest;
+use kubeslot_image::source::SelectedImage;
+use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
+use rustix::fs::{renameat_with, RenameFlags, CWD};
+
+use crate::paths::Root;
+use crate::progress;
+use crate::store::{Store, StoreError};
+
+/// Why a layer could not be put in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("unpacking layer {layer} (diff_id {diff_id}) into the layer store: {error}")]
+    Unpack {
+        layer: Digest,
+        diff_id: Digest,
+        error: Box<UnpackError>,
+    },
+    #[error(transparent)]
+    Store(#[from] Box<StoreError>),
+    #[error("layer store {path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
+    move |error| LayerError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// The layer directories of one image and what it took to have them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ensured {
+    /// One directory per layer, in manifest order (bottom layer first).
+    pub dirs: Vec<PathBuf>,
+    /// Layers unpacked by this call.
+    pub unpacked: usize,
+    /// Layers already in the store.
+    pub reused: usize,
+    /// Uncompressed tar bytes of the layers unpacked by this call.
+    pub bytes_unpacked: u64,
+}
+
+/// The directory of the layer with `diff_id`.
+pub fn layer_dir(root: &Root, diff_id: &Digest) -> PathBuf {
+    root.layers_dir().join(diff_id.hex())
+}
+
+/// The directories `image`'s layers are (or would be) in, bottom first.
+pub fn dirs_of(root: &Root, image: &SelectedImage) -> Vec<PathBuf> {
+    image
+        .layers
+        .iter()
+        .map(|(_, _, diff_id)| layer_dir(root, diff_id))
+        .collect()
+}
+
+/// Removes the staging directories a killed run left in the layer store.
+/// Only for a caller holding the host lock.
+pub fn remove_stale(root: &Root) -> Result<(), LayerError> {
+    let dir = root.layers_dir();
+    let rd = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(&dir)(e)),
+    };
+    for entry in rd.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".staging-") {
+            let p = entry.path();
+            // remove_dir_all does not follow symlinks inside the tree.
+            fs::remove_dir_all(&p).map_err(io_err(&p))?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure every layer of `image` (its blobs in `store`) has its
+/// directory in the layer store, unpacking only the missing ones.
+pub fn ensure(
+    root: &Root,
+    store: &Store,
+    image: &SelectedImage,
+    policy: &unpack::Policy,
+) -> Result<Ensured, LayerError> {
+    let base = root.layers_dir();
+    atomic::create_dir(&base, 0o700).map_err(|e| LayerError::Io {
+        path: e.path,
+        error: e.source,
+    })?;
+    remove_stale(root)?;
+    let count = image.layers.len();
+    let mut out = Ensured::default();
+    for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
+        let dest = layer_dir(root, diff_id);
+        out.dirs.push(dest.clone());
+        if dest.is_dir() {
+            progress::line(|| {
+                format!(
+                    "layer {}/{count} {}: in the layer store",
+                    index + 1,
+                    progress::short(&desc.digest)
+                )
+            });
+            out.reused += 1;
+            continue;
+        }
+        progress::line(|| {
+            format!(
+                "layer {}/{count} {}: unpacking {} into the layer store",
+                index + 1,
+                progress::short(&desc.digest),
+                progress::human(desc.size)
+            )
+        });
+        let staging = tempfile::Builder::new()
+            .prefix(&format!(".staging-{}-", diff_id.hex()))
+            .tempdir_in(&base)
+            .map_err(io_err(&base))?;
+        {
+            // tempdir makes 0700; a layer's root is 0755 unless it says otherwise.
+            use std::os::unix::fs::PermissionsExt as _;
+            fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
+                .map_err(io_err(staging.path()))?;
+        }
+        let wrap = |error: UnpackError| LayerError::Unpack {
+            layer: desc.digest,
+            diff_id: *diff_id,
+            error: Box::new(error),
+        };
+        let mut unpacker =
+            Unpacker::new_overlay_layer(staging.path(), policy.clone()).map_err(wrap)?;
+        let reader = store.open_blob(&desc.digest).map_err(Box::new)?;
+        let stats = unpacker
+            .apply(Layer {
+                index,
+                digest: desc.digest,
+                diff_id: *diff_id,
+                compression: *compression,
+                reader,
+            })
+            .map_err(wrap)?;
+        unpacker.finish().map_err(wrap)?;
+        renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
+            .map_err(|e| io_err(&dest)(std::io::Error::from(e)))?;
+        // Renamed away: the TempDir's drop finds nothing to delete.
+        drop(staging);
+        atomic::sync_dir(&base).map_err(|e| LayerError::Io {
+            path: e.path,
+            error: e.source,
+        })?;
+        out.unpacked += 1;
+        out.bytes_unpacked += stats.bytes;
+    }
+    Ok(out)
+}

@@ -1,0 +1,246 @@
+//! Overlay slots: a slot's tree as an overlayfs mount of its image's layer
+//! directories (read-only lowers, top layer first) and the slot's own
+//! `upper`/`work` directories, as a rendered systemd mount unit.
+//!
+//! Given the root handle, a [`Systemd`] and the layer directories
+//! ([`crate::layers`]), it renders `<escaped machine tree>.mount`
+//! (`var-lib-machines-kube1.mount` on a host: What=overlay,
+//! Where=/var/lib/machines/kube1), installs it ([`install`]: the slot's old
+//! mount stopped, the mount point emptied, a fresh upper, the unit written,
+//! daemon-reload, started), removes it for a copy slot ([`remove`]) and
+//! empties the upper of a stopped slot ([`clean`], `rollback --clean`).
+//! `systemd-nspawn@.service` has `RequiresMountsFor=/var/lib/machines/%i`,
+//! so starting (and, enabled, booting) the machine mounts its slot first;
+//! the unit needs no `[Install]` of its own.
+//!
+//! The lowers are never written: overlayfs writes only the upper, and
+//! nothing here opens a layer directory. It does not unpack layers, choose
+//! the slot or the mode, or record state.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use kubeslot_image::atomic;
+use kubeslot_image::digest::Digest;
+
+use crate::paths::Root;
+use crate::slot::Slot;
+use crate::systemd::{Systemd, SystemdError};
+
+/// The longest mount option string the kernel takes: the mount data is one
+/// page (4096 bytes on x86_64 and most arm64 kernels), NUL included.
+pub const OPTIONS_MAX: usize = 4095;
+
+/// Why an overlay slot could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum OverlayError {
+    #[error(
+        "overlay slot {slot}: the mount options are {len} bytes, more than the kernel's {max} \
+         ({layers} layers of {per} bytes each: layer store {store}); use an image with fewer \
+         layers or slots.mode = \"copy\""
+    )]
+    OptionsTooLong {
+        slot: Slot,
+        len: usize,
+        max: usize,
+        layers: usize,
+        per: usize,
+        store: PathBuf,
+    },
+    #[error("overlay slot {slot}: path {path} holds a character overlayfs options cannot carry (',', ':', '\\\\', '%' or whitespace)")]
+    BadPath { slot: Slot, path: PathBuf },
+    #[error("overlay slot {slot}: {path} is still a mount point after its unit {unit} stopped; refusing to touch it")]
+    StillMounted {
+        slot: Slot,
+        path: PathBuf,
+        unit: String,
+    },
+    #[error("overlay slot {slot}: {path}: {error}")]
+    Io {
+        slot: Slot,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+}
+
+fn io_err(slot: Slot, path: &Path) -> impl FnOnce(std::io::Error) -> OverlayError + '_ {
+    move |error| OverlayError::Io {
+        slot,
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// `slot`'s upper directory (what its machine wrote).
+pub fn upper_dir(root: &Root, slot: Slot) -> PathBuf {
+    root.slot_overlay_dir(slot.machine()).join("upper")
+}
+
+/// `slot`'s overlayfs work directory.
+pub fn work_dir(root: &Root, slot: Slot) -> PathBuf {
+    root.slot_overlay_dir(slot.machine()).join("work")
+}
+
+/// Whether `slot` is an overlay slot (its mount unit is installed).
+pub fn is_overlay(root: &Root, slot: Slot) -> bool {
+    root.mount_unit_file(slot.machine()).is_file()
+}
+
+fn check_path(slot: Slot, p: &Path) -> Result<String, OverlayError> {
+    let s = p.to_str().unwrap_or(",");
+    if s.chars()
+        .any(|c| matches!(c, ',' | ':' | '\\' | '%') || c.is_whitespace())
+    {
+        return Err(OverlayError::BadPath {
+            slot,
+            path: p.to_path_buf(),
+        });
+    }
+    Ok(s.to_string())
+}
+
+/// The overlayfs options of `slot` over `layers` (bottom first, as the
+/// manifest lists them; overlayfs wants the top first), refused when
+/// longer than [`OPTIONS_MAX`].
+pub fn mount_options(root: &Root, slot: Slot, layers: &[PathBuf]) -> Result<String, OverlayError> {
+    let lowers = layers
+        .iter()
+        .rev()
+        .map(|l| check_path(slot, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let upper = check_path(slot, &upper_dir(root, slot))?;
+    let work = check_path(slot, &work_dir(root, slot))?;
+    let options = format!(
+        "lowerdir={},upperdir={upper},workdir={work}",
+        lowers.join(":")
+    );
+    if options.len() > OPTIONS_MAX {
+        return Err(OverlayError::OptionsTooLong {
+            slot,
+            len: options.len(),
+            max: OPTIONS_MAX,
+            layers: layers.len(),
+            per: lowers.first().map_or(0, |l| l.len() + 1),
+            store: root.layers_dir(),
+        });
+    }
+    Ok(options)
+}
+
+/// The mount unit of `slot` for image `digest` with `options`.
+pub fn render_unit(root: &Root, slot: Slot, digest: Option<Digest>, options: &str) -> String {
+    let image = digest.map_or_else(|| "unknown image".to_string(), |d| d.to_string());
+    format!(
+        "# Rendered by kubeslot-activator: overlay slot {machine} ({image}).\n\
+         # systemd-nspawn@{machine}.service mounts it (RequiresMountsFor).\n\
+         [Unit]\n\
+         Description=kubeslot overlay slot {machine}\n\
+         Before=systemd-nspawn@{machine}.service\n\
+         \n\
+         [Mount]\n\
+         What=overlay\n\
+         Where={where_}\n\
+         Type=overlay\n\
+         Options={options}\n",
+        machine = slot.machine(),
+        where_ = root.machine_tree(slot.machine()).display(),
+    )
+}
+
+/// Stops `slot`'s mount unit when one is installed and checks that its
+/// tree is no longer a mount point.
+fn unmount(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), OverlayError> {
+    let unit = root.mount_unit(slot.machine());
+    if is_overlay(root, slot) {
+        systemd.stop(&unit)?;
+    }
+    let tree = root.machine_tree(slot.machine());
+    if let (Ok(t), Some(parent)) = (fs::symlink_metadata(&tree), tree.parent()) {
+        let p = fs::metadata(parent).map_err(io_err(slot, parent))?;
+        if t.dev() != p.dev() {
+            return Err(OverlayError::StillMounted {
+                slot,
+                path: tree,
+                unit,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` a fresh empty directory (0755), removing what was there.
+fn fresh_dir(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(dir).map_err(io_err(slot, dir))?,
+        Ok(_) => fs::remove_file(dir).map_err(io_err(slot, dir))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(slot, dir)(e)),
+    }
+    fs::create_dir_all(dir).map_err(io_err(slot, dir))?;
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(io_err(slot, dir))
+}
+
+/// Makes `slot` an overlay of `layers` (bottom first) for image `digest`:
+/// the old mount stopped, the tree an empty mount point, a fresh upper and
+/// work dir, the unit written, daemon-reload, the mount started. Only for
+/// a slot whose machine is not running.
+pub fn install(
+    root: &Root,
+    systemd: &dyn Systemd,
+    slot: Slot,
+    digest: Option<Digest>,
+    layers: &[PathBuf],
+) -> Result<(), OverlayError> {
+    let options = mount_options(root, slot, layers)?;
+    unmount(root, systemd, slot)?;
+    fresh_dir(slot, &root.machine_tree(slot.machine()))?;
+    fresh_dir(slot, &root.slot_overlay_dir(slot.machine()))?;
+    fresh_dir(slot, &upper_dir(root, slot))?;
+    fresh_dir(slot, &work_dir(root, slot))?;
+    let unit = root.mount_unit_file(slot.machine());
+    let units = root.systemd_system_dir();
+    fs::create_dir_all(&units).map_err(io_err(slot, &units))?;
+    atomic::write_file(&unit, render_unit(root, slot, digest, &options).as_bytes()).map_err(
+        |e| OverlayError::Io {
+            slot,
+            path: e.path,
+            error: e.source,
+        },
+    )?;
+    systemd.daemon_reload()?;
+    systemd.start(&root.mount_unit(slot.machine()))?;
+    Ok(())
+}
+
+/// Undoes [`install`] for a slot about to hold a copied tree: the mount
+/// stopped, its unit removed, the upper and work dirs deleted. Nothing
+/// when the slot is not an overlay slot.
+pub fn remove(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), OverlayError> {
+    if !is_overlay(root, slot) {
+        return Ok(());
+    }
+    unmount(root, systemd, slot)?;
+    let unit = root.mount_unit_file(slot.machine());
+    fs::remove_file(&unit).map_err(io_err(slot, &unit))?;
+    systemd.daemon_reload()?;
+    let dir = root.slot_overlay_dir(slot.machine());
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(io_err(slot, &dir))?;
+    }
+    Ok(())
+}
+
+/// `rollback --clean`: everything `slot`'s machine wrote is dropped (a
+/// fresh upper and work dir), so the slot is exactly its verified layers
+/// again; the mount is started again. Only for a stopped machine.
+pub fn clean(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), OverlayError> {
+    unmount(root, systemd, slot)?;
+    fresh_dir(slot, &upper_dir(root, slot))?;
+    fresh_dir(slot, &work_dir(root, slot))?;
+    systemd.start(&root.mount_unit(slot.machine()))?;
+    Ok(())
+}
