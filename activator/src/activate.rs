@@ -70,12 +70,13 @@ use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::{Source, SourceError};
 use kubeslot_image::verify::VerifyError;
 
-use crate::config::{Config, ConfigError, Health};
+use crate::config::{Config, ConfigError, Health, SlotMode};
 use crate::failpoint;
 use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
 use crate::host_settings;
 use crate::lock::{Lock, LockError};
+use crate::overlay::{self, OverlayError};
 use crate::paths::Root;
 use crate::plan::{self, Flip, Plan, PlanError};
 use crate::preflight;
@@ -128,6 +129,13 @@ pub enum ActivateError {
     Fingerprint(#[from] FingerprintError),
     #[error("slot config {path}: {reason}")]
     SlotConfig { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Overlay(#[from] OverlayError),
+    #[error("rollback --clean: {slot} is a copied tree, not an overlay slot; nothing separates what its machine wrote from its image (a plain rollback keeps it)")]
+    CleanNeedsOverlay { slot: Slot },
+    /// `slots.mode = "overlay"` on a host that cannot mount one.
+    #[error("slots.mode is \"overlay\" but overlay slots do not work on this host: {reason} (set slots.mode = \"copy\", or leave it unset to fall back)")]
+    OverlayUnsupported { reason: String },
     #[error("image {digest}: failed on this host at {at} ({reason}); not retried automatically (publish a new image, change the host settings, or pass --force)")]
     Bad {
         digest: Digest,
@@ -186,7 +194,8 @@ impl ActivateError {
             | ActivateError::Unmanaged { .. }
             | ActivateError::Unbounded { .. }
             | ActivateError::MachineRunning { .. }
-            | ActivateError::Preflight { .. } => exit::CONFIG,
+            | ActivateError::Preflight { .. }
+            | ActivateError::OverlayUnsupported { .. } => exit::CONFIG,
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::Bad { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
@@ -248,13 +257,20 @@ pub fn fetch(root: &Root, config_path: &Path, systemd: &dyn Systemd, opts: &Opti
 /// `rollback`: back to the previous slot, without downloading, through the
 /// same gate; the image rolled away from is marked bad.
 pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
+    rollback_with(root, systemd, false)
+}
+
+/// [`rollback`]; with `clean`, the previous slot (an overlay slot) first
+/// loses everything its machine wrote (a fresh upper dir), so it starts as
+/// exactly its verified image.
+pub fn rollback_with(root: &Root, systemd: &dyn Systemd, clean: bool) -> Ran {
     let mut report = Report::new("rollback");
     let lock = match Lock::try_exclusive(root) {
         Ok(l) => l,
         Err(e) => return busy(report, e),
     };
     failpoint::hit("after-lock");
-    let result = run_rollback(root, systemd, &mut report);
+    let result = run_rollback(root, systemd, clean, &mut report);
     finish(root, report, result, lock)
 }
 
@@ -522,6 +538,7 @@ fn run_fetch(
 fn run_rollback(
     root: &Root,
     systemd: &dyn Systemd,
+    clean: bool,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
     let host = Host::new(root, systemd);
@@ -542,15 +559,30 @@ fn run_rollback(
             why: format!(" beside the committed node {}", rb.from),
         });
     }
-    // The tree must still be what it was when its machine was stopped and
-    // committed away from: nothing is downloaded to repair it.
-    fingerprint::check(root, rb.to.machine(), rb.digest).map_err(|e| ActivateError::NotIntact {
-        slot: rb.to,
-        reason: format!(
-            "refusing to start it: {}; the running machine is untouched",
-            kubeslot_image::error_chain(&e)
-        ),
-    })?;
+    if overlay::is_overlay(root, rb.to) {
+        if clean {
+            // Only the upper goes: the lowers are the verified layers.
+            overlay::clean(root, systemd, rb.to)?;
+        } else {
+            // Mounted again (a reboot leaves an unused slot unmounted).
+            systemd.start(&root.mount_unit(rb.to.machine()))?;
+        }
+    } else if clean {
+        return Err(ActivateError::CleanNeedsOverlay { slot: rb.to });
+    }
+    if !clean {
+        // The tree must still be what it was when its machine was stopped
+        // and committed away from: nothing is downloaded to repair it.
+        fingerprint::check(root, rb.to.machine(), rb.digest).map_err(|e| {
+            ActivateError::NotIntact {
+                slot: rb.to,
+                reason: format!(
+                    "refusing to start it: {}; the running machine is untouched",
+                    kubeslot_image::error_chain(&e)
+                ),
+            }
+        })?;
+    }
     let adopted = state.slot(rb.to).adopted;
     let (gate, gpu) = if adopted {
         // The tree and its host files are the other tool's, kept as they
@@ -748,33 +780,96 @@ impl Host<'_> {
         report: &mut Report,
     ) -> Result<(), ActivateError> {
         let to = flip.to;
-        let prepared =
-            stage::prepare_resolved(self.root, source, verified, &config.unpack, to.machine())?;
-        failpoint::hit("after-unpack");
-        // Dirty before the exchange: a crash from here on leaves a slot
-        // recovery empties, never one that could be started half-written
-        // or under a record that no longer matches its tree.
+        let mode = self.slot_mode(config, report)?;
+        let (downloads, digest) = match mode {
+            SlotMode::Overlay => {
+                let (fetched, layers) =
+                    stage::prepare_layers(self.root, source, verified, &config.unpack)?;
+                failpoint::hit("after-unpack");
+                self.mark_dirty(state, to)?;
+                overlay::install(
+                    self.root,
+                    self.systemd,
+                    to,
+                    Some(verified.image.image_digest()),
+                    &layers.dirs,
+                )?;
+                let mut d = Downloads::from(&fetched);
+                d.layers_unpacked = Some(layers.unpacked as u64);
+                d.layers_reused = Some(layers.reused as u64);
+                (d, verified.image.image_digest())
+            }
+            SlotMode::Copy => {
+                let prepared = stage::prepare_resolved(
+                    self.root,
+                    source,
+                    verified,
+                    &config.unpack,
+                    to.machine(),
+                )?;
+                failpoint::hit("after-unpack");
+                self.mark_dirty(state, to)?;
+                // A slot that was an overlay becomes a plain tree.
+                overlay::remove(self.root, self.systemd, to)?;
+                let staged = prepared.install()?;
+                (Downloads::from(&staged.report), staged.image_digest)
+            }
+        };
+        failpoint::hit("after-stage");
+        report.downloads = Some(downloads);
+        if digest != flip.digest {
+            return Err(ActivateError::Moved {
+                slot: to,
+                want: flip.digest,
+                got: digest,
+            });
+        }
+        Ok(())
+    }
+
+    /// Dirty before the tree changes: a crash from here on leaves a slot
+    /// recovery empties, never one that could be started half-written or
+    /// under a record that no longer matches its tree.
+    fn mark_dirty(&self, state: &mut State, to: Slot) -> Result<(), ActivateError> {
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Dirty,
             ..SlotState::default()
         };
         self.save(state)?;
         failpoint::hit("after-mark-dirty");
-        let staged = prepared.install()?;
-        failpoint::hit("after-stage");
-        report.downloads = Some(Downloads {
-            blobs_fetched: staged.report.downloaded_blobs,
-            bytes_fetched: staged.report.downloaded_bytes,
-            blobs_reused: staged.report.reused_blobs,
-        });
-        if staged.image_digest != flip.digest {
-            return Err(ActivateError::Moved {
-                slot: to,
-                want: flip.digest,
-                got: staged.image_digest,
-            });
-        }
         Ok(())
+    }
+
+    /// The slot mode of this staging: the config's, or (unset) overlay
+    /// when the root is the host's `/` and [`overlay::probe`] passes there,
+    /// copy otherwise (the report says why): a mount unit is mounted by the
+    /// host's systemd, which a tree prepared under another `--root` is not
+    /// managed by. An explicit overlay the host cannot do refuses.
+    fn slot_mode(&self, config: &Config, report: &mut Report) -> Result<SlotMode, ActivateError> {
+        let mode = match config.slots.mode {
+            Some(SlotMode::Copy) => SlotMode::Copy,
+            Some(SlotMode::Overlay) => {
+                overlay::probe(self.root)
+                    .map_err(|reason| ActivateError::OverlayUnsupported { reason })?;
+                SlotMode::Overlay
+            }
+            None if self.root.dir() != Path::new("/") => {
+                report.slot_mode = Some(format!(
+                    "copy (the root {} is not the host's /: overlay slots are mounted by the host's systemd)",
+                    self.root.dir().display()
+                ));
+                return Ok(SlotMode::Copy);
+            }
+            None => match overlay::probe(self.root) {
+                Ok(()) => SlotMode::Overlay,
+                Err(why) => {
+                    report.slot_mode = Some(format!("copy (overlay not usable here: {why})"));
+                    return Ok(SlotMode::Copy);
+                }
+            },
+        };
+        report.slot_mode = Some(mode.name().to_string());
+        Ok(mode)
     }
 
     /// Step 5: the target slot staged and rendered, "pending, prepared".
@@ -1324,7 +1419,7 @@ mod tests {
 
     use super::*;
     use std::cell::RefCell;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::io::{Read as _, Write as _};
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1392,11 +1487,38 @@ mod tests {
             self.calls.borrow().clone()
         }
 
+        /// `Where=` and `Options=` of an installed mount unit.
+        fn mount_of(&self, unit: &str) -> (String, String) {
+            let text = std::fs::read_to_string(self.root.systemd_system_dir().join(unit)).unwrap();
+            let field = |k: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .unwrap()
+                    .to_string()
+            };
+            (field("Where="), field("Options="))
+        }
+
         fn failed(&self, command: &str) -> SystemdError {
             SystemdError::Failed {
                 command: command.into(),
                 status: "exit status: 1".into(),
                 stderr: "fake failure".into(),
+            }
+        }
+    }
+
+    impl Drop for Fake {
+        /// No overlay stays mounted in a removed temp dir.
+        fn drop(&mut self) {
+            for unit in self
+                .active
+                .borrow()
+                .iter()
+                .filter(|u| u.ends_with(".mount"))
+            {
+                let (target, _) = self.mount_of(unit);
+                let _ = std::process::Command::new("umount").arg(&target).status();
             }
         }
     }
@@ -1409,6 +1531,21 @@ mod tests {
 
         fn start(&self, unit: &str) -> Result<(), SystemdError> {
             self.calls.borrow_mut().push(format!("start {unit}"));
+            if unit.ends_with(".mount") {
+                // A real mount of what the unit says (overlay slots).
+                let (target, options) = self.mount_of(unit);
+                if !self.active.borrow().contains(unit) {
+                    let ok = std::process::Command::new("mount")
+                        .args(["-t", "overlay", "overlay", "-o", &options])
+                        .arg(&target)
+                        .status()
+                        .unwrap()
+                        .success();
+                    assert!(ok, "mount {unit}");
+                    self.active.borrow_mut().insert(unit.into());
+                }
+                return Ok(());
+            }
             if self.fail_start {
                 return Err(self.failed(&format!("systemctl start {unit}")));
             }
@@ -1425,6 +1562,18 @@ mod tests {
 
         fn stop(&self, unit: &str) -> Result<(), SystemdError> {
             self.calls.borrow_mut().push(format!("stop {unit}"));
+            if unit.ends_with(".mount") {
+                if self.active.borrow_mut().remove(unit) {
+                    let (target, _) = self.mount_of(unit);
+                    let ok = std::process::Command::new("umount")
+                        .arg(&target)
+                        .status()
+                        .unwrap()
+                        .success();
+                    assert!(ok, "umount {unit}");
+                }
+                return Ok(());
+            }
             if self.fail_stop {
                 return Err(self.failed(&format!("systemctl stop {unit}")));
             }
@@ -1899,5 +2048,88 @@ mod tests {
         assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
         assert!(r.downloads.is_none(), "restaged: {r:?}");
         assert_eq!(State::load(&s.root).unwrap().active, Some(Slot::Kube2));
+    }
+
+    /// The tree of `machine` as path -> contents (files only).
+    fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    let rel = p.strip_prefix(root).unwrap().display().to_string();
+                    out.insert(rel, std::fs::read(&p).unwrap());
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn overlay_slots_share_layers_and_rollback_clean_is_the_verified_image() {
+        let (s, fake, first) = setup("healthy", None, "off");
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["slots"] = serde_json::json!({"mode": "overlay"});
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert_eq!(r.slot_mode.as_deref(), Some("overlay"));
+        let d = r.downloads.unwrap();
+        assert_eq!((d.layers_unpacked, d.layers_reused), (Some(1), Some(0)));
+        let unit = s.root.mount_unit("kube1");
+        let calls = fake.calls();
+        let mounted = calls.iter().position(|c| *c == format!("start {unit}"));
+        let started = calls
+            .iter()
+            .position(|c| c == "start systemd-nspawn@kube1.service");
+        assert!(mounted < started && mounted.is_some(), "{calls:?}");
+        let kube1 = s.root.machine_tree("kube1");
+        let verified = files_of(&kube1);
+        assert_eq!(verified["etc/fixture-health"], b"healthy");
+
+        // The node writes into its tree: only its upper changes.
+        std::fs::write(kube1.join("etc/written-by-node"), b"x").unwrap();
+        std::fs::write(kube1.join("etc/version"), b"changed by the node").unwrap();
+        let layers_before = files_of(&s.root.layers_dir());
+
+        let config = Config::load(&s.config).unwrap();
+        let kubeslot_image::reference::ImageSource::Layout { dir, .. } = &config.image else {
+            panic!("layout source expected");
+        };
+        let second = image_with(dir, "healthy", "2");
+        let r = run(&s, &fake);
+        assert_eq!(
+            (r.outcome, r.slot),
+            (Some(Outcome::Committed), Some(Slot::Kube2)),
+            "{r:?}"
+        );
+        let d = r.downloads.unwrap();
+        assert_eq!((d.layers_unpacked, d.layers_reused), (Some(1), Some(0)));
+        assert_eq!(
+            State::load(&s.root).unwrap().slot(Slot::Kube2).digest,
+            Some(second)
+        );
+        // kube1's layer is untouched by the node's writes and by the flip.
+        let layers_after = files_of(&s.root.layers_dir());
+        for (k, v) in &layers_before {
+            assert_eq!(layers_after.get(k), Some(v), "{k}");
+        }
+
+        let r = rollback_with(&s.root, &fake, true).report;
+        assert_eq!(
+            (r.outcome, r.slot),
+            (Some(Outcome::Committed), Some(Slot::Kube1)),
+            "{r:?}"
+        );
+        assert_eq!(
+            State::load(&s.root).unwrap().slot(Slot::Kube1).digest,
+            Some(first)
+        );
+        assert_eq!(files_of(&kube1), verified, "kube1 after rollback --clean");
     }
 }

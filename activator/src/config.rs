@@ -60,6 +60,39 @@ pub struct Config {
     /// The node's containerd: registry mirrors for pod images.
     #[serde(default)]
     pub containerd: Containerd,
+    /// How a slot's tree is made (overlay of shared layers, or a copy).
+    #[serde(default)]
+    pub slots: Slots,
+}
+
+/// How slot trees are made.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Slots {
+    /// `overlay`: an overlayfs mount of the image's layers from the layer
+    /// store (each layer unpacked once, shared by both slots) plus the
+    /// slot's own upper dir; `copy`: every layer applied into one tree per
+    /// slot. Unset: overlay when the host can (checked before staging),
+    /// copy otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SlotMode>,
+}
+
+/// A slot's tree: see [`Slots::mode`].
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotMode {
+    Overlay,
+    Copy,
+}
+
+impl SlotMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SlotMode::Overlay => "overlay",
+            SlotMode::Copy => "copy",
+        }
+    }
 }
 
 /// Preflight settings (see the `preflight` module).

@@ -244,3 +244,85 @@ pub fn clean(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), Overl
     systemd.start(&root.mount_unit(slot.machine()))?;
     Ok(())
 }
+
+/// Whether overlay slots work on this host, tried for real in a scratch
+/// directory of the layer store (the filesystem the lowers live on): a
+/// lower layer with an overlayfs whiteout (0:0 character device) and an
+/// opaque directory (`trusted.overlay.opaque`), an upper and work dir
+/// beside them (the slots' filesystem), mounted, read, written, unmounted
+/// and removed. `Err` says which step failed (no overlayfs, trusted xattrs
+/// or device nodes refused, overlay over an overlay refused, ...).
+pub fn probe(root: &Root) -> Result<(), String> {
+    let base = root.layers_dir();
+    fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix(".probe-")
+        .tempdir_in(&base)
+        .map_err(|e| format!("{}: {e}", base.display()))?;
+    let result = probe_in(dir.path());
+    // Whatever happened, nothing stays mounted before the dir goes.
+    let _ = rustix::mount::unmount(dir.path().join("m"), rustix::mount::UnmountFlags::DETACH);
+    result
+}
+
+fn probe_in(d: &Path) -> Result<(), String> {
+    use rustix::fs::{self as rfs, FileType, Mode};
+    let step = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    for sub in ["low/gone", "low/opq", "top/opq", "u", "w", "m"] {
+        fs::create_dir_all(d.join(sub)).map_err(|e| step("create the scratch dirs", &e))?;
+    }
+    fs::write(d.join("low/opq/hidden"), b"").map_err(|e| step("write a lower file", &e))?;
+    rfs::mknodat(
+        rfs::CWD,
+        d.join("top/gone"),
+        FileType::CharacterDevice,
+        Mode::empty(),
+        rfs::makedev(0, 0),
+    )
+    .map_err(|e| {
+        step(
+            "create a whiteout device (mknod 0:0) in the layer store",
+            &e,
+        )
+    })?;
+    rfs::setxattr(
+        d.join("top/opq"),
+        kubeslot_image::unpack::OVERLAY_OPAQUE,
+        b"y",
+        rfs::XattrFlags::empty(),
+    )
+    .map_err(|e| step("set trusted.overlay.opaque in the layer store", &e))?;
+    let options = format!(
+        "lowerdir={}:{},upperdir={},workdir={}",
+        d.join("top").display(),
+        d.join("low").display(),
+        d.join("u").display(),
+        d.join("w").display()
+    );
+    let m = d.join("m");
+    let data = std::ffi::CString::new(options).map_err(|e| step("mount options", &e))?;
+    rustix::mount::mount(
+        "overlay",
+        &m,
+        "overlay",
+        rustix::mount::MountFlags::empty(),
+        Some(data.as_c_str()),
+    )
+    .map_err(|e| step("mount -t overlay", &e))?;
+    let checks = (|| {
+        if m.join("gone").symlink_metadata().is_ok() {
+            return Err("a whiteout device did not hide the lower directory".to_string());
+        }
+        if m.join("opq/hidden").symlink_metadata().is_ok() {
+            return Err("an opaque directory did not hide the lower entries".to_string());
+        }
+        fs::write(m.join("written"), b"").map_err(|e| step("write through the mount", &e))?;
+        if !d.join("u/written").is_file() {
+            return Err("a write did not land in the upper directory".to_string());
+        }
+        Ok(())
+    })();
+    rustix::mount::unmount(&m, rustix::mount::UnmountFlags::empty())
+        .map_err(|e| step("unmount", &e))?;
+    checks
+}

@@ -66,6 +66,24 @@ pub struct Downloads {
     pub blobs_fetched: u64,
     pub bytes_fetched: u64,
     pub blobs_reused: u64,
+    /// Overlay slots: layers unpacked into the layer store by this run,
+    /// and layers it found there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers_unpacked: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers_reused: Option<u64>,
+}
+
+impl From<&crate::store::FetchReport> for Downloads {
+    fn from(r: &crate::store::FetchReport) -> Self {
+        Downloads {
+            blobs_fetched: r.downloaded_blobs,
+            bytes_fetched: r.downloaded_bytes,
+            blobs_reused: r.reused_blobs,
+            layers_unpacked: None,
+            layers_reused: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +122,10 @@ pub struct Report {
     /// (failed, ignored, warned).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<crate::preflight::Finding>,
+    /// How the staged slot's tree was made (`overlay` or `copy`) and, when
+    /// the config left it open and overlay could not be used, why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_mode: Option<String>,
     /// What the run asked its registries: requests sent (retries included),
     /// answers that were 429/503, and the time spent waiting before asking
     /// again. Absent when the run sent no request.
@@ -131,6 +153,7 @@ impl Report {
             downloads: None,
             host_settings: None,
             preflight: Vec::new(),
+            slot_mode: None,
             registry_requests: None,
             started: now_rfc3339(),
             finished: None,

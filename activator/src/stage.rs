@@ -67,6 +67,8 @@ pub enum StageError {
     Slot { name: String },
     #[error("target {path}: must be missing or an empty directory")]
     TargetNotEmpty { path: PathBuf },
+    #[error(transparent)]
+    Layers(#[from] crate::layers::LayerError),
 }
 
 impl From<SourceError> for StageError {
@@ -435,6 +437,22 @@ pub fn prepare_resolved(
         &format!(".staging-{slot_dir}-"),
         unpack,
     )
+}
+
+/// The overlay half of staging `verified`: fetched into the root's
+/// content store (the source dropped after), each layer the layer store
+/// lacks unpacked into it ([`crate::layers::ensure`]). No slot is touched.
+pub fn prepare_layers(
+    root: &Root,
+    source: Source,
+    verified: &Verified,
+    unpack: &UnpackSettings,
+) -> Result<(FetchReport, crate::layers::Ensured), StageError> {
+    let store = Store::open(&root.store())?;
+    let report = store.fetch_image(&source, &verified.image)?;
+    drop(source);
+    let ensured = crate::layers::ensure(root, &store, &verified.image, &unpack_policy(unpack))?;
+    Ok((report, ensured))
 }
 
 /// Verifies and unpacks `image` into `target` (missing or an empty

@@ -62,6 +62,8 @@ pub enum UninstallError {
         state: PathBuf,
         found: String,
     },
+    #[error(transparent)]
+    Overlay(#[from] crate::overlay::OverlayError),
     #[error("uninstall: cannot remove {path}: {source}")]
     Remove {
         path: PathBuf,
@@ -282,6 +284,13 @@ pub fn uninstall(
             });
         }
         done.units.push(unit);
+        // An overlay slot: its mount stopped, its unit and upper removed.
+        if crate::overlay::is_overlay(root, slot) {
+            crate::overlay::remove(root, systemd, slot)?;
+            done.units.push(root.mount_unit(slot.machine()));
+            done.removed.push(host.mount_unit_file(slot.machine()));
+            done.removed.push(host.slot_overlay_dir(slot.machine()));
+        }
     }
 
     let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -310,6 +319,14 @@ pub fn uninstall(
                 paths.push((e.path(), host.machines_dir().join(&name)));
             }
         }
+    }
+    // The layer store holds only what overlay slots were made of.
+    if ours.len() == Slot::ALL.len()
+        || !Slot::ALL
+            .iter()
+            .any(|s| crate::overlay::is_overlay(root, *s))
+    {
+        paths.push(both(&|r| r.layers_dir()));
     }
     paths.push(both(&|r| r.systemd_system_dir().join(RENDER_UNIT)));
     for unit in ACTIVATOR_UNITS {

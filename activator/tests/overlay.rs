@@ -451,3 +451,16 @@ fn too_many_layers_for_one_mount_are_refused_naming_the_limit() {
     // 35 layers fit (about 44 under the host's /var/lib/kubeslot).
     overlay::mount_options(&root, Slot::Kube2, &dirs[..35]).unwrap();
 }
+
+#[test]
+fn the_overlay_probe_passes_on_this_host_and_leaves_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Root::new(tmp.path());
+    overlay::probe(&root).unwrap();
+    assert_eq!(fs::read_dir(root.layers_dir()).unwrap().count(), 0);
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(&tmp.path().display().to_string()),
+        "{mounts}"
+    );
+}

@@ -20,6 +20,10 @@ use super::HostArgs;
 /// success it is committed (and enabled at boot instead) and the image
 /// rolled away from is marked bad (so `activate` does not bring it back);
 /// on failure the machine that ran before the rollback runs again.
+/// An overlay slot is mounted again first; with --clean its upper
+/// directory (everything its machine wrote) is emptied instead, so it
+/// starts as exactly the verified image (the fingerprint is then not
+/// checked: the lowers are the layers as unpacked).
 /// --config is ignored. Exit codes as `activate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -28,9 +32,13 @@ pub struct Args {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Overlay slots: drop everything the previous slot's machine wrote
+    /// (its upper directory) before starting it.
+    #[arg(long)]
+    pub clean: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ran = activate::rollback(&args.host.root(), &SystemCtl);
+    let ran = activate::rollback_with(&args.host.root(), &SystemCtl, args.clean);
     super::conclude(ran, args.json)
 }
