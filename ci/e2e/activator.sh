@@ -67,7 +67,7 @@ config_json() {
   trust=$(jq -n --arg key "$2" '{public_keys: [$key]}')
   jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
     --argjson ignore "${PREFLIGHT_IGNORE:-$E2E_PREFLIGHT_IGNORE}" \
-    --arg network "${KUBESLOT_E2E_NETWORK:-host}" '{
+    --arg network "${KUBESLOT_E2E_NETWORK:-host}" --arg slots "${KUBESLOT_E2E_SLOTS:-}" '{
     image: $image,
     trust: $trust,
     kubelet: {
@@ -83,7 +83,19 @@ config_json() {
     nameservers: ["192.0.2.53"],
     health: {timeout_secs: 20, successes: 2, interval_ms: 500},
     preflight: {ignore: $ignore}
-  }'
+  } + (if $slots == "" then {} else {slots: {mode: $slots}} end)'
+}
+
+# tree_cat MACHINE PATH: a file of MACHINE's tree as the outer host sees it
+# (an overlay slot is a mount in the outer's mount namespace, not visible
+# under $OUTER from here).
+tree_cat() { outer cat "/var/lib/machines/$1/$2"; }
+
+# staging_dirs: staging dirs of slot trees (copy mode) and of the layer
+# store (overlay mode) under the outer's root.
+staging_dirs() {
+  find "$OUTER/var/lib/machines" -maxdepth 1 -name '.*staging*'
+  [ ! -d "$OUTER/var/lib/kubeslot/layers" ] || find "$OUTER/var/lib/kubeslot/layers" -maxdepth 1 -name '.staging-*'
 }
 
 # act ARGS...: runs the activator in the outer host; its output goes to a
@@ -646,7 +658,7 @@ scenario_activate_v2_flip() {
   check_eq "layer blobs downloaded for v2 (registry log)" "$(echo $got)" "$(echo $changed)" || return 1
   check_eq "layer blobs the report counts as fetched" \
     "$(jq -r '.downloads.blobs_fetched' "$(report_file)")" "$(registry_blob_gets "$mark" | grep -Fxf <(image_blobs "$REF_v2") | wc -l)" || return 1
-  check "kube1 tree kept for rollback" cmp -s "$OUTER/var/lib/machines/kube1/usr/bin/kubelet" "$WORK/kubelet/v1/kubelet" || return 1
+  check "kube1 tree kept for rollback" cmp -s <(tree_cat kube1 usr/bin/kubelet) "$WORK/kubelet/v1/kubelet" || return 1
   print_downtime "$watch" kube2 "kubeslot-activator activate v1 -> v2"
 }
 
@@ -660,7 +672,7 @@ node_snapshot() {
   echo "$m" \
     "$(outer systemd-run -M "$m" --quiet --wait --pipe /usr/bin/kubelet --version </dev/null | tr ' ' _)" \
     "$(jq -r '[.state.active, .state.slots[.state.active].digest] | join("@")' "$file")" \
-    "$(sha256sum <"$OUTER/var/lib/machines/$(other_machine "$m")/usr/bin/kubelet" 2>/dev/null | cut -c1-16)"
+    "$(tree_cat "$(other_machine "$m")" usr/bin/kubelet 2>/dev/null | sha256sum | cut -c1-16)"
 }
 
 # expect_unchanged SNAPSHOT: the node is as node_snapshot saw it, and healthy.
@@ -749,7 +761,7 @@ scenario_activate_v3_rolls_back() {
   check "status marks v3 bad" grep -Eq "^state\.bad\.[0-9]+\.digest=$bad\$" <<<"$flat" || { echo "$flat" >&2; return 1; }
   check "report names the failed check (kubelet-healthz)" grep -q 'kubelet-healthz' <<<"$(jq -r .error "$(report_file)")" || return 1
   check "report carries v3's digest" grep -Eq "$bad" "$(report_file)" || return 1
-  check "kubelet of the failed $target was v3's" cmp -s "$OUTER/var/lib/machines/$target/usr/bin/kubelet" "$WORK/kubelet/v3/kubelet" || return 1
+  check "kubelet of the failed $target was v3's" cmp -s <(tree_cat "$target" usr/bin/kubelet) "$WORK/kubelet/v3/kubelet" || return 1
 
   # Not retried automatically: the same config again fails at once, no
   # machine is stopped or started, nothing is downloaded.
@@ -773,7 +785,8 @@ scenario_kill_mid_unpack() {
   target=$(other_machine "$before")
   write_config "$REF_v4"
   act_bg activate
-  staging=$(wait_for_path "$OUTER/var/lib/machines/.*staging*/usr/bin" 120) ||
+  # copy mode: the slot tree's staging dir; overlay: v4's new layer's
+  staging=$(wait_for_path "$OUTER/var/lib/machines/.*staging*/usr/bin $OUTER/var/lib/kubeslot/layers/.staging-*/usr/bin" 120) ||
     { wait "$ACT_PID" || true; show_log; fail "never saw a staging dir while the activator ran"; return 1; }
   kill_activator || return 1
   log "  killed while ${staging%/usr/bin} was being filled"
@@ -784,7 +797,7 @@ scenario_kill_mid_unpack() {
   log_report
   expect_running "$target" v1.35.3-e2e.4 || return 1
   expect_status "$target" "$DIGEST_v4" || return 1
-  check_eq "staging dirs left" "$(find "$OUTER/var/lib/machines" -maxdepth 1 -name '.*staging*' | wc -l)" 0
+  check_eq "staging dirs left" "$(staging_dirs | wc -l)" 0
 }
 
 # SIGKILL mid-flip: v1 into the idle slot, the activator killed as soon as
@@ -920,4 +933,96 @@ scenario_openssl_signer() {
   log "  other key refused: $(act_error)"
   check "no tree for the untrusted signature" test ! -e "$OUTER/var/tmp/openssl-other-key/usr" || return 1
   rm -rf "$OUTER/var/tmp/openssl-tree" "$OUTER/etc/kubeslot/openssl.json" "$OUTER/etc/kubeslot/builder-key.json"
+}
+
+# ------------------------------------------------------------ overlay slots
+# Both run with "slots": {"mode": "overlay"} whatever KUBESLOT_E2E_SLOTS
+# says, start from an empty host (after adopt_unbounded) and leave one
+# (`uninstall --purge`) for activate_v1.
+
+# overlay_layers: "<name> <inode>" of every layer dir in the store.
+overlay_layers() {
+  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -printf '%f %i\n' | sort
+}
+
+# v1 into kube1 unpacks every layer; v2 into kube2 unpacks only the layers
+# v1 lacks (the Kubernetes and SBOM layers), reuses the others as they are
+# (same directory, same inode), and both slots are overlay mounts.
+scenario_overlay_update_writes_changed_layer_only() {
+  act_setup
+  local before after changed n1 n2
+  KUBESLOT_E2E_SLOTS=overlay write_config "$REF_v1"
+  act activate || { show_log; log_report; fail "activate v1 (overlay) exited non-zero"; return 1; }
+  log_report
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  check_eq "slot mode in the report" "$(jq -r .slot_mode "$(report_file)")" overlay || return 1
+  check_eq "kube1 is an overlay mount" "$(outer findmnt -n -o FSTYPE /var/lib/machines/kube1)" overlay || return 1
+  check "kube1's mount unit" outer test -f /etc/systemd/system/var-lib-machines-kube1.mount || return 1
+  n1=$(layer_digests "$REF_v1" | wc -l)
+  check_eq "layers v1 unpacked (all of them)" "$(jq -r '.downloads.layers_unpacked' "$(report_file)")" "$n1" || return 1
+  before=$(overlay_layers)
+  changed=$(comm -13 <(layer_digests "$REF_v1" | sort) <(layer_digests "$REF_v2" | sort) | wc -l)
+  n2=$(layer_digests "$REF_v2" | wc -l)
+
+  KUBESLOT_E2E_SLOTS=overlay write_config "$REF_v2"
+  act activate || { show_log; log_report; fail "activate v2 (overlay) exited non-zero"; return 1; }
+  log_report
+  expect_running kube2 v1.35.1-e2e.2 || return 1
+  check_eq "layers v2 unpacked (only the changed ones)" "$(jq -r '.downloads.layers_unpacked' "$(report_file)")" "$changed" || return 1
+  check_eq "layers v2 reused" "$(jq -r '.downloads.layers_reused' "$(report_file)")" "$((n2 - changed))" || return 1
+  after=$(overlay_layers)
+  check_eq "layer dirs from v1 untouched (name and inode)" "$(comm -23 <(echo "$before") <(echo "$after") | wc -l)" 0 || return 1
+  check_eq "layer dirs added by v2" "$(comm -13 <(echo "$before") <(echo "$after") | wc -l)" "$changed" || return 1
+  check_eq "kube2 is an overlay mount" "$(outer findmnt -n -o FSTYPE /var/lib/machines/kube2)" overlay || return 1
+  check "kube1 (stopped) still has v1's kubelet" cmp -s <(tree_cat kube1 usr/bin/kubelet) "$WORK/kubelet/v1/kubelet"
+}
+
+# A file the node writes in kube1 and an image file it changes are gone
+# after a flip to kube2 and `rollback --clean`: kube1's upper holds neither,
+# and its lowers, mounted alone, are byte for byte the verified v1 tree
+# (`unpack` of v1 from the content store, copy mode).
+scenario_overlay_rollback_is_pristine() {
+  act_setup
+  local m
+  m=$(running_machine 2>/dev/null) || m=""
+  if [ "$m" != kube1 ]; then
+    # alone (not after overlay_update_writes_changed_layer_only): kube1 = v1
+    KUBESLOT_E2E_SLOTS=overlay write_config "$REF_v1"
+    act activate --force || { show_log; log_report; fail "activate v1 (overlay) exited non-zero"; return 1; }
+  fi
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  outer systemd-run -M kube1 --quiet --wait --pipe /bin/sh -c \
+    'echo node > /etc/written-by-node && echo changed >> /etc/debian_version' </dev/null ||
+    { fail "could not write inside kube1"; return 1; }
+  check "the node's file is in kube1's upper" outer test -f /var/lib/kubeslot/slots/kube1/upper/etc/written-by-node || return 1
+
+  KUBESLOT_E2E_SLOTS=overlay write_config "$REF_v4"
+  act activate || { show_log; log_report; fail "activate v4 (overlay) exited non-zero"; return 1; }
+  expect_running kube2 v1.35.3-e2e.4 || return 1
+  act rollback --clean || { show_log; log_report; fail "rollback --clean exited non-zero"; return 1; }
+  log_report
+  expect_running kube1 v1.35.0-e2e.1 || return 1
+  check "the node's file is gone from kube1" outer test ! -e /var/lib/machines/kube1/etc/written-by-node || return 1
+  check "the node's file is gone from kube1's upper" outer test ! -e /var/lib/kubeslot/slots/kube1/upper/etc/written-by-node || return 1
+  check "debian_version not in kube1's upper" outer test ! -e /var/lib/kubeslot/slots/kube1/upper/etc/debian_version || return 1
+
+  # kube1's image: its lowers (from its unit) mounted read-only alone,
+  # against v1 unpacked afresh from the verified blobs.
+  local lowers
+  lowers=$(outer sed -n 's/^Options=\(lowerdir=[^,]*\),.*/\1/p' /etc/systemd/system/var-lib-machines-kube1.mount)
+  outer rm -rf /var/tmp/v1-verified /var/tmp/kube1-lowers
+  outer mkdir -p /var/tmp/kube1-lowers
+  act unpack --root / "$REF_v1" /var/tmp/v1-verified || { show_log; fail "unpack of v1 for the comparison failed"; return 1; }
+  outer mount -t overlay overlay -o "ro,$lowers" /var/tmp/kube1-lowers || { fail "mounting kube1's lowers"; return 1; }
+  local rc=0
+  outer diff -r --no-dereference /var/tmp/v1-verified /var/tmp/kube1-lowers >"$WORK/logs/pristine-diff.txt" 2>&1 || rc=$?
+  outer umount /var/tmp/kube1-lowers
+  check "kube1 shows the verified debian_version again" cmp -s <(tree_cat kube1 etc/debian_version) <(outer cat /var/tmp/v1-verified/etc/debian_version) || return 1
+  outer rm -rf /var/tmp/v1-verified /var/tmp/kube1-lowers
+  check_eq "differences between kube1's image and the verified v1 ($WORK/logs/pristine-diff.txt)" "$rc" 0 || { head -20 "$WORK/logs/pristine-diff.txt" >&2; return 1; }
+
+  # Back to an empty host for activate_v1.
+  act uninstall --purge || { show_log; fail "uninstall --purge exited non-zero"; return 1; }
+  check_eq "mounts left under /var/lib/machines" "$(outer findmnt -rn -o TARGET | grep -c '^/var/lib/machines/' || true)" 0 || return 1
+  check "layer store removed" outer test ! -e /var/lib/kubeslot/layers
 }

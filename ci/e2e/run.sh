@@ -15,8 +15,9 @@
 # Environment: KUBESLOT_E2E_KEEP=1 keeps the work dir and its logs;
 # KUBESLOT_E2E_TMPFS=0|1 (default: tmpfs when 6 GiB are available);
 # KUBESLOT_E2E_TMP=DIR (default /var/tmp); KUBESLOT_E2E_NETWORK=host|veth (the config's
-# "network"; veth machines fail the activator's gate). ci/e2e/README.md has
-# the details.
+# "network"; veth machines fail the activator's gate); KUBESLOT_E2E_SLOTS=overlay|copy
+# (the config's slots.mode; unset: the activator's default, overlay where the
+# outer host can). ci/e2e/README.md has the details.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -230,6 +231,8 @@ SCENARIOS=(
   design_files
   unmanaged_machine_refused
   adopt_unbounded
+  overlay_update_writes_changed_layer_only
+  overlay_rollback_is_pristine
   activate_v1
   activate_v2_flip
   reboot
