@@ -785,8 +785,9 @@ scenario_kill_mid_unpack() {
   target=$(other_machine "$before")
   write_config "$REF_v4"
   act_bg activate
-  # copy mode: the slot tree's staging dir; overlay: v4's new layer's
-  staging=$(wait_for_path "$OUTER/var/lib/machines/.*staging*/usr/bin $OUTER/var/lib/kubeslot/layers/.staging-*/usr/bin" 120) ||
+  # copy mode: the slot tree's staging dir as it fills; overlay: the staging
+  # dir of v4's new layer (only that layer is unpacked: a short window)
+  staging=$(wait_for_path "$OUTER/var/lib/machines/.*staging*/usr/bin $OUTER/var/lib/kubeslot/layers/.staging-*" 120) ||
     { wait "$ACT_PID" || true; show_log; fail "never saw a staging dir while the activator ran"; return 1; }
   kill_activator || return 1
   log "  killed while ${staging%/usr/bin} was being filled"
@@ -1012,7 +1013,7 @@ scenario_overlay_rollback_is_pristine() {
   lowers=$(outer sed -n 's/^Options=\(lowerdir=[^,]*\),.*/\1/p' /etc/systemd/system/var-lib-machines-kube1.mount)
   outer rm -rf /var/tmp/v1-verified /var/tmp/kube1-lowers
   outer mkdir -p /var/tmp/kube1-lowers
-  act unpack --root / "$REF_v1" /var/tmp/v1-verified || { show_log; fail "unpack of v1 for the comparison failed"; return 1; }
+  act unpack --config "$CONFIG_IN_OUTER" --root / "$REF_v1" /var/tmp/v1-verified || { show_log; fail "unpack of v1 for the comparison failed"; return 1; }
   outer mount -t overlay overlay -o "ro,$lowers" /var/tmp/kube1-lowers || { fail "mounting kube1's lowers"; return 1; }
   local rc=0
   outer diff -r --no-dereference /var/tmp/v1-verified /var/tmp/kube1-lowers >"$WORK/logs/pristine-diff.txt" 2>&1 || rc=$?
