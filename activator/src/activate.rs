@@ -480,6 +480,13 @@ fn run_activate(
     let gate = Gate::from(&b.config.health);
     host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
+    // Layer GC: what neither slot mounts any more goes (the commit stands
+    // whatever happens here; a failure is the report's note).
+    report.layers_removed = Some(match crate::layers::sweep(host.root) {
+        Ok(removed) => format!("{} layer dir(s) no slot mounts", removed.len()),
+        Err(e) => format!("layer GC failed: {}", kubeslot_image::error_chain(&e)),
+    })
+    .filter(|s| !s.starts_with("0 "));
     Ok(())
 }
 
@@ -2131,5 +2138,29 @@ mod tests {
             Some(first)
         );
         assert_eq!(files_of(&kube1), verified, "kube1 after rollback --clean");
+
+        // v3 replaces v2 in kube2: v2's layer is mounted by no slot and goes.
+        let v2_layers = crate::layers::referenced(&s.root).unwrap();
+        let third = image_with(dir, "healthy", "3");
+        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        assert_eq!(
+            (r.outcome, r.slot),
+            (Some(Outcome::Committed), Some(Slot::Kube2)),
+            "{r:?}"
+        );
+        assert_eq!(
+            State::load(&s.root).unwrap().slot(Slot::Kube2).digest,
+            Some(third)
+        );
+        assert_eq!(
+            r.layers_removed.as_deref(),
+            Some("1 layer dir(s) no slot mounts"),
+            "{r:?}"
+        );
+        let now = crate::layers::referenced(&s.root).unwrap();
+        let gone: Vec<_> = v2_layers.difference(&now).collect();
+        assert_eq!(gone.len(), 1);
+        assert!(!gone[0].exists(), "{}", gone[0].display());
+        assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 2);
     }
 }

@@ -177,3 +177,57 @@ pub fn ensure(
     }
     Ok(out)
 }
+
+/// The layer directories the installed overlay slots mount (both slots'
+/// mount units, read from their `Options=` lowerdir lists).
+pub fn referenced(root: &Root) -> Result<std::collections::BTreeSet<PathBuf>, LayerError> {
+    let mut keep = std::collections::BTreeSet::new();
+    for slot in crate::slot::Slot::ALL {
+        let unit = root.mount_unit_file(slot.machine());
+        let text = match fs::read_to_string(&unit) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&unit)(e)),
+        };
+        for line in text.lines() {
+            let Some(options) = line.strip_prefix("Options=") else {
+                continue;
+            };
+            for opt in options.split(',') {
+                if let Some(lowers) = opt.strip_prefix("lowerdir=") {
+                    keep.extend(lowers.split(':').map(PathBuf::from));
+                }
+            }
+        }
+    }
+    Ok(keep)
+}
+
+/// Removes the layer directories neither slot's mount unit references;
+/// returns what it removed. Only for a caller holding the host lock (no
+/// staging is under way); never follows a symlink (`remove_dir_all`).
+pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
+    let keep = referenced(root)?;
+    let dir = root.layers_dir();
+    let rd = match fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err(&dir)(e)),
+    };
+    let mut removed = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(io_err(&dir))?;
+        let p = entry.path();
+        if keep.contains(&p) {
+            continue;
+        }
+        // Staging dirs and probes go too: nothing else runs under the lock.
+        match entry.file_type().map_err(io_err(&p))? {
+            t if t.is_dir() => fs::remove_dir_all(&p).map_err(io_err(&p))?,
+            _ => fs::remove_file(&p).map_err(io_err(&p))?,
+        }
+        removed.push(p);
+    }
+    removed.sort();
+    Ok(removed)
+}

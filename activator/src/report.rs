@@ -126,6 +126,10 @@ pub struct Report {
     /// the config left it open and overlay could not be used, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_mode: Option<String>,
+    /// Layer GC after a committed flip: the layer dirs neither slot mounts
+    /// any more, removed (absent when there were none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers_removed: Option<String>,
     /// What the run asked its registries: requests sent (retries included),
     /// answers that were 429/503, and the time spent waiting before asking
     /// again. Absent when the run sent no request.
@@ -154,6 +158,7 @@ impl Report {
             host_settings: None,
             preflight: Vec::new(),
             slot_mode: None,
+            layers_removed: None,
             registry_requests: None,
             started: now_rfc3339(),
             finished: None,

@@ -425,11 +425,23 @@ fn an_overlay_slot_writes_only_its_upper_and_clean_drops_it() {
     assert!(!tree.join("etc/written-by-node").exists());
     assert_eq!(fs::read(tree.join("usr/bin/kubelet")).unwrap(), b"1.0\n");
 
+    // GC keeps what a slot's unit mounts: nothing of v1 goes, a stray dir does.
+    fs::create_dir_all(root.layers_dir().join("0123")).unwrap();
+    let removed = layers::sweep(&root).unwrap();
+    assert_eq!(removed, vec![root.layers_dir().join("0123")]);
+    for d in &e.dirs {
+        assert!(d.is_dir(), "{}", d.display());
+    }
+
     // Back to a copied tree: the mount and its unit go, the tree is a plain dir.
     overlay::remove(&root, &sd, slot).unwrap();
     assert!(!root.mount_unit_file("kube1").exists());
     assert!(!root.slot_overlay_dir("kube1").exists());
     assert_eq!(fs::read_dir(&tree).unwrap().count(), 0);
+    // No slot mounts them any more: GC takes them.
+    let mut all = e.dirs.clone();
+    all.sort();
+    assert_eq!(layers::sweep(&root).unwrap(), all);
 }
 
 #[test]
