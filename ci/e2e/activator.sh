@@ -1025,5 +1025,9 @@ scenario_overlay_rollback_is_pristine() {
   # Back to an empty host for activate_v1.
   act uninstall --purge || { show_log; fail "uninstall --purge exited non-zero"; return 1; }
   check_eq "mounts left under /var/lib/machines" "$(outer findmnt -rn -o TARGET | grep -c '^/var/lib/machines/' || true)" 0 || return 1
-  check "layer store removed" outer test ! -e /var/lib/kubeslot/layers
+  check "layer store removed" outer test ! -e /var/lib/kubeslot/layers || return 1
+  # uninstall disabled the package's boot-time activation; the scenarios
+  # from activate_v1 on (reboot) need it, as after adopt_unbounded
+  outer systemctl enable --quiet kubeslot-activator.service
+  outer systemctl daemon-reload
 }
