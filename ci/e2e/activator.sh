@@ -620,6 +620,8 @@ scenario_activate_v1() {
   outer journalctl -u kubeslot-activator.service --no-pager -o cat >"$ACT_LOG"
   log "  activate v1 onto an empty host took $(($(now_ms) - t0)) ms"
   log_report
+  # unset: overlay, which the outer host can do
+  check_eq "slot mode (KUBESLOT_E2E_SLOTS=${KUBESLOT_E2E_SLOTS:-})" "$(jq -r .slot_mode "$(report_file)")" "${KUBESLOT_E2E_SLOTS:-overlay}" || return 1
   expect_running kube1 v1.35.0-e2e.1 || return 1
   expect_status kube1 "$DIGEST_v1" || return 1
   expect_rendered kube1 || return 1
