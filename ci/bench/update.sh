@@ -157,7 +157,7 @@ with open(log, "w") as out:
     p = subprocess.Popen([activator, "activate", "--root", root, "--json"], stdout=out, stderr=out)
     _, status, ru = os.wait4(p.pid, 0)
 if os.waitstatus_to_exitcode(status) != 0:
-    sys.exit(f"activate failed: see {log}")
+    sys.exit(f"activate failed ({log}):\n" + open(log).read()[-4000:])
 print(ru.ru_oublock * 512)
 EOF
 }
@@ -179,6 +179,7 @@ report_field() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); pr
 declare -A written staged_bytes ms disk
 for mode in overlay copy; do
   root=$work/$mode/root
+  rm -rf "$fake/units" && mkdir "$fake/units" # each mode is its own host
   run "$mode" v1 >/dev/null
   written[$mode]=$(run "$mode" v2)
   report=$root/var/lib/kubeslot/report.json
