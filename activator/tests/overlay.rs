@@ -476,3 +476,20 @@ fn the_overlay_probe_passes_on_this_host_and_leaves_nothing_behind() {
         "{mounts}"
     );
 }
+
+#[test]
+fn the_overlay_slots_check_warns_on_fallback_and_fails_an_explicit_overlay() {
+    use kubeslot_activator::config::SlotMode;
+    use kubeslot_activator::preflight::{overlay_slots, Status};
+    let broken: Result<(), String> = Err("mount -t overlay: No such device".into());
+    let f = overlay_slots(None, Some(&broken));
+    assert_eq!(f.status, Status::Warn);
+    assert!(f.seen.contains("No such device") && f.hint.unwrap().contains("copy"));
+    let f = overlay_slots(Some(SlotMode::Overlay), Some(&broken));
+    assert_eq!(f.status, Status::Fail);
+    assert_eq!(overlay_slots(None, Some(&Ok(()))).status, Status::Pass);
+    assert_eq!(
+        overlay_slots(Some(SlotMode::Copy), None).status,
+        Status::Pass
+    );
+}

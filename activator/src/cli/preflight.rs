@@ -3,8 +3,9 @@
 //! arguments; calls [`kubeslot_activator::preflight::run`].
 
 use kubeslot_activator::activate;
-use kubeslot_activator::config::{Config, GpuMode};
+use kubeslot_activator::config::{Config, GpuMode, SlotMode};
 use kubeslot_activator::host_settings;
+use kubeslot_activator::overlay;
 use kubeslot_activator::preflight::{self, Inputs};
 use kubeslot_activator::report::exit;
 use kubeslot_image::error_chain;
@@ -19,7 +20,11 @@ use super::{Failed, HostArgs};
 /// the overlay and br_netfilter modules, the kernel parameters the kubelet
 /// needs (sysctl-*), swap, free space under /var/lib/machines, /dev/kmsg,
 /// other container engines, and with GPUs the NVIDIA driver. Reads /proc,
-/// /sys and /dev under --root. With a readable config, its
+/// /sys and /dev under --root. overlay-slots (unless slots.mode is "copy")
+/// mounts a scratch overlay in /var/lib/kubeslot/layers and removes it: a
+/// whiteout device, an opaque dir and a write through the mount must work
+/// (it warns when slots would fall back to copy, fails for an explicit
+/// "overlay"). With a readable config, its
 /// "preflight.ignore" list applies and the image is resolved (no layer is
 /// fetched; registries get 30 s) to work out the space it needs: the blobs
 /// the content store lacks plus the unpacked tree, nothing when the slot
@@ -53,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         swap_allowed: None,
         settings_pending: !host_settings::diff(&root).is_empty(),
     };
+    let mut slot_mode = None;
     if path.exists() {
         let config = Config::load(&path).map_err(|e| Failed {
             code: exit::CONFIG,
@@ -60,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         })?;
         inputs.gpu = config.gpu;
         inputs.swap_allowed = config.kubelet_allows_swap();
+        slot_mode = config.slots.mode;
         inputs
             .ignore
             .extend(config.preflight.ignore.iter().cloned());
@@ -69,7 +76,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => eprintln!("preflight: image size unknown: {}", error_chain(&e)),
         }
     }
-    let result = preflight::run(&root, &inputs);
+    let mut result = preflight::run(&root, &inputs);
+    // The one check that writes and mounts (a scratch overlay in the layer
+    // store, removed): not for a copy-mode config.
+    let probe = (slot_mode != Some(SlotMode::Copy)).then(|| overlay::probe(&root));
+    let mut slots = preflight::overlay_slots(slot_mode, probe.as_ref());
+    slots.ignored = slots.status == preflight::Status::Fail
+        && preflight::is_ignored(&slots.name, &inputs.ignore);
+    result.checks.push(slots);
     if args.json {
         let v = serde_json::json!({"passed": result.passed(), "checks": result.checks});
         println!("{}", serde_json::to_string_pretty(&v)?);

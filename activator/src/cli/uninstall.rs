@@ -15,7 +15,8 @@ use super::{Failed, HostArgs};
 /// Stops and disables kubeslot-activator.path and .service, stops and
 /// disables kubeslot's node machines (systemd-nspawn@kube1/@kube2 as
 /// state.json records them), removes their trees, .nspawn files, drop-ins
-/// and boot links, the render unit, the host files (/etc/kubeslot/host),
+/// and boot links (an overlay slot: its mount unit stopped and removed, its
+/// upper dir), the layer store (/var/lib/kubeslot/layers), the render unit, the host files (/etc/kubeslot/host),
 /// the host settings (/etc/sysctl.d/99-kubeslot.conf,
 /// /etc/modules-load.d/kubeslot.conf; the kernel keeps the values until the
 /// next boot), runs daemon-reload, then removes /var/lib/kubeslot (content

@@ -24,6 +24,7 @@ use kubeslot_image::oci::Compression;
 use kubeslot_image::source::SelectedImage;
 
 use super::{read, Finding, Status};
+use crate::config::SlotMode;
 use crate::paths::Root;
 
 /// Unpacked size per compressed byte, for a layer whose unpacked size is
@@ -254,5 +255,30 @@ fn container_engine(root: &Root) -> Finding {
             "it shares the host network with the node; its NAT and forwarding rules may \
              interfere with pod traffic",
         )
+    }
+}
+
+/// `overlay-slots`: what the config's `slots.mode` gives on this host,
+/// from [`crate::overlay::probe`]'s result (`None`: not probed, the mode is
+/// copy). The caller runs the probe (it mounts), this only judges it.
+pub fn overlay_slots(mode: Option<SlotMode>, probe: Option<&Result<(), String>>) -> Finding {
+    const NAME: &str = "overlay-slots";
+    const NEEDED: &str = "overlayfs with whiteout devices and trusted.* xattrs on the layer store (or slots.mode = copy)";
+    match (mode, probe) {
+        (Some(SlotMode::Copy), _) | (_, None) => {
+            Finding::new(NAME, Status::Pass, "slots.mode = copy", NEEDED)
+        }
+        (_, Some(Ok(()))) => Finding::new(
+            NAME,
+            Status::Pass,
+            "overlayfs works here: slots are overlay mounts of shared layers",
+            NEEDED,
+        ),
+        (None, Some(Err(why))) => Finding::new(NAME, Status::Warn, why.clone(), NEEDED)
+            .hint("slots fall back to copy (every flip unpacks the whole image)"),
+        (Some(SlotMode::Overlay), Some(Err(why))) => {
+            Finding::new(NAME, Status::Fail, why.clone(), NEEDED)
+                .hint("slots.mode is \"overlay\": fix the host, or set slots.mode = \"copy\"")
+        }
     }
 }

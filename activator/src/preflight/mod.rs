@@ -34,7 +34,7 @@ mod host;
 mod kernel;
 mod systemd;
 
-pub use host::{DiskNeed, DiskUse};
+pub use host::{overlay_slots, DiskNeed, DiskUse};
 
 use std::fmt;
 
