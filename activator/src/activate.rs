@@ -85,7 +85,9 @@ use crate::render::{self, HostFacts, HostFiles, RenderError};
 use crate::report::{exit, Downloads, Outcome, Report};
 use crate::slot::Slot;
 use crate::stage::{self, StageError, Verified};
-use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State, StateError};
+use crate::state::{
+    FlipKind, Pending, PendingPhase, Release, SlotState, SlotStatus, State, StateError,
+};
 use crate::systemd::{Systemd, SystemdError};
 
 /// Why a run did not end with the desired slot committed.
@@ -142,6 +144,14 @@ pub enum ActivateError {
         reason: String,
         at: String,
     },
+    #[error("image {digest} of {identity} was created {created}, before {newest} (created {newest_created}), the newest release this host committed: refused as a downgrade (pass --allow-downgrade or set trust.allow_downgrade to run an older release; rollback is always allowed)")]
+    Downgrade {
+        identity: String,
+        digest: Digest,
+        created: String,
+        newest: Digest,
+        newest_created: String,
+    },
     #[error("staged {got} into {slot}, but the reference resolved to {want} at the start of this run (it moved); the slot stays unused")]
     Moved {
         slot: Slot,
@@ -197,7 +207,7 @@ impl ActivateError {
             | ActivateError::Preflight { .. }
             | ActivateError::OverlayUnsupported { .. } => exit::CONFIG,
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
-            ActivateError::Bad { .. } => exit::BAD_IMAGE,
+            ActivateError::Bad { .. } | ActivateError::Downgrade { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
                 old_failure: None, ..
             } => exit::ROLLED_BACK,
@@ -211,6 +221,9 @@ impl ActivateError {
 pub struct Options {
     /// Try an image even when it failed with the same inputs before.
     pub force: bool,
+    /// Accept an image older than the newest committed release of its
+    /// identity (`--allow-downgrade`; also `trust.allow_downgrade`).
+    pub allow_downgrade: bool,
 }
 
 /// What a run left: its report, and whether `report.json` could be written.
@@ -351,6 +364,8 @@ struct Begun {
     verified: Verified,
     inputs: String,
     flip: Flip,
+    /// What a commit of this flip records as its identity's release.
+    release: Option<Release>,
 }
 
 /// What a run reconciles with systemd after recovery.
@@ -403,6 +418,7 @@ fn begin(
     let resolved = open_verified_paced(root, &config, pacing.clone())?;
     let digest = resolved.digest();
     report.digest = Some(digest);
+    report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
     let inputs = inputs_hash(&config, &facts);
     let current = state
         .active
@@ -441,6 +457,16 @@ fn begin(
         Plan::Flip(f) => f,
     };
     report.slot = Some(flip.to);
+    let release = release_of(&config, &resolved.verified);
+    let allow_downgrade = opts.allow_downgrade || config.trust.allow_downgrade;
+    if let Some(r) = &release {
+        // The image the committed node already runs is never a downgrade
+        // (a forced restage of it, say).
+        let running_it = state.active.and_then(|a| state.slot(a).digest) == Some(r.digest);
+        if !allow_downgrade && !running_it {
+            refuse_downgrade(&state, r)?;
+        }
+    }
     // The target's tree is replaced (or its unit started): never under a
     // machine that runs (started by hand, or by another tool).
     if host.running(flip.to)? {
@@ -461,7 +487,51 @@ fn begin(
         verified: resolved.verified,
         inputs,
         flip,
+        release,
     }))
+}
+
+/// The release a commit of `verified` records: its identity (see
+/// [`crate::trust::identity`]) and the signed config's `created`. `None`
+/// when no identity applies (an unsigned layout allowed by
+/// `allow_unsigned`): nothing orders such images.
+fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
+    let identity = crate::trust::identity(&config.trust, &config.image)?;
+    Some(Release {
+        identity: identity.to_string(),
+        digest: verified.image.manifest_digest(),
+        created: verified.image.config.created.clone().unwrap_or_default(),
+    })
+}
+
+/// Refuses `candidate` when it is older than the newest release committed
+/// for its identity. An image whose `created` is missing or unreadable
+/// cannot be shown to be newer, so it is refused too once a release is
+/// recorded. The same time is not older: a rebuild of one release (or
+/// images whose recipes share `source_date_epoch`) passes.
+fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), ActivateError> {
+    let Some(newest) = state.releases.get(&candidate.identity) else {
+        return Ok(());
+    };
+    let older = match (candidate.created_secs(), newest.created_secs()) {
+        (Some(c), Some(n)) => c < n,
+        (None, Some(_)) => true,
+        (_, None) => false,
+    };
+    if older {
+        return Err(ActivateError::Downgrade {
+            identity: candidate.identity.clone(),
+            digest: candidate.digest,
+            created: if candidate.created.is_empty() {
+                "at no stated time".into()
+            } else {
+                candidate.created.clone()
+            },
+            newest: newest.digest,
+            newest_created: newest.created.clone(),
+        });
+    }
+    Ok(())
 }
 
 fn run_activate(
@@ -613,6 +683,7 @@ fn run_rollback(
         digest: rb.digest,
         from: Some(rb.from),
         inputs: state.slot(rb.to).inputs.clone().unwrap_or_default(),
+        release: None,
     });
     state.save(root)?;
     failpoint::hit("after-pending");
@@ -624,9 +695,11 @@ fn run_rollback(
 fn gather(root: &Root, config_path: &Path, config: &Config) -> Result<HostFacts, ActivateError> {
     // The keys are host facts too: checked here, before anything is
     // resolved, so the error names the config and exits 3.
-    crate::trust::policy(&config.trust, root).map_err(|source| ActivateError::Trust {
-        config: config_path.to_path_buf(),
-        source,
+    crate::trust::policy(&config.trust, &config.image, root).map_err(|source| {
+        ActivateError::Trust {
+            config: config_path.to_path_buf(),
+            source,
+        }
     })?;
     render::gather(root, config).map_err(|source| ActivateError::Facts {
         config: config_path.to_path_buf(),
@@ -645,7 +718,17 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// The digest this host keys the image by: its platform manifest, what
+    /// the signature covers for this host (directly, or through a signed
+    /// index that names it). A signed manifest re-wrapped in another index
+    /// is the same image.
     pub fn digest(&self) -> Digest {
+        self.verified.image.manifest_digest()
+    }
+
+    /// The top-level digest the reference resolved to (the index, or the
+    /// manifest itself for a single-platform image), shown beside it.
+    pub fn index_digest(&self) -> Digest {
         self.verified.image.image_digest()
     }
 }
@@ -669,7 +752,7 @@ pub fn open_verified_paced(
     config: &Config,
     pacing: Arc<Pacing>,
 ) -> Result<Resolved, ActivateError> {
-    let policy = crate::trust::policy(&config.trust, root)?;
+    let policy = crate::trust::policy(&config.trust, &config.image, root)?;
     let scratch = root.machines_dir();
     let registries = crate::trust::registries(&config.registries, root);
     let source = Source::open_paced(&config.image, &registries, &scratch, pacing)?;
@@ -798,13 +881,13 @@ impl Host<'_> {
                     self.root,
                     self.systemd,
                     to,
-                    Some(verified.image.image_digest()),
+                    Some(verified.image.manifest_digest()),
                     &layers.dirs,
                 )?;
                 let mut d = Downloads::from(&fetched);
                 d.layers_unpacked = Some(layers.unpacked as u64);
                 d.layers_reused = Some(layers.reused as u64);
-                (d, verified.image.image_digest())
+                (d, verified.image.manifest_digest())
             }
             SlotMode::Copy => {
                 let prepared = stage::prepare_resolved(
@@ -819,7 +902,7 @@ impl Host<'_> {
                 // A slot that was an overlay becomes a plain tree.
                 overlay::remove(self.root, self.systemd, to)?;
                 let staged = prepared.install()?;
-                (Downloads::from(&staged.report), staged.image_digest)
+                (Downloads::from(&staged.report), staged.manifest_digest)
             }
         };
         failpoint::hit("after-stage");
@@ -907,6 +990,7 @@ impl Host<'_> {
             digest: Some(flip.digest),
             from: flip.from,
             inputs: b.inputs.clone(),
+            release: b.release.clone(),
         });
         self.save(state)?;
         failpoint::hit("after-pending");
@@ -1011,6 +1095,9 @@ impl Host<'_> {
         let new = state.slot_mut(p.to);
         new.status = SlotStatus::Active;
         state.active = Some(p.to);
+        if let Some(r) = &p.release {
+            state.record_release(r.clone());
+        }
         state.pending = None;
         self.save(state)?;
         failpoint::hit("after-commit");
@@ -1658,6 +1745,11 @@ mod tests {
     /// [`image`] with `etc/version` holding `version` (a distinct image
     /// with the same health).
     fn image_with(dir: &Path, health: &str, version: &str) -> Digest {
+        image_created(dir, health, version, None)
+    }
+
+    /// [`image_with`] whose config says it was `created` then.
+    fn image_created(dir: &Path, health: &str, version: &str, created: Option<&str>) -> Digest {
         let layout = if dir.join("index.json").exists() {
             Layout::open(dir).unwrap()
         } else {
@@ -1668,11 +1760,14 @@ mod tests {
             ("etc/version", version.as_bytes()),
         ]);
         let layer = layout.blobs().put_bytes(&blob).unwrap();
-        let config = serde_json::to_vec(&serde_json::json!({
+        let mut config = serde_json::json!({
             "architecture": Platform::host().architecture, "os": "linux", "config": {},
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        }))
-        .unwrap();
+        });
+        if let Some(c) = created {
+            config["created"] = c.into();
+        }
+        let config = serde_json::to_vec(&config).unwrap();
         let cd = layout.blobs().put_bytes(&config).unwrap();
         let manifest = serde_json::to_vec(&serde_json::json!({
             "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
@@ -1793,7 +1888,16 @@ mod tests {
         assert_eq!(st.bad[0].digest, digest);
         // --force tries it again
         fake.fail_start = false;
-        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        let r = activate(
+            &s.root,
+            &s.config,
+            &fake,
+            &Options {
+                force: true,
+                ..Options::default()
+            },
+        )
+        .report;
         assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
     }
 
@@ -1878,7 +1982,16 @@ mod tests {
             .contains(&"run kube1 test -c /dev/nvidia0".to_string()));
 
         fake.gpu_visible = true;
-        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        let r = activate(
+            &s.root,
+            &s.config,
+            &fake,
+            &Options {
+                force: true,
+                ..Options::default()
+            },
+        )
+        .report;
         assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
     }
 
@@ -1928,7 +2041,7 @@ mod tests {
             "kube1",
         )
         .unwrap();
-        assert_eq!(staged.image_digest, first);
+        assert_eq!(staged.manifest_digest, first);
         let tree = s.root.machine_tree("kube1");
         assert_eq!(
             std::fs::read_to_string(tree.join("etc/fixture-health")).unwrap(),
@@ -2162,5 +2275,143 @@ mod tests {
         assert_eq!(gone.len(), 1);
         assert!(!gone[0].exists(), "{}", gone[0].display());
         assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 2);
+    }
+
+    /// Sets `trust.identity` in the setup's config: its images have an
+    /// identity, so commits record releases.
+    fn with_identity(s: &Setup) {
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["trust"]["identity"] = "registry.example/org/node".into();
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+    }
+
+    fn img_dir(s: &Setup) -> PathBuf {
+        s._dir.path().join("img")
+    }
+
+    fn activate_with(s: &Setup, fake: &Fake, allow_downgrade: bool) -> Report {
+        let opts = Options {
+            allow_downgrade,
+            ..Options::default()
+        };
+        let ran = activate(&s.root, &s.config, fake, &opts);
+        ran.saved.unwrap();
+        ran.report
+    }
+
+    #[test]
+    fn an_older_release_is_refused_unless_a_downgrade_is_allowed() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        with_identity(&s);
+        let new = image_created(&img_dir(&s), "healthy", "2", Some("2026-11-02T00:00:00Z"));
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let state = State::load(&s.root).unwrap();
+        assert_eq!(state.releases["registry.example/org/node"].digest, new);
+
+        let old = image_created(&img_dir(&s), "healthy", "1", Some("2026-11-01T00:00:00Z"));
+        let before = State::load(&s.root).unwrap();
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::BAD_IMAGE, "{r:?}");
+        let e = r.error.unwrap();
+        assert!(
+            e.contains(&old.to_string())
+                && e.contains(&new.to_string())
+                && e.contains("2026-11-01T00:00:00Z")
+                && e.contains("2026-11-02T00:00:00Z")
+                && e.contains("downgrade"),
+            "{e}"
+        );
+        assert_eq!(State::load(&s.root).unwrap(), before, "nothing changed");
+
+        // Allowed for one run: committed, and the floor stays the newest.
+        let r = activate_with(&s, &fake, true);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        let state = State::load(&s.root).unwrap();
+        assert_eq!(state.slot(state.active.unwrap()).digest, Some(old));
+        assert_eq!(state.releases["registry.example/org/node"].digest, new);
+        // Running it is not a downgrade: the next plain run is up to date.
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::UpToDate));
+
+        // An image that states no creation time cannot be shown newer.
+        let undated = image_created(&img_dir(&s), "healthy", "3", None);
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::BAD_IMAGE, "{r:?}");
+        assert!(r.error.unwrap().contains(&undated.to_string()));
+        // trust.allow_downgrade in the config does what the flag does.
+        let mut c: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+        c["trust"]["allow_downgrade"] = true.into();
+        std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+    }
+
+    #[test]
+    fn rollback_to_an_older_release_is_always_allowed() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        with_identity(&s);
+        let old = image_created(&img_dir(&s), "healthy", "1", Some("2026-11-01T00:00:00Z"));
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let new = image_created(&img_dir(&s), "healthy", "2", Some("2026-11-02T00:00:00Z"));
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let ran = rollback(&s.root, &fake);
+        assert_eq!(
+            ran.report.outcome,
+            Some(Outcome::Committed),
+            "{:?}",
+            ran.report
+        );
+        let state = State::load(&s.root).unwrap();
+        assert_eq!(state.slot(state.active.unwrap()).digest, Some(old));
+        assert_eq!(state.releases["registry.example/org/node"].digest, new);
+    }
+
+    /// Re-tags the layout's `t` as a new index that wraps the manifest `t`
+    /// names now (a different top-level digest, the same signed manifest).
+    fn rewrap_in_index(dir: &Path, note: &str) -> Digest {
+        let layout = Layout::open(dir).unwrap();
+        let mut index = layout.index().unwrap();
+        let mut manifest = index.manifests[0].clone();
+        manifest.annotations.clear();
+        manifest.platform = Some(Platform::host());
+        let mut inner = serde_json::json!({
+            "schemaVersion": 2, "mediaType": MEDIA_TYPE_INDEX, "manifests": [manifest],
+        });
+        inner["annotations"] = serde_json::json!({ "note": note });
+        let bytes = serde_json::to_vec(&inner).unwrap();
+        let digest = layout.blobs().put_bytes(&bytes).unwrap();
+        let mut desc = Descriptor::new(MEDIA_TYPE_INDEX, digest, bytes.len() as u64);
+        desc.annotations
+            .insert(ANNOTATION_REF_NAME.into(), "t".into());
+        index.manifests = vec![desc];
+        layout.write_index(&index).unwrap();
+        digest
+    }
+
+    #[test]
+    fn a_manifest_rewrapped_in_a_new_index_is_the_same_image() {
+        let (s, fake, manifest) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let index = rewrap_in_index(&img_dir(&s), "a new wrapper");
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::UpToDate), "{r:?}");
+        assert_eq!((r.digest, r.index_digest), (Some(manifest), Some(index)));
+    }
+
+    #[test]
+    fn a_bad_image_rewrapped_in_a_new_index_is_still_bad() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let bad = image_with(&img_dir(&s), "unhealthy", "2");
+        assert_eq!(run(&s, &fake).exit_code, exit::ROLLED_BACK);
+        rewrap_in_index(&img_dir(&s), "retry me");
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::BAD_IMAGE, "{r:?}");
+        assert!(r.error.unwrap().contains(&bad.to_string()));
+        assert!(State::load(&s.root)
+            .unwrap()
+            .bad
+            .iter()
+            .any(|b| b.digest == bad));
     }
 }

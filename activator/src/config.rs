@@ -268,6 +268,16 @@ pub struct Trust {
     /// overrides it.
     #[serde(default)]
     pub allow_unsigned: bool,
+    /// The repository signatures must name (`critical.identity.docker-reference`),
+    /// e.g. `ghcr.io/org/node`: no tag, no digest. Default: the repository
+    /// of a registry `image`; required for `oci:`/`oci-archive:` images
+    /// unless `allow_unsigned`. Mirrors never change it.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// Accept an image older than the newest one this host committed for
+    /// the identity (`activate --allow-downgrade` for one run).
+    #[serde(default)]
+    pub allow_downgrade: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -518,6 +528,16 @@ impl Config {
                     "\"authentication.x509.clientCAFile\" is set by the activator (the cluster CA of kubelet.ca_data/ca_file)",
                 ));
             }
+        }
+        if let Some(identity) = &self.trust.identity {
+            if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
+                return Err(invalid("trust.identity", e.reason));
+            }
+        } else if !self.trust.allow_unsigned && !matches!(self.image, ImageSource::Registry(_)) {
+            return Err(invalid(
+                "trust.identity",
+                "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/org/node), unless trust.allow_unsigned",
+            ));
         }
         if let Some(m) = &self.containerd.registry_mirrors {
             for (host, mirror) in m {

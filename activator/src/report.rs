@@ -96,8 +96,13 @@ pub struct Report {
     pub outcome: Option<Outcome>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The image's platform manifest digest: what its signature covers for
+    /// this host, and what the state, the bad list and `status` key it by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Digest>,
+    /// The digest the reference resolved to (an index), when it differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_digest: Option<Digest>,
     /// The slot the run switched to (or staged into).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<Slot>,
@@ -150,6 +155,7 @@ impl Report {
             outcome: None,
             image: None,
             digest: None,
+            index_digest: None,
             slot: None,
             previous_slot: None,
             recovered: None,
@@ -231,6 +237,9 @@ impl Report {
         }
         if let Some(d) = &self.digest {
             s += &format!("  digest: {d}\n");
+        }
+        if let Some(d) = &self.index_digest {
+            s += &format!("  index: {d}\n");
         }
         if let Some(sl) = self.slot {
             s += &format!("  slot: {sl}\n");

@@ -216,7 +216,7 @@ struct Job<'a> {
 }
 
 fn run(job: Job<'_>) -> Result<Staged, StageError> {
-    let policy = trust::policy(job.trust, job.root)?;
+    let policy = trust::policy(job.trust, job.image, job.root)?;
     let parent = parent_of(job.dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     // Archives are extracted next to the staging dir: same filesystem as the

@@ -122,6 +122,31 @@ pub struct Pending {
     /// The host-file inputs hash of the target (what a bad mark records).
     #[serde(default)]
     pub inputs: String,
+    /// The release an activation commits (recorded in
+    /// [`State::releases`] by the commit); absent for a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<Release>,
+}
+
+/// A committed release of one signing identity: the newest one a host ran
+/// is the floor for the next activation (an older one is refused as a
+/// downgrade unless allowed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Release {
+    /// The repository its signature names (`trust.identity`).
+    pub identity: String,
+    /// Its platform manifest digest.
+    pub digest: Digest,
+    /// The signed image config's `created` (RFC 3339), as written.
+    pub created: String,
+}
+
+impl Release {
+    /// `created` in seconds since the epoch, when it parses.
+    pub fn created_secs(&self) -> Option<i64> {
+        kubeslot_image::time::parse_rfc3339(&self.created)
+    }
 }
 
 /// A digest that failed its health gate (or was rolled away from), with the
@@ -148,6 +173,9 @@ pub struct State {
     pub pending: Option<Pending>,
     #[serde(default)]
     pub bad: Vec<BadImage>,
+    /// Per signing identity, the newest release committed on this host.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub releases: BTreeMap<String, Release>,
 }
 
 impl Default for State {
@@ -161,6 +189,7 @@ impl Default for State {
                 .collect(),
             pending: None,
             bad: Vec::new(),
+            releases: BTreeMap::new(),
         }
     }
 }
@@ -216,6 +245,23 @@ impl State {
         self.bad
             .iter()
             .find(|b| &b.digest == digest && b.inputs == inputs)
+    }
+
+    /// Records `release` as committed: it becomes the identity's floor
+    /// unless an even newer one is recorded (a downgrade committed with
+    /// `--allow-downgrade` does not lower the floor).
+    pub fn record_release(&mut self, release: Release) {
+        let newer = match self.releases.get(&release.identity) {
+            None => true,
+            Some(old) => match (release.created_secs(), old.created_secs()) {
+                (Some(new), Some(old)) => new >= old,
+                (Some(_), None) => true,
+                (None, _) => false,
+            },
+        };
+        if newer {
+            self.releases.insert(release.identity.clone(), release);
+        }
     }
 
     pub fn mark_bad(&mut self, digest: Digest, inputs: String, reason: String) {

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kubeslot_image::reference::{Identity, ImageSource};
 use kubeslot_image::registry::{Credentials, Registries, RegistrySettings};
 use kubeslot_image::retry::{self, Pacing};
 use kubeslot_image::signature::TrustedKeys;
@@ -21,17 +22,42 @@ use kubeslot_image::verify::{Policy, VerifyError};
 use crate::config::{Download, RegistryConfig, Trust};
 use crate::paths::Root;
 
-/// Loads the keys named by `trust` (host paths under `root`). A policy that
-/// can accept nothing (no key, unsigned refused) is an error now, before
-/// anything is resolved.
-pub fn policy(trust: &Trust, root: &Root) -> Result<Policy, VerifyError> {
+/// Loads the keys named by `trust` (host paths under `root`) and the
+/// identity signatures must name ([`identity`]). A policy that can accept
+/// nothing (no key, unsigned refused) is an error now, before anything is
+/// resolved.
+pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy, VerifyError> {
     let paths: Vec<PathBuf> = trust
         .public_keys
         .iter()
         .map(|p| root.join(&p.to_string_lossy()))
         .collect();
     let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
-    Policy::usable(keys, trust.allow_unsigned)
+    let policy = Policy::usable(keys, trust.allow_unsigned)?;
+    if let Some(id) = &trust.identity {
+        Identity::repository(id).map_err(|e| VerifyError::BadIdentity {
+            identity: id.clone(),
+            reason: e.reason.to_string(),
+        })?;
+    }
+    let identity = identity(trust, image);
+    if identity.is_none() && !trust.allow_unsigned {
+        return Err(VerifyError::NoIdentity);
+    }
+    Ok(policy.with_identity(identity))
+}
+
+/// The identity this host's signatures must name: `trust.identity`, else
+/// the repository of a registry image (never a mirror's: mirrors serve the
+/// image, they do not rename it). `None` only for a layout or archive
+/// without `trust.identity`, which the config allows only with
+/// `allow_unsigned` (then any identity is accepted, and unsigned too).
+pub fn identity(trust: &Trust, image: &ImageSource) -> Option<Identity> {
+    match (&trust.identity, image) {
+        (Some(id), _) => Identity::repository(id).ok(),
+        (None, ImageSource::Registry(r)) => Some(Identity::of_image(r)),
+        (None, _) => None,
+    }
 }
 
 /// The registry client's settings for the config's `registries`, with each

@@ -57,7 +57,9 @@ impl Host {
         let config = dir.path().join("activator.json");
         let cfg = serde_json::json!({
             "registries": registries,
-            "trust": {"public_keys": paths, "allow_unsigned": allow_unsigned},
+            // The images here are signed for IDENTITY whichever registry
+            // or layout serves them (identity.rs tests the defaults).
+            "trust": {"public_keys": paths, "allow_unsigned": allow_unsigned, "identity": IDENTITY},
         });
         fs::write(&config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
         Host {
@@ -558,7 +560,7 @@ fn layout_and_archive_sources() {
 fn stage_config(image: &str, key_path: &str) -> kubeslot_activator::config::Config {
     let json = serde_json::json!({
         "image": image,
-        "trust": {"public_keys": [key_path]},
+        "trust": {"public_keys": [key_path], "identity": IDENTITY},
         "kubelet": {
             "api_server": "https://10.0.0.1:6443",
             "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
@@ -774,7 +776,10 @@ fn unpack_without_root_uses_a_temporary_store() {
     let config = work.path().join("cfg.json");
     fs::write(
         &config,
-        serde_json::to_vec(&serde_json::json!({"trust": {"public_keys": [pem]}})).unwrap(),
+        serde_json::to_vec(
+            &serde_json::json!({"trust": {"public_keys": [pem], "identity": IDENTITY}}),
+        )
+        .unwrap(),
     )
     .unwrap();
     let out_dir = work.path().join("out");

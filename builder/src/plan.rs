@@ -43,6 +43,8 @@ pub struct BuildRequest {
     /// The registry reference the image will be pushed to (names the
     /// signature identity).
     pub push: Option<ImageRef>,
+    /// The signing identity (`--identity`), a repository.
+    pub identity: Option<String>,
     /// The download cache (its `tmp/` holds base-image scratch space).
     pub cache: PathBuf,
 }
@@ -191,9 +193,12 @@ impl Plan {
             .as_deref()
             .map(crate::sign::load_key)
             .transpose()?;
-        let identity = match &req.push {
-            Some(r) => r.name(),
-            None => recipe.file.name.clone(),
+        let identity = match (&req.identity, &req.push) {
+            (Some(id), _) => kubeslot_image::reference::Identity::repository(id)
+                .map_err(|e| anyhow!("--identity {id:?}: {}", e.reason))?
+                .to_string(),
+            (None, Some(r)) => r.name(),
+            (None, None) => recipe.file.name.clone(),
         };
         Ok(Plan {
             recipe,

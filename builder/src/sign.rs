@@ -278,8 +278,11 @@ mod tests {
         let a = signature_artifact(&key, "127.0.0.1:5000/node", image, None);
         let m: Manifest = serde_json::from_slice(&a.manifest).unwrap();
         let payload = a.blobs[1].clone();
-        kubeslot_image::signature::verify(&trusted(&key), image, &m, |_| Ok(payload.clone()))
-            .unwrap();
+        let identity = kubeslot_image::reference::Identity::repository("127.0.0.1:5000/node").ok();
+        kubeslot_image::signature::verify(&trusted(&key), image, identity.as_ref(), &m, |_| {
+            Ok(payload.clone())
+        })
+        .unwrap();
         let again = signature_artifact(&key, "127.0.0.1:5000/node", image, Some(&m));
         assert_eq!(again.manifest, a.manifest);
         let other = SigningKey::from_bytes(&[4u8; 32].into()).unwrap();

@@ -707,7 +707,7 @@ pub fn verify_layout(
             }
             None => return Err(SignatureError::Missing { digest }),
         };
-        signature::verify(keys, digest, &manifest, |l| {
+        signature::verify(keys, digest, None, &manifest, |l| {
             layout
                 .blobs()
                 .read_verified(&l.digest, Some(l.size), MAX_PAYLOAD_BYTES)
@@ -747,7 +747,7 @@ pub async fn verify_remote(
             remote.pull_blob(&l.digest, l.size, &blobs).await?;
         }
     }
-    signature::verify(keys, digest, &manifest, |l| {
+    signature::verify(keys, digest, None, &manifest, |l| {
         blobs
             .read_verified(&l.digest, Some(l.size), MAX_PAYLOAD_BYTES)
             .map_err(std::io::Error::other)

@@ -84,6 +84,60 @@ impl ImageRef {
     }
 }
 
+/// A signing identity: the repository a signature's
+/// `critical.identity.docker-reference` names, normalised
+/// (`registry/repository`, as [`ImageRef::name`]).
+///
+/// [`repository`](Identity::repository) takes a configured identity (a
+/// repository, no tag or digest); [`of_reference`](Identity::of_reference)
+/// takes what a signature names (a tag or digest there is dropped: the
+/// digest is checked separately, and cosign writes the repository or the
+/// tagged name depending on how it was called).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity(String);
+
+impl Identity {
+    /// A configured identity: `registry/repository` (Docker Hub names
+    /// normalised), refused with a tag or a digest.
+    pub fn repository(input: &str) -> Result<Identity, RefError> {
+        let parsed: ImageRef = input.parse()?;
+        let last = input.rsplit('/').next().unwrap_or(input);
+        if parsed.digest.is_some() || last.contains(':') {
+            return Err(RefError {
+                input: input.to_string(),
+                reason: "a signing identity is a repository: no tag and no digest",
+            });
+        }
+        Ok(Identity(parsed.name()))
+    }
+
+    /// The repository a signature payload's `docker-reference` names.
+    pub fn of_reference(input: &str) -> Result<Identity, RefError> {
+        Ok(Identity(input.parse::<ImageRef>()?.name()))
+    }
+
+    /// The repository of a registry reference.
+    pub fn of_image(image: &ImageRef) -> Identity {
+        Identity(image.name())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Identity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
 fn valid_repository(repo: &str) -> bool {
     !repo.is_empty()
         && repo.split('/').all(|c| {

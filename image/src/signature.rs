@@ -12,10 +12,14 @@
 //! the `dev.cosignproject.cosign/signature` annotation. A signature counts
 //! only when the payload bytes hash to the layer digest, the payload names
 //! exactly the manifest digest being verified, its type is the cosign type,
-//! and the signature checks against one of the trusted keys. The
-//! `docker-reference` identity is not compared with where the image was found:
-//! mirrors and air-gapped copies change the location, the digest binds the
-//! content.
+//! and the signature checks against one of the trusted keys. When the caller
+//! names an expected [`Identity`] (the activator always does), the payload's
+//! `critical.identity.docker-reference` must name that repository: a
+//! signature made for another repository (the other variant, a debug build)
+//! does not count. The identity is compared with what the host expects, never
+//! with where the image was found: mirrors and air-gapped copies change the
+//! location, not the identity. A `.sig` artifact with more than
+//! [`MAX_SIGNATURE_LAYERS`] signature layers is refused unread.
 
 use std::path::{Path, PathBuf};
 
@@ -27,11 +31,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::oci::{Manifest, ANNOTATION_COSIGN_SIGNATURE, MEDIA_TYPE_SIMPLE_SIGNING};
+use crate::reference::Identity as Repository;
 
 /// The `critical.type` cosign writes and checks.
 pub const COSIGN_TYPE: &str = "cosign container image signature";
 /// Payloads larger than this are refused unread (cosign's are ~250 bytes).
 pub const MAX_PAYLOAD_BYTES: u64 = 64 * 1024;
+/// A `.sig` artifact with more layers than this is refused before any
+/// payload is read (cosign appends one layer per signing; a release is
+/// signed once or twice).
+pub const MAX_SIGNATURE_LAYERS: usize = 16;
 
 /// The simple-signing payload.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -101,6 +110,18 @@ pub enum SignatureError {
     },
     #[error("image {digest}: signature payload names digest {named}, not this image")]
     WrongDigest { digest: Digest, named: Digest },
+    #[error("image {digest}: signature names identity {found}, not {expected} (trust.identity): a signature for another repository does not count")]
+    WrongIdentity {
+        digest: Digest,
+        expected: String,
+        found: String,
+    },
+    #[error("image {digest}: its .sig artifact has {count} layers, more than the {max} allowed")]
+    TooManyLayers {
+        digest: Digest,
+        count: usize,
+        max: usize,
+    },
     #[error(
         "image {digest}: {count} signature(s) found, none verifies with the {keys} trusted key(s)"
     )]
@@ -169,13 +190,22 @@ impl TrustedKeys {
 /// `fetch_payload` returns the bytes of a payload layer (already checked
 /// against its descriptor digest and capped at [`MAX_PAYLOAD_BYTES`] by the
 /// caller's blob reader; checked again here). Succeeds when at least one layer
-/// is a valid signature by a trusted key over exactly `digest`.
+/// is a valid signature by a trusted key over exactly `digest` and, when
+/// `identity` is given, naming that repository.
 pub fn verify(
     keys: &TrustedKeys,
     digest: Digest,
+    identity: Option<&Repository>,
     sig_manifest: &Manifest,
     mut fetch_payload: impl FnMut(&crate::oci::Descriptor) -> std::io::Result<Vec<u8>>,
 ) -> Result<(), SignatureError> {
+    if sig_manifest.layers.len() > MAX_SIGNATURE_LAYERS {
+        return Err(SignatureError::TooManyLayers {
+            digest,
+            count: sig_manifest.layers.len(),
+            max: MAX_SIGNATURE_LAYERS,
+        });
+    }
     let mut count = 0;
     let mut first_error = None;
     for layer in &sig_manifest.layers {
@@ -235,9 +265,26 @@ pub fn verify(
             continue;
         }
         // The signature is over the payload bytes as stored, not a re-encoding.
-        if keys.accepts(&bytes, sig) {
-            return Ok(());
+        if !keys.accepts(&bytes, sig) {
+            continue;
         }
+        if let Some(expected) = identity {
+            let named = &payload.critical.identity.docker_reference;
+            match Repository::of_reference(named) {
+                Ok(found) if &found == expected => {}
+                found => {
+                    // A trusted signature for another image says more than
+                    // any other reason: it replaces an earlier one.
+                    first_error = Some(SignatureError::WrongIdentity {
+                        digest,
+                        expected: expected.to_string(),
+                        found: found.map_or_else(|_| format!("{named:?}"), |f| f.to_string()),
+                    });
+                    continue;
+                }
+            }
+        }
+        return Ok(());
     }
     Err(match (count, first_error) {
         (0, _) => SignatureError::Missing { digest },
@@ -292,17 +339,17 @@ mod tests {
         let m = sig_manifest(&payload, &key(1));
         let fetch = |_: &Descriptor| Ok(payload.clone());
         let trusted = TrustedKeys::from_keys(vec![*key(1).verifying_key()]);
-        verify(&trusted, image, &m, fetch).unwrap();
+        verify(&trusted, image, None, &m, fetch).unwrap();
 
         let other = TrustedKeys::from_keys(vec![*key(2).verifying_key()]);
         assert!(matches!(
-            verify(&other, image, &m, fetch),
+            verify(&other, image, None, &m, fetch),
             Err(SignatureError::Untrusted { .. })
         ));
 
         let elsewhere = Digest::of(b"other manifest");
         assert!(matches!(
-            verify(&trusted, elsewhere, &m, fetch),
+            verify(&trusted, elsewhere, None, &m, fetch),
             Err(SignatureError::WrongDigest { .. })
         ));
     }
@@ -315,7 +362,7 @@ mod tests {
         let trusted = TrustedKeys::from_keys(vec![*key(1).verifying_key()]);
         let mut tampered = payload.clone();
         tampered[10] ^= 1;
-        let e = verify(&trusted, image, &m, |_| Ok(tampered.clone())).unwrap_err();
+        let e = verify(&trusted, image, None, &m, |_| Ok(tampered.clone())).unwrap_err();
         assert!(
             e.to_string().contains("do not match the layer digest"),
             "{e}"
@@ -324,8 +371,67 @@ mod tests {
         let mut empty = m.clone();
         empty.layers.clear();
         assert!(matches!(
-            verify(&trusted, image, &empty, |_| Ok(vec![])),
+            verify(&trusted, image, None, &empty, |_| Ok(vec![])),
             Err(SignatureError::Missing { .. })
         ));
+    }
+
+    #[test]
+    fn signature_for_another_repository_does_not_count() {
+        let image = Digest::of(b"manifest");
+        let payload = Payload::new("ghcr.io/org/node-debug:v1", image).to_bytes();
+        let m = sig_manifest(&payload, &key(1));
+        let fetch = |_: &Descriptor| Ok(payload.clone());
+        let trusted = TrustedKeys::from_keys(vec![*key(1).verifying_key()]);
+        let expected = Repository::repository("ghcr.io/org/node").unwrap();
+        let e = verify(&trusted, image, Some(&expected), &m, fetch).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, SignatureError::WrongIdentity { .. }), "{text}");
+        assert!(
+            text.contains("ghcr.io/org/node-debug") && text.contains("not ghcr.io/org/node "),
+            "{text}"
+        );
+        // The same repository named with a tag counts.
+        let same = Repository::repository("ghcr.io/org/node-debug").unwrap();
+        verify(&trusted, image, Some(&same), &m, fetch).unwrap();
+    }
+
+    #[test]
+    fn docker_hub_names_compare_normalised() {
+        let image = Digest::of(b"manifest");
+        let payload = Payload::new("org/node", image).to_bytes();
+        let m = sig_manifest(&payload, &key(1));
+        let trusted = TrustedKeys::from_keys(vec![*key(1).verifying_key()]);
+        let expected = Repository::repository("docker.io/org/node").unwrap();
+        verify(
+            &trusted,
+            image,
+            Some(&expected),
+            &m,
+            |_| Ok(payload.clone()),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn too_many_signature_layers_refused_unread() {
+        let image = Digest::of(b"manifest");
+        let payload = Payload::new("x/y", image).to_bytes();
+        let mut m = sig_manifest(&payload, &key(1));
+        let layer = m.layers[0].clone();
+        m.layers = vec![layer; MAX_SIGNATURE_LAYERS + 1];
+        let trusted = TrustedKeys::from_keys(vec![*key(1).verifying_key()]);
+        let e = verify(&trusted, image, None, &m, |_| panic!("a payload was read")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SignatureError::TooManyLayers {
+                    count: 17,
+                    max: 16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

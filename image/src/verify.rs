@@ -11,6 +11,9 @@
 //! digest binds every platform manifest by digest, and the manifest digest
 //! binds the config and every layer, so either one pins the bytes we unpack.
 //!
+//! With an identity in the policy, a signature counts only when its
+//! `docker-reference` names that repository ([`crate::signature`]).
+//!
 //! Unsigned or wrongly signed images are refused unless `allow_unsigned` is
 //! true in the config; there is deliberately no command-line bypass. With
 //! `allow_unsigned`, the outcome says why the image was accepted anyway.
@@ -21,6 +24,7 @@ use serde::Serialize;
 
 use crate::digest::Digest;
 use crate::layout::MAX_DOCUMENT_BYTES;
+use crate::reference::Identity;
 use crate::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
 use crate::source::{SelectedImage, Source, SourceError};
 
@@ -29,6 +33,7 @@ use crate::source::{SelectedImage, Source, SourceError};
 pub struct Policy {
     keys: TrustedKeys,
     allow_unsigned: bool,
+    identity: Option<Identity>,
 }
 
 /// Why an image was refused or the policy could not be loaded.
@@ -38,6 +43,10 @@ pub enum VerifyError {
     Key(SignatureError),
     #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: no image can be accepted")]
     NoKeys,
+    #[error("trust.identity {identity:?}: {reason}")]
+    BadIdentity { identity: String, reason: String },
+    #[error("trust.identity is required for an oci: or oci-archive: image unless trust.allow_unsigned: set it to the repository the image's signatures name (e.g. ghcr.io/org/node)")]
+    NoIdentity,
     #[error("image {image}: refused by the trust policy: {}", .reasons.join("; "))]
     Refused { image: Digest, reasons: Vec<String> },
     #[error("image {image}: reading signatures: {error}")]
@@ -74,7 +83,22 @@ impl Policy {
         Policy {
             keys,
             allow_unsigned,
+            identity: None,
         }
+    }
+
+    /// The same policy, accepting only signatures whose
+    /// `docker-reference` names `identity` (the activator always sets it; a
+    /// `None` accepts any identity, as the builder does when it checks a
+    /// signature it just made).
+    pub fn with_identity(mut self, identity: Option<Identity>) -> Policy {
+        self.identity = identity;
+        self
+    }
+
+    /// The identity signatures must name, when one is required.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
     }
 
     /// The default policy: no keys, unsigned refused. Accepts nothing.
@@ -110,11 +134,17 @@ pub fn check(
             reasons.push(format!("no signature on {digest}"));
             continue;
         };
-        let result = signature::verify(&policy.keys, digest, &sig, |layer| {
-            source
-                .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
-                .map_err(|e| std::io::Error::other(e.to_string()))
-        });
+        let result = signature::verify(
+            &policy.keys,
+            digest,
+            policy.identity.as_ref(),
+            &sig,
+            |layer| {
+                source
+                    .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            },
+        );
         match result {
             Ok(()) => return Ok(Verdict::Signed { digest }),
             Err(e) => reasons.push(e.to_string()),

@@ -32,8 +32,9 @@ use super::HostArgs;
 /// file, trusted key, device), a preflight check failed, the target
 /// slot's machine is running, or a machine runs that kubeslot has no
 /// record of (see `adopt`) or beside the committed one: nothing was
-/// changed; 4 the image failed on this
-/// host before and is not retried (see --force); 5 another run holds the
+/// changed; 4 the image failed on this host before and is not retried (see
+/// --force), or it is older than the newest release this host committed for
+/// its signing identity (see --allow-downgrade); 5 another run holds the
 /// lock.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -51,6 +52,11 @@ pub struct Args {
     /// stage that image afresh into the other slot and flip to it.
     #[arg(long)]
     pub force: bool,
+    /// Accept an image older (by its signed creation time) than the newest
+    /// release this host committed for the same identity; without it such
+    /// an image is refused with exit 4. `rollback` needs no flag.
+    #[arg(long)]
+    pub allow_downgrade: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,7 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &args.host.root(),
         &args.host.config_path(),
         &SystemCtl,
-        &Options { force: args.force },
+        &Options {
+            force: args.force,
+            allow_downgrade: args.allow_downgrade,
+        },
     );
     super::conclude(ran, args.json)
 }

@@ -45,6 +45,10 @@ pub struct Args {
     /// before with the same host settings.
     #[arg(long)]
     pub force: bool,
+    /// Stage an image older than the newest release committed here for
+    /// its identity (as `activate --allow-downgrade`).
+    #[arg(long)]
+    pub allow_downgrade: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -52,7 +56,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &args.host.root(),
         &args.host.config_path(),
         &SystemCtl,
-        &Options { force: args.force },
+        &Options {
+            force: args.force,
+            allow_downgrade: args.allow_downgrade,
+        },
     );
     super::conclude(ran, args.json)
 }

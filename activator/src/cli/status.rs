@@ -105,6 +105,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for b in &state.bad {
         println!("bad: {} at {}: {}", b.digest, b.at, b.reason);
     }
+    for r in state.releases.values() {
+        println!(
+            "newest release of {}: {} (created {}; older images are refused)",
+            r.identity, r.digest, r.created
+        );
+    }
     match report {
         Some(r) => print!("{}", r.to_text()),
         None => println!("no report yet"),

@@ -62,6 +62,12 @@ pub struct Args {
     /// reference (`registry/repository[:tag]`).
     #[arg(long, value_name = "REF")]
     pub push: Option<kubeslot_image::ImageRef>,
+    /// The repository the signatures name (`critical.identity.docker-reference`,
+    /// e.g. `ghcr.io/org/node`): what hosts check as their `trust.identity`.
+    /// Default: the `--push` repository, else the recipe's name. Set it when
+    /// building an `oci:`/`oci-archive:` output that hosts will read as such.
+    #[arg(long, value_name = "REPOSITORY")]
+    pub identity: Option<String>,
     #[command(flatten)]
     pub registry: crate::registry::RegistryOptions,
 }
@@ -96,6 +102,7 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
         annotation: args.annotation.clone(),
         sign_key: args.sign_key.clone(),
         push: args.push.clone(),
+        identity: args.identity.clone(),
         cache: global.cache.clone(),
     };
     // Planning may read a base image with the blocking registry client.
