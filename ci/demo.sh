@@ -34,7 +34,8 @@ step "signing key"
 
 step "build, sign and write an oci-archive"
 "$builder" build testdata/recipes/demo.toml --cache "$cache" \
-  --sign-key "$out/keys/release.key" --output "oci-archive:$out/node.tar"
+  --sign-key "$out/keys/release.key" --identity registry.example/kubeslot/demo-node \
+  --output "oci-archive:$out/node.tar"
 
 step "a host root with the activator's config"
 root=$out/host
@@ -43,7 +44,10 @@ cp "$out/keys/release.pub" "$root/etc/kubeslot/keys/release.pub"
 cat > "$root/etc/kubeslot/activator.json" <<JSON
 {
   "image": "oci-archive:$out/node.tar",
-  "trust": { "public_keys": ["/etc/kubeslot/keys/release.pub"] },
+  "trust": {
+    "public_keys": ["/etc/kubeslot/keys/release.pub"],
+    "identity": "registry.example/kubeslot/demo-node"
+  },
   "kubelet": {
     "api_server": "https://10.0.0.1:6443",
     "ca_data": "-----BEGIN CERTIFICATE-----\nZGVtbw==\n-----END CERTIFICATE-----\n",

@@ -2255,7 +2255,16 @@ mod tests {
         // v3 replaces v2 in kube2: v2's layer is mounted by no slot and goes.
         let v2_layers = crate::layers::referenced(&s.root).unwrap();
         let third = image_with(dir, "healthy", "3");
-        let r = activate(&s.root, &s.config, &fake, &Options { force: true }).report;
+        let r = activate(
+            &s.root,
+            &s.config,
+            &fake,
+            &Options {
+                force: true,
+                ..Options::default()
+            },
+        )
+        .report;
         assert_eq!(
             (r.outcome, r.slot),
             (Some(Outcome::Committed), Some(Slot::Kube2)),

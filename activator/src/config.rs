@@ -539,8 +539,26 @@ impl Config {
                 "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/org/node), unless trust.allow_unsigned",
             ));
         }
+        for (host, r) in &self.registries {
+            for (i, url) in r.mirrors.iter().enumerate() {
+                if has_user_info(url) {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        field: "registries",
+                        reason: format!("{host:?} mirror {}: {USER_INFO_REFUSED}", i + 1),
+                    });
+                }
+            }
+        }
         if let Some(m) = &self.containerd.registry_mirrors {
             for (host, mirror) in m {
+                if let Some(i) = mirror.mirrors.iter().position(|u| has_user_info(u)) {
+                    return Err(ConfigError::Invalid {
+                        path: path.to_path_buf(),
+                        field: "containerd.registry_mirrors",
+                        reason: format!("{host:?} mirror {}: {USER_INFO_REFUSED}", i + 1),
+                    });
+                }
                 if host.is_empty() || host.contains('/') || host.contains("://") {
                     return Err(ConfigError::Invalid {
                         path: path.to_path_buf(),
@@ -584,6 +602,18 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Why a mirror URL with `user:pass@` is refused (the URL is not echoed:
+/// it holds the password).
+const USER_INFO_REFUSED: &str = "a URL with user info (user:password@) is refused: it would show the password in plans, reports and logs; use registries.<host>.credentials with a password_file";
+
+/// Whether `url`'s authority (before the first `/` after any scheme)
+/// carries `user[:password]@`.
+fn has_user_info(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    authority.contains('@')
 }
 
 #[cfg(test)]
@@ -668,5 +698,56 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("api_server"), "{e}");
+    }
+
+    fn with_top(image: &str, top: &str) -> String {
+        format!(
+            r#"{{"image":"{image}","kubelet":{{"api_server":"https://10.0.0.1:6443",
+            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"}}{top}}}"#
+        )
+    }
+
+    #[test]
+    fn mirror_urls_with_user_info_are_refused_without_echoing_them() {
+        let e = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            r#","registries":{"ghcr.io":{"mirrors":["https://bob:hunter2@mirror.example"]}}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("user info") && e.contains("mirror 1"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            r#","containerd":{"registry_mirrors":{"docker.io":{"mirrors":["http://mirror.example","https://u:pw-9@m2.example/v2"]}}}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mirror 2") && !e.contains("pw-9"), "{e}");
+        // An '@' in a path is not user info.
+        assert!(!has_user_info("https://mirror.example/a@b"));
+    }
+
+    #[test]
+    fn a_layout_image_needs_an_identity_unless_unsigned_is_allowed() {
+        let layout = |trust: &str| with_top("oci:/srv/node:v1", &format!(r#","trust":{trust}"#));
+        let e = parse(&layout(r#"{"public_keys":["/k.pem"]}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("trust.identity") && e.contains("required"),
+            "{e}"
+        );
+        parse(&layout(
+            r#"{"public_keys":["/k.pem"],"identity":"ghcr.io/org/node"}"#,
+        ))
+        .unwrap();
+        parse(&layout(r#"{"allow_unsigned":true}"#)).unwrap();
+        let e = parse(&layout(
+            r#"{"public_keys":["/k.pem"],"identity":"ghcr.io/org/node:v1"}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("trust.identity") && e.contains("no tag"), "{e}");
     }
 }

@@ -1123,8 +1123,14 @@ pub fn save_inputs(root: &Root, slot: Slot, config: &Config) -> Result<PathBuf, 
     Ok(path)
 }
 
+/// What a diff shows for a private (credential) file that changes.
+pub const SECRET_CHANGED: &str = "secret changed";
+
 /// What [`write`] would change: one entry per rendered file (diff `""` when
-/// equal) and one per stale file it would remove.
+/// equal) and one per stale file it would remove. Files rendered private
+/// (mode 0600: the kubelet's credential) are never shown: their diff says
+/// [`SECRET_CHANGED`] and the size, so `plan`, `--dry-run` and `--json`
+/// carry no token or credential env value.
 pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
     let mut out = Vec::new();
     for file in &files.files {
@@ -1134,6 +1140,25 @@ pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
             .ok()
             .map(|m| m.permissions().mode() & 0o7777);
         let shown = file.path.display().to_string();
+        if file.mode & 0o077 == 0 {
+            // A private file holds a credential (the bootstrap token, the
+            // exec credential's env): never shown, only whether it changes.
+            let changed =
+                old.as_deref() != Some(file.contents.as_str()) || old_mode != Some(file.mode);
+            out.push(FileDiff {
+                path: file.path.clone(),
+                diff: if changed {
+                    format!(
+                        "--- a/{shown}\n+++ b/{shown}\n{SECRET_CHANGED} ({} bytes, mode {:04o}; contents not shown)\n",
+                        file.contents.len(),
+                        file.mode
+                    )
+                } else {
+                    String::new()
+                },
+            });
+            continue;
+        }
         let mut d = match &old {
             Some(old) => unified(
                 old,
@@ -1152,8 +1177,18 @@ pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
         });
     }
     for rel in stale_files(root, files) {
-        let old = std::fs::read_to_string(root.dir().join(&rel)).unwrap_or_default();
+        let full = root.dir().join(&rel);
         let shown = rel.display().to_string();
+        let private =
+            std::fs::symlink_metadata(&full).is_ok_and(|m| m.permissions().mode() & 0o077 == 0);
+        if private {
+            out.push(FileDiff {
+                path: rel,
+                diff: format!("--- a/{shown}\n+++ /dev/null\n{SECRET_CHANGED} (removed; contents not shown)\n"),
+            });
+            continue;
+        }
+        let old = std::fs::read_to_string(&full).unwrap_or_default();
         let mut d = unified(&old, "", &format!("a/{shown}"), "/dev/null");
         if d.is_empty() {
             d = format!("--- a/{shown}\n+++ /dev/null\n");

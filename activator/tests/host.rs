@@ -883,7 +883,7 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
             "trusted key file missing",
             {
                 let mut c = h.config("v1", serde_json::json!({}));
-                c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/missing.pub"]});
+                c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/missing.pub"], "identity": "registry.example/org/node"});
                 c
             },
             &["trust policy", "missing.pub"],
@@ -892,7 +892,7 @@ fn bad_configs_name_the_file_and_field_and_touch_nothing_else() {
             "a policy that accepts nothing",
             {
                 let mut c = h.config("v1", serde_json::json!({}));
-                c["trust"] = serde_json::json!({});
+                c["trust"] = serde_json::json!({"identity": "registry.example/org/node"});
                 c
             },
             &[
@@ -965,7 +965,7 @@ fn an_image_that_fails_verification_changes_nothing() {
         .unwrap();
     fs::write(h.root().join("etc/kubeslot/release.pub"), pem).unwrap();
     let mut c = h.config("v1", serde_json::json!({}));
-    c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/release.pub"]});
+    c["trust"] = serde_json::json!({"public_keys": ["/etc/kubeslot/release.pub"], "identity": "registry.example/org/node"});
     fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
     let (code, r, err) = h.activate();
     assert_eq!(code, 1, "{err}");
@@ -2718,4 +2718,57 @@ fn the_packaged_example_config_loads() {
     let c = kubeslot_activator::config::Config::load(&path).unwrap();
     assert_eq!(c.trust.public_keys.len(), 1);
     assert!(c.kubelet.ca_file.is_some() && c.kubelet.bootstrap_token.is_some());
+}
+
+/// `plan`, `plan --json`, `activate --dry-run [--json]`, the run's output,
+/// its report and `status` never carry the bootstrap token or an exec
+/// credential's env value: a credential file shows only as "secret changed".
+#[test]
+fn plans_reports_and_status_never_show_a_credential() {
+    const TOKEN: &str = "zq9x1k.tokenSECRETvalue1";
+    const ENV_SECRET: &str = "env-SECRET-value-7731";
+    let img = images();
+    let h = Host::new(&img);
+    h.set_config("v1", serde_json::json!({ "bootstrap_token": TOKEN }));
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let look = |h: &Host, what: &str, seen: &mut Vec<(String, String)>| {
+        for args in [
+            &["plan"][..],
+            &["plan", "--json"],
+            &["activate", "--dry-run"],
+            &["activate", "--dry-run", "--json"],
+            &["status"],
+            &["status", "--json"],
+        ] {
+            let (_, out, err) = h.cmd(args);
+            seen.push((format!("{what}: {}", args.join(" ")), out + &err));
+        }
+    };
+    look(&h, "first", &mut seen);
+    let plan = &seen[0].1;
+    assert!(plan.contains("secret changed"), "{plan}");
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    seen.push(("activate".into(), format!("{r}\n{err}")));
+    seen.push((
+        "report.json".into(),
+        fs::read_to_string(h.root().join("var/lib/kubeslot/report.json")).unwrap(),
+    ));
+    // A new credential: the plan says it changes, and still not what it is.
+    h.set_config(
+        "v1",
+        serde_json::json!({
+            "bootstrap_token": null,
+            "exec_credential": {"command": "/usr/bin/get-token", "env": {"TOKEN": ENV_SECRET}},
+        }),
+    );
+    look(&h, "changed", &mut seen);
+    let (_, plan, _) = h.cmd(&["plan"]);
+    assert!(plan.contains("secret changed"), "{plan}");
+    for (what, text) in &seen {
+        assert!(
+            !text.contains(TOKEN) && !text.contains(ENV_SECRET),
+            "{what} shows a credential:\n{text}"
+        );
+    }
 }

@@ -65,7 +65,7 @@ impl Host {
         let config = serde_json::json!({
             "image": image,
             "registries": registries,
-            "trust": {"public_keys": ["/etc/kubeslot/trust.pem"]},
+            "trust": {"public_keys": ["/etc/kubeslot/trust.pem"], "identity": "127.0.0.1/test/node"},
             "kubelet": {
                 "api_server": "https://10.0.0.1:6443",
                 "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
@@ -145,7 +145,8 @@ fn a_host_asks_for_each_blob_once_and_one_request_at_a_time() {
     assert!(seen.iter().all(|s| s.status == 200), "{seen:#?}");
     assert_eq!(relay.max_waiting(), 1, "requests overlapped");
     let report = host.report();
-    assert_eq!(report["digest"], built.index.to_string());
+    assert_eq!(report["digest"], built.manifest.to_string());
+    assert_eq!(report["index_digest"], built.index.to_string());
     assert_eq!(report["outcome"], "staged");
     let traffic = &report["registry_requests"];
     assert_eq!(traffic["sent"], seen.len() as u64, "{report:#}");
@@ -221,7 +222,8 @@ fn refusals_with_retry_after_are_waited_out_and_reported() {
         );
     }
     let report = host.report();
-    assert_eq!(report["digest"], built.index.to_string());
+    assert_eq!(report["digest"], built.manifest.to_string());
+    assert_eq!(report["index_digest"], built.index.to_string());
     let traffic = &report["registry_requests"];
     assert_eq!(traffic["throttled"], 2, "{report:#}");
     assert_eq!(traffic["sent"], seen.len() as u64, "{report:#}");

@@ -775,3 +775,79 @@ fn credentials_refused_and_accepted_from_each_source() {
     );
     assert_eq!(Digest::of(&out.stdout), index);
 }
+
+/// `build --identity`: every signature of a layout or archive output names
+/// that repository, which is what a host reading it as `oci:`/`oci-archive:`
+/// checks against its `trust.identity` (with the hosts' own verifier).
+#[test]
+fn build_identity_is_the_repository_every_signature_names() {
+    use kubeslot_image::reference::{Identity, ImageSource};
+    use kubeslot_image::registry::Registries;
+    use kubeslot_image::signature::TrustedKeys;
+    use kubeslot_image::source::Source;
+    use kubeslot_image::verify::{self, Policy, Verdict};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(tmp.path(), "release");
+    let recipe = kubeslot_test_support::workspace_root().join("testdata/recipes/demo.toml");
+    let out = tmp.path().join("out");
+    let cache = tmp.path().join("cache");
+    run_json(&[
+        "--progress",
+        "quiet",
+        "--cache",
+        p(&cache),
+        "build",
+        p(&recipe),
+        "--output",
+        &format!("oci:{}:v1", p(&out)),
+        "--sign-key",
+        p(&key),
+        "--identity",
+        "registry.example/kube/demo",
+    ]);
+    let keys = TrustedKeys::from_pem_files(&[&public]).unwrap();
+    let source = Source::open(
+        &format!("oci:{}:v1", p(&out))
+            .parse::<ImageSource>()
+            .unwrap(),
+        &Registries::default(),
+        tmp.path(),
+    )
+    .unwrap();
+    let top = source.resolve().unwrap();
+    for arch in ["amd64", "arm64"] {
+        let image = source.select(&top, &Platform::linux(arch)).unwrap();
+        let ours = Policy::new(keys.clone(), false).with_identity(Some(
+            Identity::repository("registry.example/kube/demo").unwrap(),
+        ));
+        assert!(matches!(
+            verify::check(&source, &image, &ours).unwrap(),
+            Verdict::Signed { .. }
+        ));
+        let other = Policy::new(keys.clone(), false).with_identity(Some(
+            Identity::repository("registry.example/kube/demo-debug").unwrap(),
+        ));
+        let e = verify::check(&source, &image, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("names identity registry.example/kube/demo,")
+                || e.contains("names identity registry.example/kube/demo "),
+            "{e}"
+        );
+    }
+    // A tag or digest is not a repository.
+    let refused = builder()
+        .args(["--cache", p(&cache), "build", p(&recipe), "--output"])
+        .arg(format!("oci:{}:v2", p(&out)))
+        .args(["--identity", "registry.example/kube/demo:v1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("--identity") && err.contains("no tag"),
+        "{err}"
+    );
+}

@@ -61,10 +61,18 @@ write_config() {
 }
 
 # config_json IMAGE KEY: the config text, trusting the public key file KEY
-# (a path inside the outer host).
+# (a path inside the outer host); for an oci:/oci-archive: IMAGE,
+# trust.identity is REGISTRY/IMAGE_REPO.
 config_json() {
   local image=$1 trust
   trust=$(jq -n --arg key "$2" '{public_keys: [$key]}')
+  # A layout or archive names no repository: the host is told which one
+  # the signatures must name (the registry images' own repository, which
+  # `kubeslot-builder sign` signed and archives carry unchanged).
+  case $image in
+    oci:* | oci-archive:*)
+      trust=$(jq --arg id "$REGISTRY/$IMAGE_REPO" '.identity = $id' <<<"$trust") ;;
+  esac
   jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
     --argjson ignore "${PREFLIGHT_IGNORE:-$E2E_PREFLIGHT_IGNORE}" \
     --arg network "${KUBESLOT_E2E_NETWORK:-host}" --arg slots "${KUBESLOT_E2E_SLOTS:-}" '{

@@ -127,6 +127,7 @@ scenario_gpu_setup() {
     -e "s|@NVIDIA@|$E2E_TESTDATA/nvidia|g" \
     "$E2E_TESTDATA/node-nvidia.toml.in" >"$recipe"
   "$BUILDER" --progress plain build "$recipe" --sign-key "$WORK/keys/gpu.key" \
+    --identity "$REGISTRY/kubeslot/e2e-gpu" \
     --output "oci-archive:$OUTER$archive:gpu" >"$WORK/logs/build-gpu.log" 2>&1 ||
     { cat "$WORK/logs/build-gpu.log" >&2; fail "kubeslot-builder build of the GPU test image failed"; return 1; }
   gpu_build_driver "$GPU_DRIVER_OLD"
@@ -144,7 +145,7 @@ scenario_gpu_setup() {
   # (/proc/driver/nvidia/version is the kernel's); the other GPU checks run
   # on the fake devices and the outer's real ldconfig.
   config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
-    jq '.gpu = "auto" | .preflight.ignore += ["gpu-driver"]' >"$OUTER$CONFIG_IN_OUTER.tmp"
+    jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .preflight.ignore += ["gpu-driver"] | .trust.identity = $id' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
   act preflight || true
   got=$(grep -E '^\[[A-Z]+\] gpu-' "$ACT_LOG" | sed 's/;.*//' | paste -sd'|')

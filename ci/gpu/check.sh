@@ -129,7 +129,8 @@ sed -i 's|^group = "runtime"$|group = "kubernetes"|' "$recipe"
 
 say "building and signing the image"
 "$BUILDER" keygen --out "$WORK/key" >"$WORK/logs/keygen.log" 2>&1 || { cat "$WORK/logs/keygen.log" >&2; die "keygen"; }
-"$BUILDER" build "$recipe" --sign-key "$WORK/key.key" --output "oci-archive:$WORK/node.tar:gpu-check" \
+"$BUILDER" build "$recipe" --sign-key "$WORK/key.key" --identity registry.invalid/kubeslot/gpu-check \
+  --output "oci-archive:$WORK/node.tar:gpu-check" \
   >"$WORK/logs/build.log" 2>&1 || { cat "$WORK/logs/build.log" >&2; die "kubeslot-builder build"; }
 
 # ---------------------------------------------------------------- activate
@@ -142,7 +143,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -su
   -keyout "$WORK/ca.key" -out "$WORK/ca.crt" 2>/dev/null || die "openssl (test CA)"
 jq -n --arg image "oci-archive:$WORK/node.tar:gpu-check" --arg ca "$(cat "$WORK/ca.crt")" '{
   image: $image,
-  trust: {public_keys: ["/etc/kubeslot/trust/check.pub"]},
+  trust: {public_keys: ["/etc/kubeslot/trust/check.pub"], identity: "registry.invalid/kubeslot/gpu-check"},
   kubelet: {api_server: "https://192.0.2.1:6443", ca_data: $ca,
             bootstrap_token: "abcdef.0123456789abcdef", node_name: "gpu-check"},
   gpu: "on",
