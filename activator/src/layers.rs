@@ -91,8 +91,7 @@ pub fn remove_stale(root: &Root) -> Result<(), LayerError> {
     for entry in rd.flatten() {
         if entry.file_name().to_string_lossy().starts_with(".staging-") {
             let p = entry.path();
-            // remove_dir_all does not follow symlinks inside the tree.
-            fs::remove_dir_all(&p).map_err(io_err(&p))?;
+            crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?;
         }
     }
     Ok(())
@@ -223,7 +222,9 @@ pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
         }
         // Staging dirs and probes go too: nothing else runs under the lock.
         match entry.file_type().map_err(io_err(&p))? {
-            t if t.is_dir() => fs::remove_dir_all(&p).map_err(io_err(&p))?,
+            t if t.is_dir() => {
+                crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?
+            }
             _ => fs::remove_file(&p).map_err(io_err(&p))?,
         }
         removed.push(p);

@@ -24,6 +24,7 @@ pub mod paths;
 pub mod plan;
 pub mod preflight;
 pub mod progress;
+pub mod remove;
 pub mod render;
 pub mod report;
 pub mod slot;

@@ -174,7 +174,9 @@ fn unmount(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), Overlay
 /// Makes `dir` a fresh empty directory (0755), removing what was there.
 fn fresh_dir(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
     match fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(dir).map_err(io_err(slot, dir))?,
+        Ok(m) if m.is_dir() => {
+            crate::remove::remove_tree(dir).map_err(|e| io_err(slot, dir)(e.into_io()))?
+        }
         Ok(_) => fs::remove_file(dir).map_err(io_err(slot, dir))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err(slot, dir)(e)),
@@ -229,7 +231,7 @@ pub fn remove(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), Over
     systemd.daemon_reload()?;
     let dir = root.slot_overlay_dir(slot.machine());
     if dir.exists() {
-        fs::remove_dir_all(&dir).map_err(io_err(slot, &dir))?;
+        crate::remove::remove_tree(&dir).map_err(|e| io_err(slot, &dir)(e.into_io()))?;
     }
     Ok(())
 }

@@ -1148,8 +1148,23 @@ pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
             out.push(FileDiff {
                 path: file.path.clone(),
                 diff: if changed {
+                    let from = if old.is_some() {
+                        format!("a/{shown}")
+                    } else {
+                        "/dev/null".to_string()
+                    };
+                    let mode = old_mode
+                        .filter(|m| *m != file.mode)
+                        .map_or(String::new(), |m| {
+                            format!("mode {m:04o} -> {:04o} {shown}\n", file.mode)
+                        });
+                    let what = if old.as_deref() == Some(file.contents.as_str()) {
+                        "contents unchanged"
+                    } else {
+                        SECRET_CHANGED
+                    };
                     format!(
-                        "--- a/{shown}\n+++ b/{shown}\n{SECRET_CHANGED} ({} bytes, mode {:04o}; contents not shown)\n",
+                        "{mode}--- {from}\n+++ b/{shown}\n{what} ({} bytes, mode {:04o}; contents not shown)\n",
                         file.contents.len(),
                         file.mode
                     )

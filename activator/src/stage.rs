@@ -316,9 +316,10 @@ fn remove_stale(parent: &Path, prefix: &str) -> Result<(), StageError> {
         let name = name.to_string_lossy();
         if name.starts_with(prefix) {
             let p = entry.path();
-            // remove_dir_all does not follow symlinks inside the tree.
             match entry.file_type() {
-                Ok(t) if t.is_dir() => fs::remove_dir_all(&p).map_err(io_err(&p))?,
+                Ok(t) if t.is_dir() => {
+                    crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?
+                }
                 _ => fs::remove_file(&p).map_err(io_err(&p))?,
             }
         }
@@ -348,10 +349,12 @@ fn install(staging: tempfile::TempDir, dest: &Path) -> Result<(), StageError> {
         path: e.path,
         error: e.source,
     })?;
-    // After an exchange the staging path holds the old tree; dropping the
-    // TempDir deletes it (std's remove_dir_all does not follow symlinks).
-    // After a plain rename it no longer exists and the drop does nothing.
-    drop(staging);
+    // After an exchange the staging path holds the old tree: removed with
+    // bounded descriptors (a node may have written it arbitrarily deep),
+    // and a failure is the run's error (the next run's sweep of stale
+    // staging dirs retries it). After a plain rename nothing is left.
+    let old = staging.keep();
+    crate::remove::remove_tree(&old).map_err(|e| io_err(&old)(e.into_io()))?;
     Ok(())
 }
 

@@ -199,9 +199,9 @@ fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), Uni
             })
         }
     };
-    // remove_dir_all does not follow symlinks inside the tree
+    // remove_tree does not follow symlinks, whatever the tree's depth
     let result = if meta.is_dir() {
-        std::fs::remove_dir_all(path)
+        crate::remove::remove_tree(path).map_err(crate::remove::RemoveError::into_io)
     } else {
         std::fs::remove_file(path)
     };

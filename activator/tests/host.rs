@@ -2772,3 +2772,86 @@ fn plans_reports_and_status_never_show_a_credential() {
         );
     }
 }
+
+/// Writes a directory chain `depth` deep (one file per level) under `dir`,
+/// without ever holding more than one descriptor.
+fn deep_tree(dir: &Path, depth: usize) {
+    use rustix::fs::{Mode, OFlags, CWD};
+    fs::create_dir_all(dir).unwrap();
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    let mut fd = rustix::fs::openat(CWD, dir, flags, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
+        rustix::fs::openat(
+            &fd,
+            "f",
+            OFlags::CREATE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        fd = rustix::fs::openat(&fd, "d", flags, Mode::empty()).unwrap();
+    }
+}
+
+/// A node that wrote a tree deeper than the activator's open-file limit
+/// into each slot: two flips (one into each slot), run under
+/// `RLIMIT_NOFILE` 1024, still succeed, and leave no staging directory.
+#[test]
+fn flips_succeed_over_trees_deeper_than_the_fd_limit() {
+    require_tool("prlimit", "util-linux");
+    let img = images();
+    for mode in ["copy", "overlay"] {
+        let h = Host::with_slots(&img, Some(mode));
+        let root = Root::new(h.root());
+        for v in ["v1", "v2"] {
+            h.set_config(v, serde_json::json!({}));
+            let (code, r, err) = h.activate();
+            assert_eq!(code, 0, "{mode} {v}: {err}\n{r:#}");
+        }
+        for slot in [Slot::Kube1, Slot::Kube2] {
+            // what the node wrote: its tree (copy) or its upper dir (overlay)
+            let written = match mode {
+                "copy" => root.machine_tree(slot.machine()).join("var/lib/deep"),
+                _ => kubeslot_activator::overlay::upper_dir(&root, slot).join("var/lib/deep"),
+            };
+            deep_tree(&written, 1100);
+        }
+        for v in ["v4", "v1"] {
+            h.set_config(v, serde_json::json!({}));
+            let out = Command::new("prlimit")
+                .args([
+                    "--nofile=1024:1024",
+                    "--",
+                    env!("CARGO_BIN_EXE_kubeslot-activator"),
+                ])
+                .args(["activate", "--json", "--force", "--root"])
+                .arg(h.root())
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        h.fake().join("bin").display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .env("KUBESLOT_FAKE", h.fake())
+                .env("KUBESLOT_FAKE_ROOT", h.root())
+                .env("KUBESLOT_FAKE_PORT", h.port.to_string())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{mode} {v} under 1024 fds: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        let leftovers: Vec<_> = fs::read_dir(root.machines_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{mode}: {leftovers:?}");
+    }
+}
