@@ -550,13 +550,12 @@ fn run_activate(
     let gate = Gate::from(&b.config.health);
     host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
-    // Layer GC: what neither slot mounts any more goes (the commit stands
-    // whatever happens here; a failure is the report's note).
-    report.layers_removed = Some(match crate::layers::sweep(host.root) {
-        Ok(removed) => format!("{} layer dir(s) no slot mounts", removed.len()),
-        Err(e) => format!("layer GC failed: {}", kubeslot_image::error_chain(&e)),
-    })
-    .filter(|s| !s.starts_with("0 "));
+    // GC: what neither slot needs any more goes (the commit stands whatever
+    // happens here; a failure is the report's note).
+    report.gc = Some(match crate::gc::collect(host.root, &b.state, false) {
+        Ok(g) => g.summary(),
+        Err(e) => format!("gc failed: {}", kubeslot_image::error_chain(&e)),
+    });
     Ok(())
 }
 
@@ -2274,9 +2273,8 @@ mod tests {
             State::load(&s.root).unwrap().slot(Slot::Kube2).digest,
             Some(third)
         );
-        assert_eq!(
-            r.layers_removed.as_deref(),
-            Some("1 layer dir(s) no slot mounts"),
+        assert!(
+            r.gc.as_deref().unwrap().contains(", 1 layer dir(s);"),
             "{r:?}"
         );
         let now = crate::layers::referenced(&s.root).unwrap();

@@ -14,6 +14,7 @@ pub mod adopt;
 pub mod config;
 pub mod failpoint;
 pub mod fingerprint;
+pub mod gc;
 pub mod gpu;
 pub mod health;
 pub mod host_settings;

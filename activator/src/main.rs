@@ -15,7 +15,7 @@ enum Cli {
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
     // host side: flip, fetch, plan, status, rollback, wait, preflight, adopt,
-    // uninstall (about text: each Args)
+    // uninstall, gc (about text: each Args)
     Activate(cli::activate::Args),
     Fetch(cli::fetch::Args),
     Plan(cli::plan::Args),
@@ -25,6 +25,7 @@ enum Cli {
     Preflight(cli::preflight::Args),
     Adopt(cli::adopt::Args),
     Uninstall(cli::uninstall::Args),
+    Gc(cli::gc::Args),
     // about text: the doc comment of `cli::render::Args`
     Render(cli::render::Args),
 }
@@ -53,6 +54,7 @@ fn main() {
         Cli::Preflight(args) => cli::preflight::run(args),
         Cli::Adopt(args) => cli::adopt::run(args),
         Cli::Uninstall(args) => cli::uninstall::run(args),
+        Cli::Gc(args) => cli::gc::run(args),
         Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {

@@ -131,10 +131,11 @@ pub struct Report {
     /// the config left it open and overlay could not be used, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_mode: Option<String>,
-    /// Layer GC after a committed flip: the layer dirs neither slot mounts
-    /// any more, removed (absent when there were none).
+    /// Garbage collection after a committed flip (`crate::gc`): blobs,
+    /// partials and layer dirs neither slot needs any more, removed; or why
+    /// it failed (the commit stands either way).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub layers_removed: Option<String>,
+    pub gc: Option<String>,
     /// What the run asked its registries: requests sent (retries included),
     /// answers that were 429/503, and the time spent waiting before asking
     /// again. Absent when the run sent no request.
@@ -164,7 +165,7 @@ impl Report {
             host_settings: None,
             preflight: Vec::new(),
             slot_mode: None,
-            layers_removed: None,
+            gc: None,
             registry_requests: None,
             started: now_rfc3339(),
             finished: None,

@@ -5,22 +5,25 @@
 //! streams each missing blob into `sha256/.partial-<hex>`, hashing and
 //! counting while it writes, and renames it to `sha256/<hex>` (after fsync of
 //! the file, then of the directory) only when size and digest match. A blob
-//! already present is reused without a request. A download cut off by the
+//! already present is reused without a request, after its bytes are hashed
+//! again: a stored blob that no longer matches its name (disk damage, an
+//! edit) is removed and downloaded once more, never reused. A download cut off by the
 //! network keeps its partial file, and the next run asks for the rest with
 //! `Range` (re-hashing what it has); a partial whose bytes turn out wrong is
 //! deleted, so a bad partial is never counted as good and never reused twice.
 //! [`FetchReport`] says what was downloaded and what was reused (the
 //! activation report and the e2e "one changed layer" check read it).
 //!
-//! It does not decide which blobs an image needs ([`kubeslot_image::source`]), check
-//! signatures, or garbage-collect old blobs.
+//! Each image's platform manifest is stored beside its blobs (the list
+//! [`crate::gc`] keeps by). It does not decide which blobs an image needs
+//! ([`kubeslot_image::source`]), check signatures, or collect garbage.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::atomic;
-use kubeslot_image::digest::{Digest, Hasher};
+use kubeslot_image::digest::{Digest, Hasher, HashingReader};
 use kubeslot_image::layout::{BlobDir, LayoutError};
 use kubeslot_image::oci::Descriptor;
 use kubeslot_image::source::{SelectedImage, Source, SourceError};
@@ -45,6 +48,15 @@ pub struct FetchReport {
     /// Bytes of partial files from an earlier, interrupted run that were
     /// kept and continued with `Range`.
     pub resumed_bytes: u64,
+    /// Stored blobs whose bytes no longer matched their digest when they
+    /// were about to be reused (disk damage, a hand edit): removed and
+    /// downloaded again (counted among the downloaded blobs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub corrupt_replaced: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why a blob could not be stored; every variant names the blob.
@@ -135,6 +147,14 @@ impl Store {
         for (layer, _, _) in &image.layers {
             self.fetch(source, layer, true, &mut report)?;
         }
+        // The platform manifest too (already read and checked while
+        // selecting: no request): it is what garbage collection reads to
+        // know which blobs a slot's image needs.
+        let m = &image.manifest_descriptor;
+        if !self.blobs.contains(&m.digest) {
+            let bytes = source.read_blob(m, kubeslot_image::layout::MAX_DOCUMENT_BYTES)?;
+            self.blobs.put_bytes(&bytes)?;
+        }
         Ok(report)
     }
 
@@ -150,10 +170,23 @@ impl Store {
         let final_path = self.blobs.path(&desc.digest);
         match fs::symlink_metadata(&final_path) {
             Ok(m) if m.is_file() && m.len() == desc.size => {
-                report.reused_blobs += 1;
-                report.reused_bytes += desc.size;
-                report.reused_layers += u64::from(is_layer);
-                return Ok(());
+                // Stored means verified once, not still intact: a blob is
+                // hashed again before each reuse, and a damaged one is
+                // replaced, never unpacked.
+                if self.intact(&final_path, &desc.digest)? {
+                    report.reused_blobs += 1;
+                    report.reused_bytes += desc.size;
+                    report.reused_layers += u64::from(is_layer);
+                    return Ok(());
+                }
+                progress::line(|| {
+                    format!(
+                        "blob {}: stored bytes do not match the digest; fetching it again",
+                        progress::short(&desc.digest)
+                    )
+                });
+                report.corrupt_replaced += 1;
+                fs::remove_file(&final_path).map_err(io_err(&final_path))?;
             }
             // Only verified blobs get this name; anything else here (wrong
             // size, not a file) is damage: remove it and fetch again.
@@ -174,6 +207,14 @@ impl Store {
         report.downloaded_blobs += 1;
         report.downloaded_layers += u64::from(is_layer);
         Ok(())
+    }
+
+    /// Whether the stored file at `path` still hashes to `digest`.
+    fn intact(&self, path: &Path, digest: &Digest) -> Result<bool, StoreError> {
+        let f = File::open(path).map_err(io_err(path))?;
+        let mut reader = HashingReader::new(f);
+        io::copy(&mut reader, &mut io::sink()).map_err(io_err(path))?;
+        Ok(reader.finish().0 == *digest)
     }
 
     /// Streams `desc` into its partial file, continuing a kept prefix, and
@@ -345,6 +386,29 @@ mod tests {
         assert_eq!((r.downloaded_layers, r.reused_layers), (1, 1));
         assert_eq!(r.downloaded_bytes, 11);
         assert!(store.blobs().contains(&desc.digest));
+    }
+
+    #[test]
+    fn a_damaged_stored_blob_is_fetched_again_not_reused() {
+        let (dir, source, desc) = layout_with(b"layer bytes");
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        store
+            .fetch(&source, &desc, true, &mut FetchReport::default())
+            .unwrap();
+        // same size, other bytes: what a size check cannot see
+        let stored = store.blobs().path(&desc.digest);
+        fs::write(&stored, b"LAYER BYTES").unwrap();
+        let mut r = FetchReport::default();
+        store.fetch(&source, &desc, true, &mut r).unwrap();
+        assert_eq!(
+            (r.reused_layers, r.downloaded_layers, r.corrupt_replaced),
+            (0, 1, 1)
+        );
+        assert_eq!(fs::read(&stored).unwrap(), b"layer bytes");
+        // intact now: reused
+        let mut r = FetchReport::default();
+        store.fetch(&source, &desc, true, &mut r).unwrap();
+        assert_eq!((r.reused_layers, r.corrupt_replaced), (1, 0));
     }
 
     #[test]

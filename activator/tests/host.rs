@@ -2855,3 +2855,94 @@ fn flips_succeed_over_trees_deeper_than_the_fd_limit() {
         assert!(leftovers.is_empty(), "{mode}: {leftovers:?}");
     }
 }
+
+/// The blobs image `m` (a manifest in the test layout) is made of: the
+/// manifest, its config and its layers, as the layout (not the store) says.
+fn blobs_of(layout: &Path, m: Digest) -> std::collections::BTreeSet<String> {
+    let l = kubeslot_image::layout::Layout::open(layout).unwrap();
+    let man: kubeslot_image::oci::Manifest = l.read_json(&m, None).unwrap();
+    std::iter::once(m)
+        .chain(std::iter::once(man.config.digest))
+        .chain(man.layers.iter().map(|d| d.digest))
+        .map(|d| d.hex())
+        .collect()
+}
+
+fn store_listing(h: &Host) -> std::collections::BTreeSet<String> {
+    fs::read_dir(h.root().join("var/lib/kubeslot/blobs/sha256"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `gc` keeps what the two slots' images need and removes the rest: an
+/// orphan blob and a stale partial go (bytes freed counted), `--dry-run`
+/// removes nothing, a partial a live fetch holds stays; after a third
+/// release the post-commit collection leaves only the two slots' blobs.
+#[test]
+fn gc_keeps_the_two_slots_images_and_removes_the_rest() {
+    use std::collections::BTreeSet;
+    let img = images();
+    let h = Host::new(&img);
+    for v in ["v1", "v2"] {
+        h.set_config(v, serde_json::json!({}));
+        let (code, r, err) = h.activate();
+        assert_eq!(code, 0, "{v}: {err}\n{r:#}");
+    }
+    let both: BTreeSet<String> = blobs_of(&img.layout, img.v1)
+        .union(&blobs_of(&img.layout, img.v2))
+        .cloned()
+        .collect();
+    assert_eq!(store_listing(&h), both);
+
+    let store = h.root().join("var/lib/kubeslot/blobs/sha256");
+    let orphan = b"a blob no image names";
+    let orphan_digest = Digest::of(orphan);
+    fs::write(store.join(orphan_digest.hex()), orphan).unwrap();
+    let stale = store.join(format!(".partial-{}", "a".repeat(64)));
+    fs::write(&stale, b"half a download").unwrap();
+    let held = store.join(format!(".partial-{}", "b".repeat(64)));
+    fs::write(&held, b"being downloaded").unwrap();
+    let held_file = fs::File::open(&held).unwrap();
+    rustix::fs::flock(&held_file, rustix::fs::FlockOperation::LockExclusive).unwrap();
+
+    let before = store_listing(&h);
+    let (code, out, err) = h.cmd(&["gc", "--dry-run", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let dry: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        dry["removed_blobs"],
+        serde_json::json!([orphan_digest.to_string()])
+    );
+    assert_eq!(store_listing(&h), before, "--dry-run removed something");
+
+    let (code, out, err) = h.cmd(&["gc", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let done: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(done["removed_blobs"], dry["removed_blobs"]);
+    assert_eq!(
+        done["removed_partials"],
+        serde_json::json!([stale.display().to_string()])
+    );
+    assert_eq!(
+        done["bytes_freed"],
+        (orphan.len() + b"half a download".len()) as u64
+    );
+    assert_eq!(done["kept_blobs"], both.len());
+    assert!(held.exists(), "a partial a live fetch holds was removed");
+    assert!(!stale.exists());
+    drop(held_file);
+    fs::remove_file(&held).unwrap();
+
+    // A third release: the commit's collection leaves kube1 (v4) and kube2 (v2).
+    h.set_config("v4", serde_json::json!({}));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert!(r["gc"].as_str().unwrap().starts_with("removed "), "{r:#}");
+    let want: BTreeSet<String> = blobs_of(&img.layout, img.v2)
+        .union(&blobs_of(&img.layout, img.v4))
+        .cloned()
+        .collect();
+    assert_eq!(store_listing(&h), want);
+}
