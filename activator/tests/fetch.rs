@@ -1105,3 +1105,103 @@ fn unpack_with_a_policy_that_accepts_nothing_names_the_config() {
         assert!(!target.exists(), "{err}");
     }
 }
+
+/// A registry (or a hostile mirror in front of it) that redirects a blob
+/// elsewhere gets the registry's credentials sent only to itself: the
+/// redirect target sees no `Authorization` header.
+#[test]
+fn credentials_never_follow_a_redirect_to_another_host() {
+    use kubeslot_test_support::relay::{Answer, Relay};
+    use std::io::{BufRead as _, BufReader};
+    use std::net::TcpListener;
+    use std::sync::{Arc, Mutex};
+
+    let (reg, _htpasswd) = auth_registry("node", "s3cret");
+    let work = tempfile::tempdir().unwrap();
+    let k = key(6);
+    let (layout, _) = small_image(&work.path().join("l"), "v1", b"redirect\n", Some(&k));
+    let skopeo = require_tool("skopeo", "skopeo");
+    for d in layout.index().unwrap().manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        let out = Command::new(&skopeo)
+            .args([
+                "copy",
+                "--all",
+                "--preserve-digests",
+                "--dest-tls-verify=false",
+                "-q",
+            ])
+            .args(["--dest-creds", "node:s3cret"])
+            .arg(format!("oci:{}:{tag}", layout.dir().display()))
+            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Another host: records the request head it gets, answers 404.
+    let capture = TcpListener::bind("127.0.0.1:0").unwrap();
+    let elsewhere = format!("127.0.0.1:{}", capture.local_addr().unwrap().port());
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let heads = heads.clone();
+        std::thread::spawn(move || {
+            for conn in capture.incoming().flatten() {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    head.push_str(&line);
+                }
+                heads.lock().unwrap().push(head);
+                let _ = (&conn).write_all(
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        });
+    }
+    let target = elsewhere.clone();
+    let relay = Relay::start(&reg.host(), Duration::ZERO, move |_, path, _| {
+        if path.contains("/blobs/") {
+            Answer::Respond {
+                status: 307,
+                headers: vec![("Location".into(), format!("http://{target}/storage{path}"))],
+            }
+        } else {
+            Answer::Forward
+        }
+    });
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ relay.host(): {"credentials": {
+            "username": "node", "password_file": "/etc/kubeslot/registry-password"}}}),
+    );
+    fs::write(host.root.join("etc/kubeslot/registry-password"), "s3cret\n").unwrap();
+    let err = host.unpack_err(&format!("{}/test/node:v1", relay.host()), &host.target("t"));
+    assert!(err.contains("404"), "{err}");
+    let heads = heads.lock().unwrap();
+    assert!(!heads.is_empty(), "the redirect was not followed: {err}");
+    for h in heads.iter() {
+        assert!(
+            !h.to_ascii_lowercase().contains("authorization:"),
+            "credentials followed the redirect:\n{h}"
+        );
+    }
+    // The relay (the configured host) did get authenticated requests: its
+    // manifest answers were 200, not 401.
+    assert!(
+        relay
+            .seen()
+            .iter()
+            .any(|s| s.path.contains("/manifests/") && s.status == 200),
+        "{:?}",
+        relay.seen()
+    );
+}

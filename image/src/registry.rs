@@ -265,6 +265,10 @@ impl Client {
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .max_redirects(5)
+            // Credentials go only to the host they are configured for: a
+            // redirect (to blob storage, or anywhere a hostile mirror
+            // points) never carries the Authorization header.
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
             .user_agent(concat!("kubeslot/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();
@@ -562,9 +566,14 @@ impl Client {
             if let Some(a) = &auth {
                 req = req.header("Authorization", a.as_str());
             }
-            if let Some(left) = self.pacing.remaining() {
-                req = req.config().timeout_global(Some(left)).build();
-            }
+            // An HTTPS endpoint's redirects stay HTTPS: a downgrade to
+            // plain HTTP is refused (ureq's https_only covers redirect
+            // targets).
+            req = req
+                .config()
+                .timeout_global(self.pacing.remaining())
+                .https_only(ep.scheme == "https")
+                .build();
             self.pacing.sent();
             let resp = req.call().map_err(|e| describe(&e))?;
             if resp.status().as_u16() == 401 && attempt == 0 {
@@ -630,13 +639,17 @@ impl Client {
                     .strip_prefix("https://")
                     .or_else(|| realm.strip_prefix("http://"))
                     .ok_or_else(|| format!("token realm {realm:?} is not an http(s) URL"))?;
-                if realm.starts_with("http://") {
-                    let host = realm_host.split('/').next().unwrap_or_default();
-                    if ep.scheme != "http" && !is_loopback(host) {
-                        return Err(format!(
-                            "token realm {realm} is plain HTTP for an HTTPS registry"
-                        ));
-                    }
+                let host = realm_host.split(['/', '?']).next().unwrap_or_default();
+                let plain = realm.starts_with("http://");
+                // A plain-HTTP realm only on loopback or on the (insecure)
+                // registry host itself: anywhere else a token (and the
+                // credentials it is asked with) would cross the network in
+                // clear text.
+                if plain && !is_loopback(host) && !(ep.scheme == "http" && host == ep.host) {
+                    return Err(format!(
+                        "token realm {realm} is plain HTTP on another host than {} (token realms must be https, or the insecure registry itself)",
+                        ep.host
+                    ));
                 }
                 let scope = c
                     .params
