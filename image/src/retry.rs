@@ -192,7 +192,9 @@ impl Pacing {
                         "download deadline of {total} s reached while backing off"
                     ));
                 }
-                return Decision::Wait(left - (left - floor) / 2);
+                // One jittered wait within what is left: hosts refused at
+                // the same moment do not all come back at the same instant.
+                return Decision::Wait(floor + (left - floor).mul_f64(self.unit()));
             }
         }
         Decision::Wait(wait)
@@ -206,7 +208,9 @@ impl Pacing {
         let d = self.policy.base.saturating_mul(exp).min(self.policy.cap);
         let half = d / 2;
         let floor = retry_after.unwrap_or_default().max(half);
-        floor + half.mul_f64(self.unit())
+        // Saturating: a Retry-After of u64::MAX seconds must not panic
+        // here (the deadline check then refuses it).
+        floor.saturating_add(half.mul_f64(self.unit()))
     }
 
     /// A number in [0, 1) (xorshift64*; jitter needs no better).
@@ -278,7 +282,8 @@ fn http_date(v: &str) -> Option<u64> {
     if hms.next().is_some() || !(1..=31).contains(&day) || h > 23 || mi > 59 || s > 60 {
         return None;
     }
-    if year < 1970 {
+    // Years past 9999 are not HTTP-dates (and would overflow the day count).
+    if !(1970..=9999).contains(&year) {
         return None;
     }
     Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + mi * 60 + s)
@@ -447,5 +452,47 @@ mod tests {
                 waited_ms: 1500
             }
         );
+    }
+
+    #[test]
+    fn absurd_retry_after_values_never_panic() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let huge = "9".repeat(40);
+        for v in [
+            huge.as_str(),
+            "18446744073709551615",
+            "Sun, 06 Nov 99999999999 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 18446744073709551615",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            let r = retry_after(v, now);
+            for deadline in [None, Some(30)] {
+                let p = Pacing::new(policy(deadline));
+                for attempt in [1, 2, 40, u32::MAX] {
+                    // decides without panicking; with a deadline, a wait
+                    // past it stops
+                    match p.decide(attempt, r, false) {
+                        Decision::Wait(w) if deadline.is_some() => {
+                            assert!(w <= Duration::from_secs(30), "{v}: {w:?}")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        assert_eq!(retry_after("Sun, 06 Nov 10000 08:49:37 GMT", now), None);
+    }
+
+    #[test]
+    fn waits_near_the_deadline_are_jittered() {
+        let p = Pacing::new(policy(Some(5)));
+        let waits: std::collections::BTreeSet<u128> = (0..20)
+            .filter_map(|_| match p.decide(10, Some(Duration::from_secs(1)), false) {
+                Decision::Wait(w) => Some(w.as_millis()),
+                Decision::Stop(_) => None,
+            })
+            .collect();
+        assert!(waits.len() > 10, "{waits:?}");
+        assert!(waits.iter().all(|w| (1000..5000).contains(w)), "{waits:?}");
     }
 }
