@@ -978,3 +978,112 @@ fn same_tree_as_umoci_on_a_debian_rootfs_with_whiteouts() {
     );
     assert!(a.len() > 5000);
 }
+
+/// A PAX extended header ('x') holding `records` (key, value), then a
+/// regular file `name`, then the end marker.
+fn pax_layer(records: &[(&str, &str)], name: &str) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (k, v) in records {
+        // "<len> <key>=<value>\n", len counting itself
+        let body = format!(" {k}={v}\n");
+        let mut len = body.len() + 1;
+        while format!("{len}{body}").len() != len {
+            len += 1;
+        }
+        data.extend_from_slice(format!("{len}{body}").as_bytes());
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    let mut x = tar::Header::new_ustar();
+    x.set_entry_type(tar::EntryType::XHeader);
+    x.set_size(data.len() as u64);
+    x.set_mode(0o644);
+    x.set_path("PaxHeaders/f").unwrap();
+    x.set_uid(0);
+    x.set_gid(0);
+    x.set_mtime(1_600_000_000);
+    x.set_cksum();
+    b.append(&x, &data[..]).unwrap();
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(2);
+    h.set_mode(0o644);
+    h.set_mtime(1_600_000_000);
+    h.set_path(name).unwrap();
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_cksum();
+    b.append(&h, &b"x\n"[..]).unwrap();
+    b.into_inner().unwrap()
+}
+
+fn refused_rule(sb: &Sandbox, bytes: Vec<u8>, want: &str) {
+    let before = sb.outside();
+    let e = unpack_all(
+        &sb.target(),
+        Policy::default(),
+        &[(bytes, Compression::None)],
+        None,
+    )
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains(want), "{text}");
+    assert_eq!(before, sb.outside(), "outside the target changed");
+}
+
+#[test]
+fn data_after_the_tar_end_marker_is_refused_zero_padding_is_not() {
+    let (good, _) = tar_layer(|t| {
+        t.file("etc/a", 0o644, b"a\n");
+    });
+    let sb = Sandbox::new();
+    let mut padded = good.clone();
+    padded.extend_from_slice(&[0u8; 10240]);
+    unpack_all(
+        &sb.target(),
+        Policy::default(),
+        &[(padded, Compression::None)],
+        None,
+    )
+    .unwrap();
+    let sb = Sandbox::new();
+    let mut smuggled = good.clone();
+    smuggled.extend_from_slice(&pax_layer(&[], "etc/hidden"));
+    refused_rule(&sb, smuggled, "data after the tar end marker");
+    assert!(!sb.target().join("etc/hidden").exists());
+}
+
+#[test]
+fn a_pax_key_repeated_in_one_header_is_refused() {
+    let sb = Sandbox::new();
+    refused_rule(
+        &sb,
+        pax_layer(&[("path", "etc/one"), ("path", "etc/two")], "etc/x"),
+        "appears twice in one header",
+    );
+    // one of each is fine
+    let sb = Sandbox::new();
+    unpack_all(
+        &sb.target(),
+        Policy::default(),
+        &[(
+            pax_layer(&[("path", "etc/one"), ("mtime", "1.5")], "etc/x"),
+            Compression::None,
+        )],
+        None,
+    )
+    .unwrap();
+    assert!(sb.target().join("etc/one").is_file());
+}
+
+#[test]
+fn extreme_pax_numbers_are_refused_not_panics() {
+    for (key, value) in [
+        ("mtime", "-9223372036854775808.5"),
+        ("mtime", "99999999999999999999999"),
+        ("uid", "99999999999999999999999"),
+        ("size", "18446744073709551615"),
+    ] {
+        let sb = Sandbox::new();
+        refused_rule(&sb, pax_layer(&[(key, value)], "etc/x"), "PAX");
+    }
+}

@@ -487,10 +487,12 @@ mod tests {
     fn waits_near_the_deadline_are_jittered() {
         let p = Pacing::new(policy(Some(5)));
         let waits: std::collections::BTreeSet<u128> = (0..20)
-            .filter_map(|_| match p.decide(10, Some(Duration::from_secs(1)), false) {
-                Decision::Wait(w) => Some(w.as_millis()),
-                Decision::Stop(_) => None,
-            })
+            .filter_map(
+                |_| match p.decide(10, Some(Duration::from_secs(1)), false) {
+                    Decision::Wait(w) => Some(w.as_millis()),
+                    Decision::Stop(_) => None,
+                },
+            )
             .collect();
         assert!(waits.len() > 10, "{waits:?}");
         assert!(waits.iter().all(|w| (1000..5000).contains(w)), "{waits:?}");

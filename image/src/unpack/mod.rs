@@ -407,11 +407,31 @@ impl Unpacker {
             }
         }
 
-        // The tar end marker is not the end of the stream: hash the rest
-        // (padding, or anything appended) so the diff_id covers every byte.
+        // The tar end marker is not the end of the stream: hash the rest so
+        // the diff_id covers every byte, and refuse anything but zero
+        // padding there (data after the end marker is what another parser
+        // might read as more entries).
         let mut rest = archive.into_inner();
-        io::copy(&mut rest, &mut io::sink())
-            .map_err(|e| stream_err(e, "reading past the tar end"))?;
+        let mut buf = [0u8; 8192];
+        let mut offset = 0u64;
+        loop {
+            let n = rest
+                .read(&mut buf)
+                .map_err(|e| stream_err(e, "reading past the tar end"))?;
+            if n == 0 {
+                break;
+            }
+            if let Some(i) = buf[..n].iter().position(|b| *b != 0) {
+                return Err(at(
+                    Rule::MalformedArchive,
+                    format!(
+                        "data after the tar end marker (a non-zero byte {} bytes past it)",
+                        offset + i as u64
+                    ),
+                ));
+            }
+            offset += n as u64;
+        }
         let (actual, bytes) = rest.into_inner().inner.finish();
         if actual != layer.diff_id {
             return Err(at(
@@ -572,10 +592,18 @@ impl Unpacker {
                     format!("PAX {what} {:?}", escape(v)),
                 )
             };
+            let mut keys = std::collections::BTreeSet::new();
             for rec in tar::PaxExtensions::new(pax) {
                 let rec = rec
                     .map_err(|e| Step::Rule(Rule::MalformedArchive, format!("PAX record: {e}")))?;
                 let (key, value) = (rec.key_bytes(), rec.value_bytes());
+                // Parsers disagree on which of two values wins.
+                if !keys.insert(key) {
+                    return Err(Step::Rule(
+                        Rule::MalformedArchive,
+                        format!("PAX key {:?} appears twice in one header", escape(key)),
+                    ));
+                }
                 match key {
                     b"mtime" => mtime = parse_pax_time(value).ok_or_else(|| bad("mtime", value))?,
                     b"uid" => uid = parse_u64(value).ok_or_else(|| bad("uid", value))?,
@@ -1319,7 +1347,7 @@ fn parse_pax_time(v: &[u8]) -> Option<Timespec> {
     // -1.5 means 1.5 s before the epoch.
     if secs.starts_with('-') && tv_nsec > 0 {
         return Some(Timespec {
-            tv_sec: tv_sec - 1,
+            tv_sec: tv_sec.checked_sub(1)?,
             tv_nsec: 1_000_000_000 - tv_nsec,
         });
     }
