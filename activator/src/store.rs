@@ -88,6 +88,13 @@ pub enum StoreError {
         endpoint: String,
         size: u64,
     },
+    #[error("blob {digest}: {endpoint} holds {have} bytes, its descriptor names {size} (refused; a local blob does not grow)")]
+    TooShort {
+        digest: Digest,
+        endpoint: String,
+        have: u64,
+        size: u64,
+    },
     #[error(
         "blob {digest}: content from {endpoint} hashes to {actual} (refused; partial deleted)"
     )]
@@ -279,7 +286,7 @@ impl Store {
             have,
             &endpoint,
         );
-        let mut reader = stream.reader.take(size - have + 1);
+        let mut reader = stream.reader.take((size - have).saturating_add(1));
         let mut buf = vec![0u8; 1 << 20];
         let mut got = have;
         let interrupted = |got: u64, error: io::Error, out: &File| {
@@ -314,6 +321,18 @@ impl Store {
             got += n as u64;
             report.downloaded_bytes += n as u64;
             meter.advance(got);
+        }
+        if got < size && !source.is_registry() {
+            // A layout or archive is read whole: a short blob is a wrong
+            // descriptor, not an interrupted transfer worth resuming.
+            drop(out);
+            fs::remove_file(&partial).map_err(io_err(&partial))?;
+            return Err(StoreError::TooShort {
+                digest,
+                endpoint,
+                have: got,
+                size,
+            });
         }
         if got < size {
             return Err(interrupted(

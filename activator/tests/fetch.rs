@@ -724,6 +724,11 @@ fn hostile_manifests_are_refused_before_any_layer() {
     short.desc.size -= 1;
     write_image(&layout, "wrong-size", &[short]);
 
+    // A size no blob can have: refused, never an arithmetic overflow.
+    let mut huge = good.clone();
+    huge.desc.size = u64::MAX;
+    write_image(&layout, "size-u64-max", &[huge]);
+
     let mut wrong_diff = good.clone();
     wrong_diff.diff_id = Digest::of(b"not this layer");
     write_image(&layout, "wrong-diff-id", &[wrong_diff]);
@@ -739,6 +744,7 @@ fn hostile_manifests_are_refused_before_any_layer() {
         ("unknown-type", "unknown layer media type"),
         ("foreign-urls", "foreign urls are refused"),
         ("wrong-size", "bytes"),
+        ("size-u64-max", "bytes"),
         ("wrong-diff-id", "diff"),
         ("huge-manifest", "limit"),
     ];
@@ -751,7 +757,7 @@ fn hostile_manifests_are_refused_before_any_layer() {
             &host.target(tag),
         );
         assert!(err.contains(why), "{tag}: {err}");
-        if tag != "wrong-size" && tag != "wrong-diff-id" {
+        if !["wrong-size", "size-u64-max", "wrong-diff-id"].contains(&tag) {
             assert!(
                 host.store_names().1.is_empty(),
                 "{tag}: fetched before refusing"

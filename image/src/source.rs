@@ -259,6 +259,12 @@ impl Source {
     /// Resolves the reference to its top-level descriptor (index or
     /// manifest). For a registry tag this is the one request that names the
     /// tag; the document is kept and everything after uses its digest.
+    /// Whether blobs come over the network (a short read may be resumed)
+    /// rather than from a local layout or archive (read whole).
+    pub fn is_registry(&self) -> bool {
+        matches!(self, Source::Registry { .. })
+    }
+
     pub fn resolve(&self) -> Result<Descriptor, SourceError> {
         match self {
             Source::Registry {

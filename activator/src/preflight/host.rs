@@ -81,17 +81,19 @@ impl DiskNeed {
             ..DiskNeed::default()
         };
         for (desc, compression, _) in &image.layers {
-            need.fetch += missing(&desc.digest, desc.size);
+            // Saturating: sizes come from the image (u64::MAX is a refusal
+            // for lack of space, never an overflow).
+            need.fetch = need.fetch.saturating_add(missing(&desc.digest, desc.size));
             let exact = (*compression == Compression::Gzip && store.contains(&desc.digest))
                 .then(|| gzip_unpacked(&store.path(&desc.digest), desc.size))
                 .flatten();
-            need.tree += match exact {
+            need.tree = need.tree.saturating_add(match exact {
                 Some(bytes) => {
                     need.exact_layers += 1;
-                    bytes + bytes / 10
+                    bytes.saturating_add(bytes / 10)
                 }
                 None => desc.size.saturating_mul(UNPACK_FACTOR),
-            };
+            });
         }
         need
     }
@@ -185,7 +187,7 @@ pub fn disk_space(root: &Root, disk: &DiskUse) -> Finding {
         Err(e) => return Finding::new("disk-space", Status::Fail, e, "a readable filesystem"),
     };
     let (ok, seen, needed) = if s_dev == m_dev {
-        let total = need.fetch + need.tree;
+        let total = need.fetch.saturating_add(need.tree);
         (
             m_free >= total,
             seen_m,
