@@ -144,13 +144,13 @@ pub enum ActivateError {
         reason: String,
         at: String,
     },
-    #[error("image {digest} of {identity} was created {created}, before {newest} (created {newest_created}), the newest release this host committed: refused as a downgrade (pass --allow-downgrade or set trust.allow_downgrade to run an older release; rollback is always allowed)")]
+    #[error("image {} of {} was created {}, before {} (created {}), the newest release this host committed: refused as a downgrade (pass --allow-downgrade or set trust.allow_downgrade to run an older release; rollback is always allowed)",
+        .candidate.digest, .candidate.identity,
+        if .candidate.created.is_empty() { "at no stated time" } else { .candidate.created.as_str() },
+        .newest.digest, .newest.created)]
     Downgrade {
-        identity: String,
-        digest: Digest,
-        created: String,
-        newest: Digest,
-        newest_created: String,
+        candidate: Box<Release>,
+        newest: Box<Release>,
     },
     #[error("staged {got} into {slot}, but the reference resolved to {want} at the start of this run (it moved); the slot stays unused")]
     Moved {
@@ -520,15 +520,8 @@ fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), ActivateEr
     };
     if older {
         return Err(ActivateError::Downgrade {
-            identity: candidate.identity.clone(),
-            digest: candidate.digest,
-            created: if candidate.created.is_empty() {
-                "at no stated time".into()
-            } else {
-                candidate.created.clone()
-            },
-            newest: newest.digest,
-            newest_created: newest.created.clone(),
+            candidate: Box::new(candidate.clone()),
+            newest: Box::new(newest.clone()),
         });
     }
     Ok(())
