@@ -1211,3 +1211,80 @@ fn credentials_never_follow_a_redirect_to_another_host() {
         relay.seen()
     );
 }
+
+/// Runs `cmd` under python's `os.wait4`; returns (exit code or -signal,
+/// stderr, the child's peak RSS in KiB).
+fn run_measured(cmd: &mut Command) -> (i32, String, u64) {
+    let python = require_tool("python3", "python3");
+    let script = "import os,subprocess,sys\n\
+                  p=subprocess.Popen(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE)\n\
+                  err=p.stderr.read()\n\
+                  _,st,ru=os.wait4(p.pid,0)\n\
+                  sys.stderr.buffer.write(err)\n\
+                  print(os.waitstatus_to_exitcode(st), ru.ru_maxrss)\n";
+    let mut argv = vec![cmd.get_program().to_owned()];
+    argv.extend(cmd.get_args().map(|a| a.to_owned()));
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(argv)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut it = text.split_whitespace();
+    let code = it.next().unwrap().parse().unwrap();
+    let rss = it.next().unwrap().parse().unwrap();
+    (code, String::from_utf8_lossy(&out.stderr).into_owned(), rss)
+}
+
+/// An `oci-archive` whose first member is a GNU long-name header declaring
+/// 3 GiB (a sparse file: nothing real is read): refused naming the entry
+/// and the cap, in bounded memory, nothing extracted.
+#[test]
+fn a_3_gib_long_name_header_in_an_archive_is_refused_in_bounded_memory() {
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("hostile.tar");
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_size(3 << 30);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    h.set_cksum();
+    let f = fs::File::create(&file).unwrap();
+    (&f).write_all(h.as_bytes()).unwrap();
+    f.set_len(512 + (3 << 30) + 1024).unwrap();
+    drop(f);
+    let host = Host::new(&[], true, no_registries());
+    let target = host.target("t");
+    let (code, err, rss_kib) = run_measured(
+        Command::new(BIN)
+            .args(["unpack", "--config"])
+            .arg(&host.config)
+            .arg("--root")
+            .arg(&host.root)
+            .arg(format!("oci-archive:{}", file.display()))
+            .arg(&target),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("entry 0") && err.contains("more than the 4096 allowed"),
+        "{err}"
+    );
+    assert!(rss_kib < 64 * 1024, "peak RSS {rss_kib} KiB");
+    eprintln!("peak RSS refusing a 3 GiB long-name header: {rss_kib} KiB");
+    assert!(!target.exists() || fs::read_dir(&target).unwrap().next().is_none());
+    let leftovers: Vec<_> = fs::read_dir(&host.root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        !leftovers
+            .iter()
+            .any(|n| n.to_string_lossy().contains("archive")),
+        "{leftovers:?}"
+    );
+}

@@ -28,6 +28,12 @@ use crate::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
 pub const MAX_ENTRIES: u64 = 100_000;
 /// Total bytes written from one archive.
 pub const MAX_TOTAL_BYTES: u64 = 256 * 1024 * 1024 * 1024;
+/// A GNU long name's data (a layout's names are under 100 bytes; this is
+/// room, not a need), and a PAX extended header's. Extension headers are
+/// read by us with these caps: the tar crate would read any size into
+/// memory (a crafted 3 GiB long-name header took 4 GiB of RSS).
+pub const MAX_LONG_NAME_BYTES: u64 = 4096;
+pub const MAX_PAX_BYTES: u64 = 64 * 1024;
 
 /// Why an archive was refused; every variant names the archive and, where
 /// there is one, the entry.
@@ -108,10 +114,59 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
     let mut archive = tar::Archive::new(io::BufReader::with_capacity(1 << 20, f));
     let mut seen = BTreeSet::new();
     let mut total = 0u64;
-    for (index, entry) in archive.entries().map_err(io_err)?.enumerate() {
+    // Raw entries: extension headers come to us, read with caps, and name
+    // the next entry (GNU long name, PAX `path`).
+    let mut long_name: Option<Vec<u8>> = None;
+    for (index, entry) in archive.entries().map_err(io_err)?.raw(true).enumerate() {
         let index = index as u64;
         let mut entry = entry.map_err(io_err)?;
-        let raw = entry.path_bytes().into_owned();
+        let ty = entry.header().entry_type();
+        let cap = match ty {
+            tar::EntryType::GNULongName => Some(MAX_LONG_NAME_BYTES),
+            tar::EntryType::XHeader => Some(MAX_PAX_BYTES),
+            _ => None,
+        };
+        if let Some(cap) = cap {
+            let declared = entry.header().size().map_err(io_err)?;
+            let ext_name = String::from_utf8_lossy(&entry.header().path_bytes())
+                .escape_default()
+                .to_string();
+            let refuse_ext = |rule: String| ArchiveError::Entry {
+                file: file.to_path_buf(),
+                index,
+                name: ext_name.clone(),
+                rule,
+            };
+            if declared > cap {
+                return Err(refuse_ext(format!(
+                    "a {declared}-byte {ty:?} extension header, more than the {cap} allowed"
+                )));
+            }
+            if long_name.is_some() {
+                return Err(refuse_ext(
+                    "two extension headers describe the same entry".into(),
+                ));
+            }
+            let mut data = Vec::with_capacity(declared as usize);
+            (&mut entry)
+                .take(declared)
+                .read_to_end(&mut data)
+                .map_err(io_err)?;
+            if data.len() as u64 != declared {
+                return Err(refuse_ext("truncated extension header".into()));
+            }
+            long_name = Some(if ty == tar::EntryType::GNULongName {
+                let end = data.iter().position(|b| *b == 0).unwrap_or(data.len());
+                data[..end].to_vec()
+            } else {
+                pax_path(&data).map_err(refuse_ext)?.unwrap_or_default()
+            });
+            continue;
+        }
+        let raw = match long_name.take() {
+            Some(n) if !n.is_empty() => n,
+            _ => entry.header().path_bytes().into_owned(),
+        };
         let shown = String::from_utf8_lossy(&raw).escape_default().to_string();
         let refuse = |rule: String| ArchiveError::Entry {
             file: file.to_path_buf(),
@@ -177,6 +232,12 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
             }
         }
     }
+    if long_name.is_some() {
+        return Err(ArchiveError::Archive {
+            file: file.to_path_buf(),
+            rule: "the archive ends with an extension header that names no entry".into(),
+        });
+    }
     for doc in ["oci-layout", "index.json"] {
         if !seen.contains(doc) {
             return Err(ArchiveError::Archive {
@@ -189,6 +250,29 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
         file: file.to_path_buf(),
         error: source,
     })
+}
+
+/// The `path` of a PAX extended header (other keys are ignored: a layout
+/// member has a name and a size, and the size is the header's own); a key
+/// given twice is refused, as the unpacker does.
+fn pax_path(data: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut keys = BTreeSet::new();
+    let mut path = None;
+    for rec in tar::PaxExtensions::new(data) {
+        let rec = rec.map_err(|e| format!("PAX record: {e}"))?;
+        if !keys.insert(rec.key_bytes().to_vec()) {
+            return Err(format!(
+                "PAX key {:?} appears twice in one header",
+                String::from_utf8_lossy(rec.key_bytes())
+            ));
+        }
+        match rec.key_bytes() {
+            b"path" => path = Some(rec.value_bytes().to_vec()),
+            b"size" => return Err("a PAX size (blobs over 8 GiB) is not supported".into()),
+            _ => {}
+        }
+    }
+    Ok(path)
 }
 
 /// `O_CREAT|O_EXCL`: never reuses (or follows) something already there.
