@@ -540,7 +540,7 @@ fn run_activate(
     host.prepare(&mut b, report)?;
     // An archive's extraction (when staging did not take it) is not needed.
     drop(b.source.take());
-    let gate = Gate::from(&b.config.health);
+    let gate = Gate::on_host(&b.config.health, host.root);
     host.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
     // GC: what neither slot needs any more goes (the commit stands whatever
@@ -656,7 +656,7 @@ fn run_rollback(
     let (gate, gpu) = if adopted {
         // The tree and its host files are the other tool's, kept as they
         // were: nothing is rendered.
-        (Gate::from(&fallback_health(root)), Vec::new())
+        (Gate::on_host(&fallback_health(root), root), Vec::new())
     } else {
         // The slot runs with the config it was activated with; only the
         // device binds may differ, so its files are re-rendered from it.
@@ -666,7 +666,7 @@ fn run_rollback(
         let facts = render::gather(root, &config)?;
         let files = render::render(&config, rb.to, &facts);
         host.write_files(&files)?;
-        (Gate::from(&config.health), facts.gpu.devices)
+        (Gate::on_host(&config.health, root), facts.gpu.devices)
     };
     state.pending = Some(Pending {
         kind: FlipKind::Rollback,
@@ -1117,8 +1117,8 @@ impl Host<'_> {
         let mut old_failure = None;
         if let Some(from) = p.from {
             let gate = load_slot_config(self.root, from)
-                .map(|c| Gate::from(&c.health))
-                .unwrap_or_else(|_| Gate::from(&fallback_health(self.root)));
+                .map(|c| Gate::on_host(&c.health, self.root))
+                .unwrap_or_else(|_| Gate::on_host(&fallback_health(self.root), self.root));
             old_failure = match self.systemd.start(&from.unit()) {
                 Err(e) => Some(Failure {
                     machine: from.machine().to_string(),
@@ -1193,9 +1193,12 @@ impl Host<'_> {
                 let gpu = render::gather(self.root, &c)
                     .map(|f| f.gpu.devices)
                     .unwrap_or_default();
-                (Gate::from(&c.health), gpu)
+                (Gate::on_host(&c.health, self.root), gpu)
             }
-            Err(_) => (Gate::from(&fallback_health(self.root)), Vec::new()),
+            Err(_) => (
+                Gate::on_host(&fallback_health(self.root), self.root),
+                Vec::new(),
+            ),
         };
         let verdict = if self.systemd.is_active(&p.to.unit())? {
             health::wait_healthy(self.systemd, p.to, &gate, &gpu)
@@ -1375,10 +1378,13 @@ impl Host<'_> {
                 let gpu = render::gather(self.root, &c)
                     .map(|f| f.gpu.devices)
                     .unwrap_or_default();
-                (Gate::from(&c.health), gpu)
+                (Gate::on_host(&c.health, self.root), gpu)
             }
             // an adopted tree has no slot config
-            Err(_) => (Gate::from(&fallback_health(self.root)), Vec::new()),
+            Err(_) => (
+                Gate::on_host(&fallback_health(self.root), self.root),
+                Vec::new(),
+            ),
         };
         let verdict = if running {
             health::wait_healthy(self.systemd, active, &gate, &gpu)

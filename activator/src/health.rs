@@ -7,14 +7,22 @@
 //! [`Health`] settings and the devices expected in the machine. The kubelet
 //! probe is a plain HTTP/1.1 GET over `std::net::TcpStream` with connect and
 //! read timeouts: no HTTP crate, because the activator stays small and the
-//! endpoint is a loopback plain-text `ok`. It does not start or stop
-//! anything and does not decide what a failure means (that is `activate`).
+//! endpoint is a loopback plain-text `ok`. A loopback answer counts only
+//! when the listening socket belongs to a process of the new machine
+//! (`/proc/net/tcp` → socket inode → `/proc/<pid>/fd` → the pid's cgroup
+//! under `systemd-nspawn@<machine>.service`): an old kubelet or anything
+//! else on the host answering on the port does not pass. It does not start
+//! or stop anything and does not decide what a failure means (that is
+//! `activate`).
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+
 use crate::config::Health;
+use crate::paths::Root;
 use crate::slot::Slot;
 use crate::systemd::Systemd;
 
@@ -64,6 +72,10 @@ pub struct Gate {
     pub successes: u32,
     pub timeout: Duration,
     pub interval: Duration,
+    /// The host's `/proc` (under the root): a loopback answer must come
+    /// from a socket a process of the machine listens on. `None`: not
+    /// checked.
+    pub proc_dir: Option<PathBuf>,
 }
 
 impl From<&Health> for Gate {
@@ -73,8 +85,132 @@ impl From<&Health> for Gate {
             successes: h.successes,
             timeout: Duration::from_secs(h.timeout_secs),
             interval: Duration::from_millis(h.interval_ms),
+            proc_dir: None,
         }
     }
+}
+
+impl Gate {
+    /// The gate for a machine on the host at `root`: answers are tied to
+    /// the machine through `<root>/proc` (a root without `/proc/net/tcp`,
+    /// a test root, cannot tie them and is not checked).
+    pub fn on_host(h: &Health, root: &Root) -> Gate {
+        Gate {
+            proc_dir: Some(root.dir().join("proc")),
+            ..Gate::from(h)
+        }
+    }
+}
+
+/// Who listens on a loopback TCP port, as `/proc` tells it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// Every process holding the listening socket is in the machine.
+    InMachine,
+    /// A process outside the machine holds it: pid and its cgroup.
+    Outside { pid: u32, cgroup: String },
+    /// No listening socket for the port, or none held by a visible process.
+    Nobody,
+    /// `/proc/net/tcp` is not there (a test root): nothing to check.
+    Unknown,
+}
+
+/// Whether the TCP listener on `port` belongs to `machine`: its socket
+/// inode from `proc/net/tcp{,6}`, the processes holding it from
+/// `proc/<pid>/fd`, and each one's cgroup from `proc/<pid>/cgroup`, which
+/// for a machine's processes lies under `systemd-nspawn@<machine>.service`.
+pub fn listener(proc_dir: &Path, port: u16, machine: &str) -> Listener {
+    let mut inodes = std::collections::BTreeSet::new();
+    let mut any_table = false;
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(proc_dir.join(table)) else {
+            continue;
+        };
+        any_table = true;
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() < 10 || f[3] != "0A" {
+                continue;
+            }
+            let local_port = f[1]
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port) {
+                if let Ok(inode) = f[9].parse::<u64>() {
+                    if inode != 0 {
+                        inodes.insert(inode);
+                    }
+                }
+            }
+        }
+    }
+    if !any_table {
+        return Listener::Unknown;
+    }
+    if inodes.is_empty() {
+        return Listener::Nobody;
+    }
+    let unit = format!("/systemd-nspawn@{machine}.service");
+    let mut owners = 0;
+    let Ok(procs) = std::fs::read_dir(proc_dir) else {
+        return Listener::Unknown;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| {
+                t.to_str()
+                    .and_then(|t| t.strip_prefix("socket:["))
+                    .and_then(|t| t.strip_suffix(']'))
+                    .and_then(|i| i.parse::<u64>().ok())
+                    .is_some_and(|i| inodes.contains(&i))
+            })
+        });
+        if !holds {
+            continue;
+        }
+        owners += 1;
+        let cgroup = std::fs::read_to_string(p.path().join("cgroup")).unwrap_or_default();
+        let inside = cgroup.lines().any(|l| {
+            let path = l.splitn(3, ':').nth(2).unwrap_or("");
+            path.contains(&format!("{unit}/")) || path.ends_with(&unit)
+        });
+        if !inside {
+            return Listener::Outside {
+                pid,
+                cgroup: cgroup.trim().to_string(),
+            };
+        }
+    }
+    if owners == 0 {
+        Listener::Nobody
+    } else {
+        Listener::InMachine
+    }
+}
+
+/// The port of a loopback `http://` URL (`None` for another host: nothing
+/// on this host to tie it to).
+fn loopback_port(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("http://")?;
+    let authority = rest.split('/').next()?;
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !authority.ends_with(']') => (h, p.parse().ok()?),
+        _ => (authority, 80),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    loopback.then_some(port)
 }
 
 /// Waits until `slot`'s machine is healthy or the gate's deadline passes.
@@ -99,7 +235,9 @@ pub fn wait_healthy(
     let mut last = (Check::UnitActive, "not checked yet".to_string());
     loop {
         match systemd.is_active(&slot.unit()) {
-            Ok(true) => match probe(&gate.url, remaining(deadline)) {
+            Ok(true) => match probe(&gate.url, remaining(deadline))
+                .and_then(|()| answered_by_machine(gate, &machine))
+            {
                 Ok(()) => streak += 1,
                 Err(e) => {
                     streak = 0;
@@ -143,6 +281,26 @@ pub fn wait_healthy(
         }
     }
     Ok(())
+}
+
+/// After a healthy answer from a loopback URL: the listener must be a
+/// process of `machine`, not something else on the host (an old kubelet,
+/// anything that bound the port).
+fn answered_by_machine(gate: &Gate, machine: &str) -> Result<(), String> {
+    let (Some(proc_dir), Some(port)) = (&gate.proc_dir, loopback_port(&gate.url)) else {
+        return Ok(());
+    };
+    match listener(proc_dir, port, machine) {
+        Listener::InMachine | Listener::Unknown => Ok(()),
+        Listener::Outside { pid, cgroup } => Err(format!(
+            "{} answered, but port {port} is held by pid {pid} outside machine {machine} (cgroup {cgroup})",
+            gate.url
+        )),
+        Listener::Nobody => Err(format!(
+            "{} answered, but no process of this host listens on port {port}",
+            gate.url
+        )),
+    }
 }
 
 fn remaining(deadline: Instant) -> Duration {
@@ -277,7 +435,80 @@ mod tests {
             successes,
             timeout: Duration::from_secs(60),
             interval: Duration::from_millis(1),
+            proc_dir: None,
         }
+    }
+
+    /// A fake `/proc`: `net/tcp` with one listener on `port` (socket
+    /// `inode`), and pid 100 holding it in `cgroup`.
+    fn fake_proc(port: u16, inode: u64, cgroup: &str) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        std::fs::create_dir_all(p.join("net")).unwrap();
+        std::fs::write(
+            p.join("net/tcp"),
+            format!(
+                "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                 \x20  0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0 100 0 0 10 0\n\
+                 \x20  1: 0100007F:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0 100 0 0 10 0\n"
+            ),
+        )
+        .unwrap();
+        std::fs::create_dir_all(p.join("100/fd")).unwrap();
+        std::os::unix::fs::symlink(format!("socket:[{inode}]"), p.join("100/fd/3")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", p.join("100/fd/0")).unwrap();
+        std::fs::write(p.join("100/cgroup"), format!("0::{cgroup}\n")).unwrap();
+        std::fs::create_dir_all(p.join("self")).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_listener_must_be_a_process_of_the_new_machine() {
+        let kubelet =
+            "/machine.slice/systemd-nspawn@kube2.service/payload/system.slice/kubelet.service";
+        let proc = fake_proc(10248, 4242, kubelet);
+        assert_eq!(listener(proc.path(), 10248, "kube2"), Listener::InMachine);
+        // the same process seen from the other machine's gate
+        assert!(matches!(
+            listener(proc.path(), 10248, "kube1"),
+            Listener::Outside { pid: 100, .. }
+        ));
+        // a host process (say an old kubelet left running on the host)
+        let host = fake_proc(10248, 4242, "/system.slice/kubelet.service");
+        assert!(matches!(
+            listener(host.path(), 10248, "kube2"),
+            Listener::Outside { pid: 100, .. }
+        ));
+        // nobody listens on the port; and a test root without /proc
+        assert_eq!(listener(proc.path(), 10250, "kube2"), Listener::Nobody);
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(listener(empty.path(), 10248, "kube2"), Listener::Unknown);
+    }
+
+    #[test]
+    fn a_healthy_answer_from_outside_the_machine_does_not_pass_the_gate() {
+        // A real listener in this test process (not in any machine),
+        // checked through the real /proc.
+        let url = server(vec![OK; 8]);
+        let mut g = gate(url.clone(), 2);
+        g.timeout = Duration::from_millis(400);
+        g.interval = Duration::from_millis(150);
+        g.proc_dir = Some(PathBuf::from("/proc"));
+        let e = wait_healthy(&Up { in_machine: true }, Slot::Kube2, &g, &[]).unwrap_err();
+        assert_eq!(e.check, Check::KubeletHealthz);
+        assert!(
+            e.detail.contains("outside machine kube2")
+                && e.detail.contains(&format!("pid {}", std::process::id())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_loopback_urls_are_tied_to_a_process() {
+        assert_eq!(loopback_port("http://127.0.0.1:10248/healthz"), Some(10248));
+        assert_eq!(loopback_port("http://localhost/healthz"), Some(80));
+        assert_eq!(loopback_port("http://[::1]:10248/healthz"), Some(10248));
+        assert_eq!(loopback_port("http://10.0.0.5:10248/healthz"), None);
     }
 
     #[test]
