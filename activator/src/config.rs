@@ -248,6 +248,11 @@ pub struct RegistryConfig {
     pub insecure: bool,
     #[serde(default)]
     pub credentials: Option<Credentials>,
+    /// PEM CA certificate(s) (a host path) this registry's or mirror's TLS
+    /// certificate must chain to: a private CA, e.g. an air-gapped site
+    /// mirror. Implies HTTPS (loopback too).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

@@ -73,6 +73,7 @@ pub fn registries(config: &BTreeMap<String, RegistryConfig>, root: &Root) -> Reg
                     username: c.username.clone(),
                     password_file: root.join(&c.password_file.to_string_lossy()),
                 }),
+                ca_file: r.ca_file.as_ref().map(|p| root.join(&p.to_string_lossy())),
             };
             (host.clone(), settings)
         })

@@ -1288,3 +1288,151 @@ fn a_3_gib_long_name_header_in_an_archive_is_refused_in_bounded_memory() {
         "{leftovers:?}"
     );
 }
+
+/// A CA and a server certificate for 127.0.0.1 made with the openssl CLI;
+/// returns (ca.crt, server.crt, server.key).
+fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = require_tool("openssl", "openssl");
+    let run = |args: &[&str]| {
+        let out = Command::new(&openssl)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kubeslot test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    run(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.crt",
+    ]);
+    (
+        dir.join("ca.crt"),
+        dir.join("server.crt"),
+        dir.join("server.key"),
+    )
+}
+
+/// `registries.<host>.ca_file`: a registry serving TLS with a private CA
+/// (Debian's docker-registry with a certificate the test made) is pulled
+/// from over HTTPS with that CA, even on loopback, and refused without it,
+/// naming the host and the certificate problem.
+#[test]
+fn a_private_ca_per_registry_makes_its_tls_trusted() {
+    let work = tempfile::tempdir().unwrap();
+    let (ca, crt, srv_key) = test_ca(work.path());
+    let reg = Registry::start_with(&format!(
+        "  tls:\n    certificate: {}\n    key: {}\n",
+        crt.display(),
+        srv_key.display()
+    ));
+    let k = key(9);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"tls\n", Some(&k));
+    let skopeo = require_tool("skopeo", "skopeo");
+    // skopeo's cert dir: the CA only (a *.key there is a client key)
+    let certs = work.path().join("certs");
+    fs::create_dir(&certs).unwrap();
+    fs::copy(&ca, certs.join("ca.crt")).unwrap();
+    for d in layout.index().unwrap().manifests {
+        let tag = &d.annotations[ANNOTATION_REF_NAME];
+        let out = Command::new(&skopeo)
+            .args(["copy", "--all", "--preserve-digests", "-q"])
+            .arg(format!("--dest-cert-dir={}", certs.display()))
+            .arg(format!("oci:{}:{tag}", layout.dir().display()))
+            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let image = format!("{}/test/node:v1", reg.host());
+    let host = Host::new(
+        &[&k],
+        false,
+        serde_json::json!({ reg.host(): {"ca_file": "/etc/kubeslot/mirror-ca.pem"} }),
+    );
+    fs::copy(&ca, host.root.join("etc/kubeslot/mirror-ca.pem")).unwrap();
+    let out = host.unpack_ok(&image, &host.target("t"));
+    assert_eq!(out["manifest_digest"], built.manifest.to_string());
+
+    // Without the CA file's certificate (another CA): refused, naming the
+    // endpoint and the certificate.
+    let other = tempfile::tempdir().unwrap();
+    let (other_ca, _, _) = test_ca(other.path());
+    fs::copy(&other_ca, host.root.join("etc/kubeslot/mirror-ca.pem")).unwrap();
+    let err = host.unpack_err(&image, &host.target("t2"));
+    assert!(
+        err.contains(&format!("https://{}", reg.host()))
+            && err.to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    // A CA file that is not PEM: the error names the file.
+    fs::write(
+        host.root.join("etc/kubeslot/mirror-ca.pem"),
+        "not a certificate\n",
+    )
+    .unwrap();
+    let err = host.unpack_err(&image, &host.target("t3"));
+    assert!(err.contains("mirror-ca.pem"), "{err}");
+}

@@ -50,6 +50,10 @@ pub struct RegistrySettings {
     /// Plain HTTP. Loopback hosts may always use it; others only when set.
     pub insecure: bool,
     pub credentials: Option<Credentials>,
+    /// PEM CA certificate(s) this host's TLS certificate must chain to
+    /// (a private CA on an air-gapped mirror), instead of the public roots.
+    /// Implies HTTPS, loopback included.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Basic credentials whose password is read from a file when a registry
@@ -247,6 +251,8 @@ pub fn parse_challenge(header: &str) -> Option<Challenge> {
 /// The distribution API client for one config's registries.
 pub struct Client {
     agent: ureq::Agent,
+    /// Agents for hosts with a `ca_file`, made at first use.
+    ca_agents: Mutex<HashMap<String, ureq::Agent>>,
     registries: Registries,
     /// `Authorization` values per (endpoint host, repository).
     auth: Mutex<HashMap<(String, String), String>>,
@@ -259,7 +265,23 @@ type Attempt<T> = Result<T, String>;
 
 impl Client {
     pub fn new(registries: &Registries) -> Client {
-        let agent = ureq::Agent::config_builder()
+        Client {
+            agent: Client::agent(None),
+            ca_agents: Mutex::new(HashMap::new()),
+            registries: registries.clone(),
+            auth: Mutex::new(HashMap::new()),
+            pacing: Arc::new(Pacing::default()),
+        }
+    }
+
+    /// An agent trusting `roots` (the bundled public roots when `None`).
+    fn agent(roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> ureq::Agent {
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(roots) = roots {
+            tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(roots)));
+        }
+        ureq::Agent::config_builder()
+            .tls_config(tls.build())
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(15)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
@@ -271,13 +293,46 @@ impl Client {
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::Never)
             .user_agent(concat!("kubeslot/", env!("CARGO_PKG_VERSION")))
             .build()
-            .new_agent();
-        Client {
-            agent,
-            registries: registries.clone(),
-            auth: Mutex::new(HashMap::new()),
-            pacing: Arc::new(Pacing::default()),
+            .new_agent()
+    }
+
+    /// The agent for `settings_key`'s host: one trusting its `ca_file`
+    /// when it has one (read and parsed at first use; an error names the
+    /// file), else the shared one.
+    fn agent_for(&self, settings_key: &str) -> Attempt<ureq::Agent> {
+        let Some(ca) = self
+            .registries
+            .get(settings_key)
+            .and_then(|r| r.ca_file.clone())
+        else {
+            return Ok(self.agent.clone());
+        };
+        let mut agents = self.ca_agents.lock().expect("ca agents");
+        if let Some(a) = agents.get(settings_key) {
+            return Ok(a.clone());
         }
+        let pem = std::fs::read(&ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
+        let mut roots = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            match item.map_err(|e| format!("ca_file {}: {e}", ca.display()))? {
+                ureq::tls::PemItem::Certificate(c) => roots.push(c),
+                _ => {
+                    return Err(format!(
+                        "ca_file {}: holds something other than certificates",
+                        ca.display()
+                    ))
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(format!(
+                "ca_file {}: no PEM certificate in it",
+                ca.display()
+            ));
+        }
+        let agent = Client::agent(Some(roots));
+        agents.insert(settings_key.to_string(), agent.clone());
+        Ok(agent)
     }
 
     /// Uses `pacing` (shared with the caller, who reads its counters) for
@@ -288,10 +343,11 @@ impl Client {
     }
 
     fn scheme_for(&self, host: &str, settings_key: &str) -> &'static str {
-        let insecure = self
-            .registries
-            .get(settings_key)
-            .is_some_and(|r| r.insecure);
+        let settings = self.registries.get(settings_key);
+        if settings.is_some_and(|r| r.ca_file.is_some()) {
+            return "https";
+        }
+        let insecure = settings.is_some_and(|r| r.insecure);
         if insecure || is_loopback(host) {
             "http"
         } else {
@@ -559,7 +615,7 @@ impl Client {
         let key = (ep.host.clone(), repo.to_string());
         let mut auth = self.auth.lock().expect("auth cache").get(&key).cloned();
         for attempt in 0..2 {
-            let mut req = self.agent.get(&url);
+            let mut req = self.agent_for(&ep.settings_key)?.get(&url);
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
@@ -656,7 +712,13 @@ impl Client {
                     .get("scope")
                     .cloned()
                     .unwrap_or_else(|| format!("repository:{repo}:pull"));
-                let mut req = self.agent.get(realm.as_str()).query("scope", &scope);
+                // A realm on the registry's own host is reached with its CA.
+                let agent = if host == ep.host {
+                    self.agent_for(&ep.settings_key)?
+                } else {
+                    self.agent.clone()
+                };
+                let mut req = agent.get(realm.as_str()).query("scope", &scope);
                 if let Some(service) = c.params.get("service") {
                     req = req.query("service", service);
                 }
@@ -818,6 +880,7 @@ mod tests {
         regs.insert(
             "ghcr.io".to_string(),
             RegistrySettings {
+                ca_file: None,
                 mirrors: vec!["https://mirror.internal:5000/".into(), "127.0.0.1:9".into()],
                 ..Default::default()
             },
@@ -825,6 +888,7 @@ mod tests {
         regs.insert(
             "mirror.internal:5000".to_string(),
             RegistrySettings {
+                ca_file: None,
                 insecure: true,
                 ..Default::default()
             },
@@ -847,6 +911,7 @@ mod tests {
         regs.insert(
             "docker.io".to_string(),
             RegistrySettings {
+                ca_file: None,
                 insecure: true,
                 ..Default::default()
             },
