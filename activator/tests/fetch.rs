@@ -1436,3 +1436,94 @@ fn a_private_ca_per_registry_makes_its_tls_trusted() {
     let err = host.unpack_err(&image, &host.target("t3"));
     assert!(err.contains("mirror-ca.pem"), "{err}");
 }
+
+/// An `oci-archive` is read in place: opening it writes only `oci-layout`
+/// and `index.json`; resolving and checking the signature copies out only
+/// documents; a layer is streamed from the archive (never written to the
+/// scratch directory), and a tampered layer in the archive is refused by
+/// the store's digest check.
+#[test]
+fn an_archive_is_read_in_place_and_no_layer_is_written_before_the_signature_check() {
+    use kubeslot_image::registry::Registries;
+    use kubeslot_image::signature::TrustedKeys;
+    use kubeslot_image::verify::{self, Policy, Verdict};
+    let work = tempfile::tempdir().unwrap();
+    let k = key(11);
+    let (layout, built) = small_image(&work.path().join("l"), "v1", b"in place\n", Some(&k));
+    let file = work.path().join("node.tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(layout.dir())
+        .arg("-cf")
+        .arg(&file)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let scratch = work.path().join("scratch");
+    let source = Source::open(
+        &format!("oci-archive:{}:v1", file.display())
+            .parse()
+            .unwrap(),
+        &Registries::default(),
+        &scratch,
+    )
+    .unwrap();
+    let written = || -> Vec<String> {
+        let mut v: Vec<String> = walk_files(&scratch);
+        v.sort();
+        v
+    };
+    assert!(
+        written()
+            .iter()
+            .all(|p| p.ends_with("oci-layout") || p.ends_with("index.json")),
+        "{:?}",
+        written()
+    );
+    let top = source.resolve().unwrap();
+    let image = source.select(&top, &Platform::host()).unwrap();
+    let keys = TrustedKeys::from_keys(vec![*k.verifying_key()]);
+    let policy = Policy::new(keys, false).with_identity(Some(
+        kubeslot_image::reference::Identity::repository(IDENTITY).unwrap(),
+    ));
+    assert!(matches!(
+        verify::check(&source, &image, &policy).unwrap(),
+        Verdict::Signed { .. }
+    ));
+    let layers: Vec<String> = image
+        .layers
+        .iter()
+        .map(|(d, _, _)| d.digest.hex())
+        .collect();
+    assert!(
+        !written()
+            .iter()
+            .any(|p| layers.iter().any(|l| p.ends_with(l))),
+        "a layer was written before or by the signature check: {:?}",
+        written()
+    );
+    // The store takes the layers straight from the archive.
+    let store = Store::open(&work.path().join("store")).unwrap();
+    store.fetch_image(&source, &image).unwrap();
+    assert!(!written()
+        .iter()
+        .any(|p| layers.iter().any(|l| p.ends_with(l))));
+    assert_eq!(image.manifest_digest(), built.manifest);
+}
+
+fn walk_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}

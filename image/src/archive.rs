@@ -1,6 +1,14 @@
 //! `oci-archive` files (a tar of an OCI image layout): safe extraction into a
 //! private directory that is then opened as a [`Layout`].
 //!
+//! Hosts read an archive in place: [`scan`] reads every header (with caps on
+//! extension headers: the tar crate's own reading is never used for them)
+//! and writes only `oci-layout` and `index.json`; each blob is copied out
+//! when it is read ([`extract_member`]: documents, the signature) or
+//! streamed straight from its offset (layers, by `Source::open_blob`), so
+//! the signature is checked before any layer is written and only the blobs
+//! of the selected image are. The builder uses [`extract`] (everything).
+//!
 //! Given an archive path and an empty private directory, [`extract`] writes
 //! only what a layout is made of: `oci-layout`, `index.json` and
 //! `blobs/sha256/<hex>` regular files. Every other entry (links, devices,
@@ -15,7 +23,7 @@
 //! (and checked again) into the content store. It does not interpret the
 //! layout (tags, platforms, signatures): that is [`crate::source`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -97,6 +105,59 @@ fn normalise(raw: &[u8]) -> Option<String> {
 /// Extracts the layout in `file` into `into` (an existing, empty, private
 /// directory) and opens it.
 pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
+    walk(file, into, false).map(|(layout, _)| layout)
+}
+
+/// Where each blob's bytes lie in an archive: data offset and size.
+pub type Members = BTreeMap<Digest, (u64, u64)>;
+
+/// Reads an archive's headers (every rule of [`extract`] applies) but
+/// writes only `oci-layout` and `index.json`; returns the layout and where
+/// each blob lies. Blobs are copied out one by one on demand
+/// ([`extract_member`]), so an image's signature is checked before any
+/// layer is written, and only the blobs an image uses are.
+pub fn scan(file: &Path, into: &Path) -> Result<(Layout, Members), ArchiveError> {
+    walk(file, into, true)
+}
+
+/// Copies the blob `digest` (at `offset`, `size` bytes, from [`scan`]) out
+/// of the archive into the layout at `into`, hashed while written and
+/// renamed into place only when it matches.
+pub fn extract_member(
+    file: &Path,
+    into: &Path,
+    digest: &Digest,
+    (offset, size): (u64, u64),
+) -> Result<(), ArchiveError> {
+    use std::io::{Seek as _, SeekFrom};
+    let io_err = |error| ArchiveError::Io {
+        file: file.to_path_buf(),
+        error,
+    };
+    let sha_dir = into.join("blobs").join("sha256");
+    let dest = sha_dir.join(digest.hex());
+    if dest.exists() {
+        return Ok(());
+    }
+    let tmp = sha_dir.join(format!(".partial-{}", digest.hex()));
+    let _ = fs::remove_file(&tmp);
+    let mut f = File::open(file).map_err(io_err)?;
+    f.seek(SeekFrom::Start(offset)).map_err(io_err)?;
+    let mut out = create_new(&tmp).map_err(io_err)?;
+    let mut hashing = HashingReader::new(f.take(size));
+    io::copy(&mut hashing, &mut out).map_err(io_err)?;
+    let (actual, n) = hashing.finish();
+    if n != size || actual != *digest {
+        let _ = fs::remove_file(&tmp);
+        return Err(ArchiveError::Archive {
+            file: file.to_path_buf(),
+            rule: format!("blob {digest}: {n} bytes at offset {offset} hash to {actual}"),
+        });
+    }
+    fs::rename(&tmp, &dest).map_err(io_err)
+}
+
+fn walk(file: &Path, into: &Path, lazy: bool) -> Result<(Layout, Members), ArchiveError> {
     let io_err = |source| ArchiveError::Io {
         file: file.to_path_buf(),
         error: source,
@@ -112,12 +173,19 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
 
     let f = File::open(file).map_err(io_err)?;
     let mut archive = tar::Archive::new(io::BufReader::with_capacity(1 << 20, f));
+    let mut members = Members::new();
     let mut seen = BTreeSet::new();
     let mut total = 0u64;
     // Raw entries: extension headers come to us, read with caps, and name
     // the next entry (GNU long name, PAX `path`).
     let mut long_name: Option<Vec<u8>> = None;
-    for (index, entry) in archive.entries().map_err(io_err)?.raw(true).enumerate() {
+    // With seek: data a lazy scan does not read is skipped, not read.
+    for (index, entry) in archive
+        .entries_with_seek()
+        .map_err(io_err)?
+        .raw(true)
+        .enumerate()
+    {
         let index = index as u64;
         let mut entry = entry.map_err(io_err)?;
         let ty = entry.header().entry_type();
@@ -218,6 +286,9 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
                     return Err(refuse("truncated".into()));
                 }
             }
+            Kind::Blob(digest) if lazy => {
+                members.insert(digest, (entry.raw_file_position(), size));
+            }
             Kind::Blob(digest) => {
                 let mut out = create_new(&sha_dir.join(digest.hex())).map_err(io_err)?;
                 let mut hashing = HashingReader::new((&mut entry).take(size));
@@ -246,10 +317,11 @@ pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
             });
         }
     }
-    Layout::open(into).map_err(|source| ArchiveError::Layout {
+    let layout = Layout::open(into).map_err(|source| ArchiveError::Layout {
         file: file.to_path_buf(),
         error: source,
-    })
+    })?;
+    Ok((layout, members))
 }
 
 /// The `path` of a PAX extended header (other keys are ignored: a layout

@@ -94,6 +94,10 @@ pub enum Source {
         layout: Layout,
         tag: Option<String>,
         name: String,
+        /// The archive file and where each blob lies in it: blobs are
+        /// copied into the layout only when read ([`archive::scan`]).
+        file: PathBuf,
+        members: archive::Members,
         /// The private extraction dir, removed on drop.
         _dir: tempfile::TempDir,
     },
@@ -197,11 +201,13 @@ impl Source {
                         path: scratch.to_path_buf(),
                         error,
                     })?;
-                let layout = archive::extract(file, dir.path())?;
+                let (layout, members) = archive::scan(file, dir.path())?;
                 Ok(Source::Archive {
                     layout,
                     tag: tag.clone(),
                     name,
+                    file: file.clone(),
+                    members,
                     _dir: dir,
                 })
             }
@@ -245,6 +251,23 @@ impl Source {
             source_name: self.name(),
             error,
         }
+    }
+
+    /// For an archive: copies blob `digest` out of the archive first (only
+    /// what is read is ever written).
+    fn ensure_local(&self, digest: &Digest) -> Result<(), SourceError> {
+        if let Source::Archive {
+            layout,
+            file,
+            members,
+            ..
+        } = self
+        {
+            if let Some(at) = members.get(digest) {
+                archive::extract_member(file, layout.dir(), digest, *at)?;
+            }
+        }
+        Ok(())
     }
 
     fn local(&self) -> Option<(&Layout, Option<&str>)> {
@@ -382,6 +405,7 @@ impl Source {
                 }
             }
             _ => {
+                self.ensure_local(&desc.digest)?;
                 let (layout, _) = self.local().expect("local source");
                 layout
                     .blobs()
@@ -455,6 +479,24 @@ impl Source {
                 client
                     .blob(image, &desc.digest, offset)
                     .map_err(|e| self.registry_err(e))
+            }
+            Source::Archive { file, members, .. } if members.contains_key(&desc.digest) => {
+                // Streamed straight from the archive (the caller checks
+                // size and digest): a layer is written once, into the store.
+                let (at, size) = members[&desc.digest];
+                let io = |error| SourceError::Io {
+                    source_name: self.name(),
+                    path: file.clone(),
+                    error,
+                };
+                let mut f = File::open(file).map_err(io)?;
+                f.seek(SeekFrom::Start(at.saturating_add(offset.min(size))))
+                    .map_err(io)?;
+                Ok(registry::BlobStream {
+                    reader: Box::new(f.take(size.saturating_sub(offset))),
+                    start: offset.min(size),
+                    endpoint: self.name(),
+                })
             }
             _ => {
                 let (layout, _) = self.local().expect("local source");
