@@ -61,16 +61,18 @@ write_config() {
 }
 
 # config_json IMAGE KEY: the config text, trusting the public key file KEY
-# (a path inside the outer host); for an oci:/oci-archive: IMAGE,
-# trust.identity is REGISTRY/IMAGE_REPO.
+# (a path inside the outer host); for an oci:/oci-archive: IMAGE or one in
+# REGISTRY/IMAGE_REPO, trust.identity is REGISTRY/IMAGE_REPO.
 config_json() {
   local image=$1 trust
   trust=$(jq -n --arg key "$2" '{public_keys: [$key]}')
   # A layout or archive names no repository: the host is told which one
   # the signatures must name (the registry images' own repository, which
   # `kubeslot-builder sign` signed and archives carry unchanged).
+  # A registry image of that repository gets it too (the default would
+  # be the same), so `unpack` of an archive with this config checks it.
   case $image in
-    oci:* | oci-archive:*)
+    oci:* | oci-archive:* | "$REGISTRY/$IMAGE_REPO":* | "$REGISTRY/$IMAGE_REPO"@*)
       trust=$(jq --arg id "$REGISTRY/$IMAGE_REPO" '.identity = $id' <<<"$trust") ;;
   esac
   jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
