@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -1526,4 +1526,64 @@ fn walk_files(dir: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// An `oci:` layout is input: a blob that is a symlink (to the real bytes,
+/// elsewhere on the host) is refused, never followed, and a blob that is a
+/// FIFO is refused at once, not read (the run would block forever).
+#[test]
+fn layout_blobs_that_are_symlinks_or_fifos_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    for kind in ["symlink", "fifo"] {
+        let (layout, built) = small_image(&work.path().join(kind), "v1", b"links\n", None);
+        let m: kubeslot_image::oci::Manifest = layout.read_json(&built.manifest, None).unwrap();
+        let blob = layout.blobs().path(&m.layers[0].digest);
+        let elsewhere = work.path().join(format!("{kind}-real-blob"));
+        fs::rename(&blob, &elsewhere).unwrap();
+        match kind {
+            "symlink" => std::os::unix::fs::symlink(&elsewhere, &blob).unwrap(),
+            _ => {
+                let st = Command::new("mkfifo").arg(&blob).status().unwrap();
+                assert!(st.success());
+            }
+        }
+        let host = Host::new(&[], true, no_registries());
+        let mut child = Command::new(BIN)
+            .args(["unpack", "--config"])
+            .arg(&host.config)
+            .arg("--root")
+            .arg(&host.root)
+            .arg(format!("oci:{}:v1", layout.dir().display()))
+            .arg(host.target(kind))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("{kind}: unpack hung on the blob");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "{kind}: accepted");
+        let why = if kind == "symlink" {
+            "symlink"
+        } else {
+            "not a regular file"
+        };
+        assert!(err.contains(why), "{kind}: {err}");
+        assert!(!host.target(kind).join("opt/app/version").exists());
+    }
 }

@@ -106,7 +106,7 @@ impl BlobDir {
     /// (see [`BlobDir::read_verified`] for small documents).
     pub fn open_blob(&self, digest: &Digest) -> Result<File, LayoutError> {
         let p = self.path(digest);
-        File::open(&p).map_err(io_err(&p))
+        open_regular(&p).map_err(io_err(&p))
     }
 
     /// Reads a whole blob of at most `limit` bytes and checks its digest (and
@@ -118,9 +118,9 @@ impl BlobDir {
         limit: u64,
     ) -> Result<Vec<u8>, LayoutError> {
         let p = self.path(digest);
-        let f = File::open(&p).map_err(io_err(&p))?;
+        let f = open_regular(&p).map_err(io_err(&p))?;
         let mut bytes = Vec::new();
-        f.take(limit + 1)
+        f.take(limit.saturating_add(1))
             .read_to_end(&mut bytes)
             .map_err(io_err(&p))?;
         if bytes.len() as u64 > limit {
@@ -215,10 +215,15 @@ impl Layout {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, LayoutError> {
         let dir = dir.into();
         let marker_path = dir.join("oci-layout");
-        let marker = fs::read(&marker_path).map_err(|e| LayoutError::NotALayout {
-            path: dir.clone(),
-            reason: format!("cannot read oci-layout: {e}"),
-        })?;
+        let marker = open_regular(&marker_path)
+            .and_then(|f| {
+                let mut v = Vec::new();
+                f.take(MAX_DOCUMENT_BYTES).read_to_end(&mut v).map(|_| v)
+            })
+            .map_err(|e| LayoutError::NotALayout {
+                path: dir.clone(),
+                reason: format!("cannot read oci-layout: {e}"),
+            })?;
         let marker: LayoutMarker =
             serde_json::from_slice(&marker).map_err(|e| LayoutError::NotALayout {
                 path: dir.clone(),
@@ -258,7 +263,7 @@ impl Layout {
     /// Reads `index.json`.
     pub fn index(&self) -> Result<Index, LayoutError> {
         let p = self.dir.join("index.json");
-        let f = File::open(&p).map_err(io_err(&p))?;
+        let f = open_regular(&p).map_err(io_err(&p))?;
         let mut bytes = Vec::new();
         f.take(MAX_DOCUMENT_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -310,6 +315,29 @@ impl Layout {
             source,
         })
     }
+}
+
+/// Opens a file of a layout for reading: never through a symlink
+/// (`O_NOFOLLOW`), never blocking on a FIFO or device (`O_NONBLOCK`, then
+/// anything but a regular file is refused). A layout is input, and a
+/// symlinked blob could name any file on the host.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                io::Error::other("a symlink, not a file (layouts are read without following links)")
+            } else {
+                e
+            }
+        })?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    Ok(f)
 }
 
 #[cfg(test)]

@@ -506,7 +506,7 @@ impl Source {
                     path: path.clone(),
                     error,
                 };
-                let mut f = File::open(&path).map_err(io)?;
+                let mut f = crate::layout::open_regular(&path).map_err(io)?;
                 f.seek(SeekFrom::Start(offset)).map_err(io)?;
                 Ok(registry::BlobStream {
                     reader: Box::new(f),
