@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::digest::{Digest, HashingReader};
 use crate::layout::{Layout, LayoutError, MAX_DOCUMENT_BYTES};
@@ -105,7 +106,11 @@ fn normalise(raw: &[u8]) -> Option<String> {
 /// Extracts the layout in `file` into `into` (an existing, empty, private
 /// directory) and opens it.
 pub fn extract(file: &Path, into: &Path) -> Result<Layout, ArchiveError> {
-    walk(file, into, false).map(|(layout, _)| layout)
+    let f = File::open(file).map_err(|error| ArchiveError::Io {
+        file: file.to_path_buf(),
+        error,
+    })?;
+    walk(file, &f, into, false).map(|(layout, _)| layout)
 }
 
 /// Where each blob's bytes lie in an archive: data offset and size.
@@ -116,8 +121,49 @@ pub type Members = BTreeMap<Digest, (u64, u64)>;
 /// each blob lies. Blobs are copied out one by one on demand
 /// ([`extract_member`]), so an image's signature is checked before any
 /// layer is written, and only the blobs an image uses are.
-pub fn scan(file: &Path, into: &Path) -> Result<(Layout, Members), ArchiveError> {
-    walk(file, into, true)
+pub fn scan(file: &Path, into: &Path) -> Result<(Layout, Members, Arc<File>), ArchiveError> {
+    let f = File::open(file).map_err(|error| ArchiveError::Io {
+        file: file.to_path_buf(),
+        error,
+    })?;
+    let (layout, members) = walk(file, &f, into, true)?;
+    // Every later read goes through this one descriptor (positioned reads):
+    // the file a run verified is the file it unpacks, even if the path is
+    // replaced meanwhile.
+    Ok((layout, members, Arc::new(f)))
+}
+
+/// Reads `len` bytes at `at` of a shared file, without moving its offset.
+pub struct ReadAt {
+    file: Arc<File>,
+    at: u64,
+    left: u64,
+}
+
+impl ReadAt {
+    pub fn new(file: Arc<File>, at: u64, len: u64) -> ReadAt {
+        ReadAt {
+            file,
+            at,
+            left: len,
+        }
+    }
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt as _;
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.at)?;
+        self.at = self.at.saturating_add(n as u64);
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Copies the blob `digest` (at `offset`, `size` bytes, from [`scan`]) out
@@ -125,11 +171,11 @@ pub fn scan(file: &Path, into: &Path) -> Result<(Layout, Members), ArchiveError>
 /// renamed into place only when it matches.
 pub fn extract_member(
     file: &Path,
+    archive: &Arc<File>,
     into: &Path,
     digest: &Digest,
     (offset, size): (u64, u64),
 ) -> Result<(), ArchiveError> {
-    use std::io::{Seek as _, SeekFrom};
     let io_err = |error| ArchiveError::Io {
         file: file.to_path_buf(),
         error,
@@ -141,10 +187,8 @@ pub fn extract_member(
     }
     let tmp = sha_dir.join(format!(".partial-{}", digest.hex()));
     let _ = fs::remove_file(&tmp);
-    let mut f = File::open(file).map_err(io_err)?;
-    f.seek(SeekFrom::Start(offset)).map_err(io_err)?;
     let mut out = create_new(&tmp).map_err(io_err)?;
-    let mut hashing = HashingReader::new(f.take(size));
+    let mut hashing = HashingReader::new(ReadAt::new(archive.clone(), offset, size));
     io::copy(&mut hashing, &mut out).map_err(io_err)?;
     let (actual, n) = hashing.finish();
     if n != size || actual != *digest {
@@ -157,7 +201,7 @@ pub fn extract_member(
     fs::rename(&tmp, &dest).map_err(io_err)
 }
 
-fn walk(file: &Path, into: &Path, lazy: bool) -> Result<(Layout, Members), ArchiveError> {
+fn walk(file: &Path, f: &File, into: &Path, lazy: bool) -> Result<(Layout, Members), ArchiveError> {
     let io_err = |source| ArchiveError::Io {
         file: file.to_path_buf(),
         error: source,
@@ -171,7 +215,6 @@ fn walk(file: &Path, into: &Path, lazy: bool) -> Result<(Layout, Members), Archi
     let sha_dir = into.join("blobs").join("sha256");
     fs::create_dir_all(&sha_dir).map_err(io_err)?;
 
-    let f = File::open(file).map_err(io_err)?;
     let mut archive = tar::Archive::new(io::BufReader::with_capacity(1 << 20, f));
     let mut members = Members::new();
     let mut seen = BTreeSet::new();

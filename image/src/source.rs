@@ -98,6 +98,8 @@ pub enum Source {
         /// copied into the layout only when read ([`archive::scan`]).
         file: PathBuf,
         members: archive::Members,
+        /// The archive, opened once by the scan.
+        archive: Arc<File>,
         /// The private extraction dir, removed on drop.
         _dir: tempfile::TempDir,
     },
@@ -201,13 +203,14 @@ impl Source {
                         path: scratch.to_path_buf(),
                         error,
                     })?;
-                let (layout, members) = archive::scan(file, dir.path())?;
+                let (layout, members, archive) = archive::scan(file, dir.path())?;
                 Ok(Source::Archive {
                     layout,
                     tag: tag.clone(),
                     name,
                     file: file.clone(),
                     members,
+                    archive,
                     _dir: dir,
                 })
             }
@@ -260,11 +263,12 @@ impl Source {
             layout,
             file,
             members,
+            archive,
             ..
         } = self
         {
             if let Some(at) = members.get(digest) {
-                archive::extract_member(file, layout.dir(), digest, *at)?;
+                archive::extract_member(file, archive, layout.dir(), digest, *at)?;
             }
         }
         Ok(())
@@ -480,20 +484,19 @@ impl Source {
                     .blob(image, &desc.digest, offset)
                     .map_err(|e| self.registry_err(e))
             }
-            Source::Archive { file, members, .. } if members.contains_key(&desc.digest) => {
+            Source::Archive {
+                members, archive, ..
+            } if members.contains_key(&desc.digest) => {
                 // Streamed straight from the archive (the caller checks
                 // size and digest): a layer is written once, into the store.
                 let (at, size) = members[&desc.digest];
-                let io = |error| SourceError::Io {
-                    source_name: self.name(),
-                    path: file.clone(),
-                    error,
-                };
-                let mut f = File::open(file).map_err(io)?;
-                f.seek(SeekFrom::Start(at.saturating_add(offset.min(size))))
-                    .map_err(io)?;
+                let from = offset.min(size);
                 Ok(registry::BlobStream {
-                    reader: Box::new(f.take(size.saturating_sub(offset))),
+                    reader: Box::new(archive::ReadAt::new(
+                        archive.clone(),
+                        at.saturating_add(from),
+                        size - from,
+                    )),
                     start: offset.min(size),
                     endpoint: self.name(),
                 })
