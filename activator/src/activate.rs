@@ -2280,7 +2280,9 @@ mod tests {
         let gone: Vec<_> = v2_layers.difference(&now).collect();
         assert_eq!(gone.len(), 1);
         assert!(!gone[0].exists(), "{}", gone[0].display());
-        assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 2);
+        assert!(!crate::integrity::record_path(gone[0]).exists());
+        // two layer dirs and their records
+        assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 4);
     }
 
     /// Sets `trust.identity` in the setup's config: its images have an

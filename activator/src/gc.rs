@@ -179,7 +179,8 @@ fn unreferenced_layers(root: &Root) -> Result<Vec<PathBuf>, GcError> {
         Ok(rd) => {
             for e in rd {
                 let p = e.map_err(io_err(&dir))?.path();
-                if !keep.contains(&p) {
+                let is_record = p.to_str().is_some_and(|s| s.ends_with(".files"));
+                if !keep.contains(&p) && !is_record {
                     out.push(p);
                 }
             }

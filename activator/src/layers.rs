@@ -163,6 +163,11 @@ pub fn ensure(
             })
             .map_err(wrap)?;
         unpacker.finish().map_err(wrap)?;
+        // The record first: a layer directory never exists without it
+        // (`verify-layers` checks the layer against it).
+        let record = crate::integrity::record(staging.path()).map_err(io_err(staging.path()))?;
+        let record_path = crate::integrity::record_path(&dest);
+        crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
         renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
             .map_err(|e| io_err(&dest)(std::io::Error::from(e)))?;
         // Renamed away: the TempDir's drop finds nothing to delete.
@@ -217,13 +222,33 @@ pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
     for entry in rd {
         let entry = entry.map_err(io_err(&dir))?;
         let p = entry.path();
+        if let Some(layer) = p.to_str().and_then(|s| s.strip_suffix(".files")) {
+            // A record goes with its layer (below); one whose layer is gone
+            // (a crash between the two removals) goes now.
+            if !keep.contains(Path::new(layer)) && !Path::new(layer).exists() {
+                match fs::remove_file(&p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_err(&p)(e))
+                    }
+                    _ => {}
+                }
+            }
+            continue;
+        }
         if keep.contains(&p) {
             continue;
         }
         // Staging dirs and probes go too: nothing else runs under the lock.
         match entry.file_type().map_err(io_err(&p))? {
             t if t.is_dir() => {
-                crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?
+                crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?;
+                let record = crate::integrity::record_path(&p);
+                match fs::remove_file(&record) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_err(&record)(e))
+                    }
+                    _ => {}
+                }
             }
             _ => fs::remove_file(&p).map_err(io_err(&p))?,
         }

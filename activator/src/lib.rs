@@ -18,6 +18,7 @@ pub mod gc;
 pub mod gpu;
 pub mod health;
 pub mod host_settings;
+pub mod integrity;
 pub mod layers;
 pub mod lock;
 pub mod overlay;

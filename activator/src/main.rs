@@ -15,7 +15,7 @@ enum Cli {
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
     // host side: flip, fetch, plan, status, rollback, wait, preflight, adopt,
-    // uninstall, gc (about text: each Args)
+    // uninstall, gc, verify-layers (about text: each Args)
     Activate(cli::activate::Args),
     Fetch(cli::fetch::Args),
     Plan(cli::plan::Args),
@@ -26,6 +26,7 @@ enum Cli {
     Adopt(cli::adopt::Args),
     Uninstall(cli::uninstall::Args),
     Gc(cli::gc::Args),
+    VerifyLayers(cli::verify_layers::Args),
     // about text: the doc comment of `cli::render::Args`
     Render(cli::render::Args),
 }
@@ -55,6 +56,7 @@ fn main() {
         Cli::Adopt(args) => cli::adopt::run(args),
         Cli::Uninstall(args) => cli::uninstall::run(args),
         Cli::Gc(args) => cli::gc::run(args),
+        Cli::VerifyLayers(args) => cli::verify_layers::run(args),
         Cli::Render(args) => cli::render::run(args),
     };
     if let Err(e) = result {

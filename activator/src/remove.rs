@@ -210,10 +210,11 @@ mod tests {
             fd = open_dir(&fd, b"d").unwrap();
         }
         drop(fd);
-        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        // (the descriptor bound itself is tested under RLIMIT_NOFILE 1024 in
+        // activator/tests/host.rs: this process's fd count moves with the
+        // other tests' threads)
         remove_tree(&tree).unwrap();
         assert!(!tree.exists());
-        assert_eq!(std::fs::read_dir("/proc/self/fd").unwrap().count(), before);
     }
 
     #[test]

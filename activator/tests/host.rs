@@ -2946,3 +2946,36 @@ fn gc_keeps_the_two_slots_images_and_removes_the_rest() {
         .collect();
     assert_eq!(store_listing(&h), want);
 }
+
+/// `verify-layers`: an intact layer store passes; a file of a lower layer
+/// changed behind the activator's back is named, and so is a file added.
+#[test]
+fn verify_layers_names_a_tampered_layer_file() {
+    let img = images();
+    let h = Host::with_slots(&img, Some("overlay"));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert_eq!(r["slot_mode"], "overlay", "{r:#}");
+    let (code, out, err) = h.cmd(&["verify-layers", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layers"], 1);
+    assert_eq!(v["mismatches"], serde_json::json!([]));
+    let layers = h.root().join("var/lib/kubeslot/layers");
+    let layer = fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir() && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .unwrap();
+    fs::write(layer.join("usr/bin/kubelet-version"), b"kubelet evil\n").unwrap();
+    fs::write(layer.join("etc/added"), b"x").unwrap();
+    let (code, out, err) = h.cmd(&["verify-layers"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("usr/bin/kubelet-version: contents changed")
+            && out.contains("etc/added: added"),
+        "{out}"
+    );
+    assert!(err.contains("differ from what was unpacked"), "{err}");
+}

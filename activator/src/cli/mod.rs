@@ -13,6 +13,7 @@ pub mod rollback;
 pub mod status;
 pub mod uninstall;
 pub mod unpack;
+pub mod verify_layers;
 pub mod wait;
 
 use std::path::PathBuf;
