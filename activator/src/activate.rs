@@ -277,13 +277,19 @@ pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
 /// loses everything its machine wrote (a fresh upper dir), so it starts as
 /// exactly its verified image.
 pub fn rollback_with(root: &Root, systemd: &dyn Systemd, clean: bool) -> Ran {
+    rollback_opts(root, systemd, clean, false)
+}
+
+/// [`rollback_with`]; with `force`, a copied previous slot whose
+/// image-owned files changed is started anyway.
+pub fn rollback_opts(root: &Root, systemd: &dyn Systemd, clean: bool, force: bool) -> Ran {
     let mut report = Report::new("rollback");
     let lock = match Lock::try_exclusive(root) {
         Ok(l) => l,
         Err(e) => return busy(report, e),
     };
     failpoint::hit("after-lock");
-    let result = run_rollback(root, systemd, clean, &mut report);
+    let result = run_rollback(root, systemd, clean, force, &mut report);
     finish(root, report, result, lock)
 }
 
@@ -608,6 +614,7 @@ fn run_rollback(
     root: &Root,
     systemd: &dyn Systemd,
     clean: bool,
+    force: bool,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
     let host = Host::new(root, systemd);
@@ -651,6 +658,11 @@ fn run_rollback(
                 ),
             }
         })?;
+        // And file by file (copied slots): what the image installed is
+        // still what it installed, outside the paths a node writes.
+        if !force && !overlay::is_overlay(root, rb.to) {
+            image_files_intact(root, rb.to)?;
+        }
     }
     let adopted = state.slot(rb.to).adopted;
     let (gate, gpu) = if adopted {
@@ -813,6 +825,51 @@ pub fn files_current(root: &Root, config: &Config, slot: Slot, facts: &HostFacts
         .all(|d| d.diff.is_empty())
 }
 
+/// Where a node writes: changes there are its state, not the image's.
+const NODE_WRITES: [&str; 5] = ["var", "tmp", "run", "root", "home"];
+/// Image files a booting node rewrites by design: systemd writes the
+/// machine id at first boot.
+const NODE_REWRITES: [&str; 1] = ["etc/machine-id"];
+
+/// A copied slot's image-owned files (outside [`NODE_WRITES`]) are what
+/// was installed, per its record; no record (an adopted tree, a slot from
+/// an earlier version) is nothing to check.
+fn image_files_intact(root: &Root, slot: Slot) -> Result<(), ActivateError> {
+    let Ok(record) = crate::integrity::load(&root.slot_files_record(slot.machine())) else {
+        return Ok(());
+    };
+    let tree = root.machine_tree(slot.machine());
+    let changed: Vec<_> = crate::integrity::check(&tree, &record)
+        .map_err(|e| ActivateError::NotIntact {
+            slot,
+            reason: format!("checking its files: {e}"),
+        })?
+        .into_iter()
+        // Entries the image did not have (nspawn's bind mount points, what
+        // the node created) are not image files; changed and missing ones are.
+        .filter(|m| m.what != "added")
+        .filter(|m| !NODE_WRITES.contains(&m.path.split('/').next().unwrap_or("")))
+        .filter(|m| !NODE_REWRITES.contains(&m.path.as_str()))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = changed
+        .iter()
+        .take(10)
+        .map(|m| format!("/{} ({})", m.path, m.what))
+        .collect();
+    Err(ActivateError::NotIntact {
+        slot,
+        reason: format!(
+            "refusing to start it: {} image file(s) changed since it was installed: {}{}; the running machine is untouched (rollback --force starts it anyway)",
+            changed.len(),
+            shown.join(", "),
+            if changed.len() > 10 { ", ..." } else { "" }
+        ),
+    })
+}
+
 /// The gate settings for a slot without a saved config (an adopted tree,
 /// or a saved config that no longer loads): the host's current config's,
 /// else the defaults.
@@ -894,6 +951,21 @@ impl Host<'_> {
                 // A slot that was an overlay becomes a plain tree.
                 overlay::remove(self.root, self.systemd, to)?;
                 let staged = prepared.install()?;
+                // What the image put there, file by file: `rollback` refuses
+                // a tree whose image-owned files changed since.
+                let tree = self.root.machine_tree(to.machine());
+                let record_path = self.root.slot_files_record(to.machine());
+                crate::integrity::record(&tree)
+                    .and_then(|r| {
+                        if let Some(dir) = record_path.parent() {
+                            std::fs::create_dir_all(dir)?;
+                        }
+                        crate::integrity::save(&record_path, &r)
+                    })
+                    .map_err(|e| ActivateError::NotIntact {
+                        slot: to,
+                        reason: format!("recording its files in {}: {e}", record_path.display()),
+                    })?;
                 (Downloads::from(&staged.report), staged.manifest_digest)
             }
         };

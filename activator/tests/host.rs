@@ -1493,7 +1493,15 @@ fn a_failed_rollback_keeps_the_previous_slot_usable_though_its_machine_wrote_its
         .machine_tree("kube1")
         .join("etc/fixture-health");
     fs::write(&health, "never!!").unwrap();
+    // (an image file changed: the per-file check refuses it without
+    // --force; this test is about the gate after it)
     let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("/etc/fixture-health (contents changed)"),
+        "{err}"
+    );
+    let (code, out, err) = h.cmd(&["rollback", "--json", "--force"]);
     assert_eq!(code, 2, "{out}\n{err}");
     assert_eq!(h.running(), [Slot::Kube2]);
     // kube1 ran during the attempt and wrote its tree; once healthy again,
@@ -1742,8 +1750,8 @@ fn a_committed_node_that_does_not_come_up_never_blocks_the_way_out() {
     assert_eq!(h.running(), [Slot::Kube1]);
     assert_eq!(h.tree_version(Slot::Kube1), "kubelet v2\n");
     // and rollback to the broken kube2 is still possible (it fails its
-    // gate and kube1 runs again)
-    let (code, _, err) = h.cmd(&["rollback"]);
+    // gate and kube1 runs again; its changed health file needs --force)
+    let (code, _, err) = h.cmd(&["rollback", "--force"]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(h.running(), [Slot::Kube1]);
 }
@@ -2978,4 +2986,42 @@ fn verify_layers_names_a_tampered_layer_file() {
         "{out}"
     );
     assert!(err.contains("differ from what was unpacked"), "{err}");
+}
+
+/// Copy mode: `rollback` refuses a previous slot whose image-owned files
+/// changed while its node ran (naming them), ignores what the node wrote
+/// under /var, and `--force` starts it anyway.
+#[test]
+fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
+    let img = images();
+    let h = Host::with_slots(&img, Some("copy"));
+    let root = Root::new(h.root());
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    let kube1 = root.machine_tree("kube1");
+    // while kube1 runs: its node writes state, and something rewrites a
+    // binary of the image (same size: the cheap fingerprint cannot tell)
+    fs::create_dir_all(kube1.join("var/lib/kubelet")).unwrap();
+    fs::write(kube1.join("var/lib/kubelet/state"), b"node state").unwrap();
+    assert_eq!(
+        fs::read(kube1.join("usr/bin/kubelet-version")).unwrap(),
+        b"kubelet v1\n"
+    );
+    fs::write(kube1.join("usr/bin/kubelet-version"), b"kubelet X1\n").unwrap();
+    h.set_config("v2", serde_json::json!({}));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+
+    let (code, out, err) = h.cmd(&["rollback", "--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("/usr/bin/kubelet-version (contents changed)")
+            && err.contains("1 image file(s) changed")
+            && !err.contains("var/lib/kubelet"),
+        "{err}"
+    );
+    assert_eq!(h.state().active, Some(Slot::Kube2), "nothing switched");
+    let (code, out, err) = h.cmd(&["rollback", "--force", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(h.state().active, Some(Slot::Kube1));
 }

@@ -955,7 +955,8 @@ scenario_openssl_signer() {
 
 # overlay_layers: "<name> <inode>" of every layer dir in the store.
 overlay_layers() {
-  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -printf '%f %i\n' | sort
+  # the layer dirs (each has its record, <diff_id>.files, beside it)
+  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -type d -printf '%f %i\n' | sort
 }
 
 # v1 into kube1 unpacks every layer; v2 into kube2 unpacks only the layers

@@ -36,9 +36,14 @@ pub struct Args {
     /// (its upper directory) before starting it.
     #[arg(long)]
     pub clean: bool,
+    /// Start a copied previous slot even when files its image installed
+    /// (outside /var, /tmp, /run, /root, /home) changed since; without it
+    /// such a slot is refused, naming the files.
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ran = activate::rollback_with(&args.host.root(), &SystemCtl, args.clean);
+    let ran = activate::rollback_opts(&args.host.root(), &SystemCtl, args.clean, args.force);
     super::conclude(ran, args.json)
 }
