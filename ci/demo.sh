@@ -73,19 +73,31 @@ ls -l "$out/tree/usr/local/bin" "$out/tree/usr/share/kubeslot"
 step "a tampered archive is refused"
 cp "$out/node.tar" "$out/tampered.tar"
 python3 - "$out/tampered.tar" <<'PY'
-import sys, tarfile, io
+import io, json, platform, sys, tarfile
 src = sys.argv[1]
 with tarfile.open(src) as t:
     members = [(m, t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()]
-# flip one byte in the largest blob (a layer)
-big = max((m for m, d in members if d is not None), key=lambda m: m.size)
+files = {m.name.lstrip("./"): d for m, d in members if d is not None}
+blob = lambda digest: json.loads(files["blobs/sha256/" + digest.split(":")[1]])
+# flip one byte in the first layer of this host's platform image (the
+# layers a host reads; blobs of other platforms are never read)
+top = blob(json.loads(files["index.json"])["manifests"][0]["digest"])
+arch = {"x86_64": "amd64", "aarch64": "arm64"}[platform.machine()]
+if "manifests" in top:
+    top = blob(next(m["digest"] for m in top["manifests"] if m.get("platform", {}).get("architecture") == arch))
+target = "blobs/sha256/" + top["layers"][0]["digest"].split(":")[1]
 with tarfile.open(src, "w") as t:
     for m, d in members:
-        if m is big:
+        if d is not None and m.name.lstrip("./") == target:
             d = bytes([d[0] ^ 1]) + d[1:]
         t.addfile(m, io.BytesIO(d) if d is not None else None)
 PY
-if "$activator" unpack --root "$root" --config "$root/etc/kubeslot/activator.json" \
+# A host that has not seen this image (a host whose store already holds the
+# verified layer would use its own copy and never read the tampered one).
+fresh=$out/fresh-host
+mkdir -p "$fresh"
+cp -a "$root/etc" "$fresh/"
+if "$activator" unpack --root "$fresh" --config "$fresh/etc/kubeslot/activator.json" \
   "oci-archive:$out/tampered.tar" "$out/tampered-tree"; then
   echo "demo: the tampered archive was accepted" >&2
   exit 1
