@@ -1905,7 +1905,11 @@ mod tests {
     }
 
     fn run(s: &Setup, fake: &Fake) -> Report {
-        let ran = activate(&s.root, &s.config, fake, &Options::default());
+        run_opts(s, fake, Options::default())
+    }
+
+    fn run_opts(s: &Setup, fake: &Fake, opts: Options) -> Report {
+        let ran = activate(&s.root, &s.config, fake, &opts);
         ran.saved.unwrap();
         ran.report
     }
@@ -1958,16 +1962,14 @@ mod tests {
         assert_eq!(st.bad[0].digest, digest);
         // --force tries it again
         fake.fail_start = false;
-        let r = activate(
-            &s.root,
-            &s.config,
+        let r = run_opts(
+            &s,
             &fake,
-            &Options {
+            Options {
                 force: true,
                 ..Options::default()
             },
-        )
-        .report;
+        );
         assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
     }
 
@@ -2052,16 +2054,14 @@ mod tests {
             .contains(&"run kube1 test -c /dev/nvidia0".to_string()));
 
         fake.gpu_visible = true;
-        let r = activate(
-            &s.root,
-            &s.config,
+        let r = run_opts(
+            &s,
             &fake,
-            &Options {
+            Options {
                 force: true,
                 ..Options::default()
             },
-        )
-        .report;
+        );
         assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
     }
 
@@ -2325,16 +2325,14 @@ mod tests {
         // v3 replaces v2 in kube2: v2's layer is mounted by no slot and goes.
         let v2_layers = crate::layers::referenced(&s.root).unwrap();
         let third = image_with(dir, "healthy", "3");
-        let r = activate(
-            &s.root,
-            &s.config,
+        let r = run_opts(
+            &s,
             &fake,
-            &Options {
+            Options {
                 force: true,
                 ..Options::default()
             },
-        )
-        .report;
+        );
         assert_eq!(
             (r.outcome, r.slot),
             (Some(Outcome::Committed), Some(Slot::Kube2)),
@@ -2371,13 +2369,14 @@ mod tests {
     }
 
     fn activate_with(s: &Setup, fake: &Fake, allow_downgrade: bool) -> Report {
-        let opts = Options {
-            allow_downgrade,
-            ..Options::default()
-        };
-        let ran = activate(&s.root, &s.config, fake, &opts);
-        ran.saved.unwrap();
-        ran.report
+        run_opts(
+            s,
+            fake,
+            Options {
+                allow_downgrade,
+                ..Options::default()
+            },
+        )
     }
 
     #[test]

@@ -163,31 +163,9 @@ pub fn collect(root: &Root, state: &State, dry_run: bool) -> Result<GcReport, Gc
     report.removed_blobs.sort();
     report.removed_partials.sort();
     report.removed_layers = if dry_run {
-        unreferenced_layers(root)?
+        layers::unreferenced(root)?
     } else {
         layers::sweep(root)?
     };
     Ok(report)
-}
-
-/// The layer directories [`layers::sweep`] would remove.
-fn unreferenced_layers(root: &Root) -> Result<Vec<PathBuf>, GcError> {
-    let keep = layers::referenced(root)?;
-    let dir = root.layers_dir();
-    let mut out = Vec::new();
-    match fs::read_dir(&dir) {
-        Ok(rd) => {
-            for e in rd {
-                let p = e.map_err(io_err(&dir))?.path();
-                let is_record = p.to_str().is_some_and(|s| s.ends_with(".files"));
-                if !keep.contains(&p) && !is_record {
-                    out.push(p);
-                }
-            }
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err(&dir)(e)),
-    }
-    out.sort();
-    Ok(out)
 }

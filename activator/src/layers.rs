@@ -207,10 +207,9 @@ pub fn referenced(root: &Root) -> Result<std::collections::BTreeSet<PathBuf>, La
     Ok(keep)
 }
 
-/// Removes the layer directories neither slot's mount unit references;
-/// returns what it removed. Only for a caller holding the host lock (no
-/// staging is under way); never follows a symlink (`remove_dir_all`).
-pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
+/// The entries of the layer store neither slot's mount unit references
+/// (layer dirs, staging dirs, probes), records aside; sorted.
+pub fn unreferenced(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
     let keep = referenced(root)?;
     let dir = root.layers_dir();
     let rd = match fs::read_dir(&dir) {
@@ -218,42 +217,53 @@ pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io_err(&dir)(e)),
     };
-    let mut removed = Vec::new();
+    let mut out = Vec::new();
     for entry in rd {
-        let entry = entry.map_err(io_err(&dir))?;
-        let p = entry.path();
-        if let Some(layer) = p.to_str().and_then(|s| s.strip_suffix(".files")) {
-            // A record goes with its layer (below); one whose layer is gone
-            // (a crash between the two removals) goes now.
-            if !keep.contains(Path::new(layer)) && !Path::new(layer).exists() {
-                match fs::remove_file(&p) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(io_err(&p)(e))
-                    }
-                    _ => {}
-                }
-            }
-            continue;
+        let p = entry.map_err(io_err(&dir))?.path();
+        if !keep.contains(&p) && !is_record(&p) {
+            out.push(p);
         }
-        if keep.contains(&p) {
-            continue;
-        }
-        // Staging dirs and probes go too: nothing else runs under the lock.
-        match entry.file_type().map_err(io_err(&p))? {
-            t if t.is_dir() => {
-                crate::remove::remove_tree(&p).map_err(|e| io_err(&p)(e.into_io()))?;
-                let record = crate::integrity::record_path(&p);
-                match fs::remove_file(&record) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(io_err(&record)(e))
-                    }
-                    _ => {}
-                }
-            }
-            _ => fs::remove_file(&p).map_err(io_err(&p))?,
-        }
-        removed.push(p);
     }
-    removed.sort();
+    out.sort();
+    Ok(out)
+}
+
+fn is_record(p: &Path) -> bool {
+    p.to_str().is_some_and(|s| s.ends_with(".files"))
+}
+
+fn remove_file_if_there(p: &Path) -> Result<(), LayerError> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(p)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Removes what [`unreferenced`] lists, each layer with its record, and
+/// records whose layer is gone (a crash between the two removals); returns
+/// what it removed. Only for a caller holding the host lock (no staging is
+/// under way); never follows a symlink.
+pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
+    let removed = unreferenced(root)?;
+    for p in &removed {
+        // Staging dirs and probes go too: nothing else runs under the lock.
+        match fs::symlink_metadata(p).map_err(io_err(p))?.file_type() {
+            t if t.is_dir() => {
+                crate::remove::remove_tree(p).map_err(|e| io_err(p)(e.into_io()))?;
+                remove_file_if_there(&crate::integrity::record_path(p))?;
+            }
+            _ => fs::remove_file(p).map_err(io_err(p))?,
+        }
+    }
+    let dir = root.layers_dir();
+    if let Ok(rd) = fs::read_dir(&dir) {
+        for entry in rd {
+            let p = entry.map_err(io_err(&dir))?.path();
+            let layer = p.to_str().and_then(|s| s.strip_suffix(".files"));
+            if layer.is_some_and(|l| !Path::new(l).exists()) {
+                remove_file_if_there(&p)?;
+            }
+        }
+    }
     Ok(removed)
 }

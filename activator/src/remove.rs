@@ -196,20 +196,7 @@ mod tests {
         // 1,100 levels: std's remove_dir_all would hold 1,100 descriptors.
         let t = tempfile::tempdir().unwrap();
         let tree = t.path().join("deep");
-        std::fs::create_dir(&tree).unwrap();
-        let mut fd = open_dir(&CWD, tree.as_os_str().as_bytes()).unwrap();
-        for _ in 0..1100 {
-            rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
-            rustix::fs::openat(
-                &fd,
-                "f",
-                OFlags::CREATE | OFlags::WRONLY,
-                Mode::from_raw_mode(0o644),
-            )
-            .unwrap();
-            fd = open_dir(&fd, b"d").unwrap();
-        }
-        drop(fd);
+        kubeslot_test_support::host::deep_tree(&tree, 1100);
         // (the descriptor bound itself is tested under RLIMIT_NOFILE 1024 in
         // activator/tests/host.rs: this process's fd count moves with the
         // other tests' threads)

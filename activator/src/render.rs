@@ -1140,48 +1140,29 @@ pub fn diff(root: &Root, files: &HostFiles) -> Vec<FileDiff> {
             .ok()
             .map(|m| m.permissions().mode() & 0o7777);
         let shown = file.path.display().to_string();
-        if file.mode & 0o077 == 0 {
-            // A private file holds a credential (the bootstrap token, the
-            // exec credential's env): never shown, only whether it changes.
-            let changed =
-                old.as_deref() != Some(file.contents.as_str()) || old_mode != Some(file.mode);
-            out.push(FileDiff {
-                path: file.path.clone(),
-                diff: if changed {
-                    let from = if old.is_some() {
-                        format!("a/{shown}")
-                    } else {
-                        "/dev/null".to_string()
-                    };
-                    let mode = old_mode
-                        .filter(|m| *m != file.mode)
-                        .map_or(String::new(), |m| {
-                            format!("mode {m:04o} -> {:04o} {shown}\n", file.mode)
-                        });
-                    let what = if old.as_deref() == Some(file.contents.as_str()) {
-                        "contents unchanged"
-                    } else {
-                        SECRET_CHANGED
-                    };
-                    format!(
-                        "{mode}--- {from}\n+++ b/{shown}\n{what} ({} bytes, mode {:04o}; contents not shown)\n",
-                        file.contents.len(),
-                        file.mode
-                    )
-                } else {
-                    String::new()
-                },
-            });
-            continue;
-        }
-        let mut d = match &old {
-            Some(old) => unified(
-                old,
+        let from = if old.is_some() {
+            format!("a/{shown}")
+        } else {
+            "/dev/null".to_string()
+        };
+        let same_text = old.as_deref() == Some(file.contents.as_str());
+        let mut d = if file.mode & 0o077 != 0 {
+            unified(
+                old.as_deref().unwrap_or(""),
                 &file.contents,
-                &format!("a/{shown}"),
+                &from,
                 &format!("b/{shown}"),
-            ),
-            None => unified("", &file.contents, "/dev/null", &format!("b/{shown}")),
+            )
+        } else if same_text {
+            String::new()
+        } else {
+            // A private file holds a credential (the bootstrap token, the
+            // exec credential's env): never shown, only that it changes.
+            format!(
+                "--- {from}\n+++ b/{shown}\n{SECRET_CHANGED} ({} bytes, mode {:04o}; contents not shown)\n",
+                file.contents.len(),
+                file.mode
+            )
         };
         if let Some(m) = old_mode.filter(|m| *m != file.mode) {
             d.insert_str(0, &format!("mode {m:04o} -> {:04o} {shown}\n", file.mode));

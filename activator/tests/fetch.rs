@@ -22,7 +22,7 @@ use kubeslot_test_support::image::{
     big_layer, gzip_layer, key, sign, tag_entry, write_image, Built,
 };
 use kubeslot_test_support::tar::tar_of;
-use kubeslot_test_support::tools::skopeo_push;
+use kubeslot_test_support::tools::skopeo_push_with;
 use kubeslot_test_support::{free_port, require_tool, Registry};
 use p256::ecdsa::signature::Signer as _;
 use p256::ecdsa::{Signature, SigningKey};
@@ -171,10 +171,19 @@ fn small_image(dir: &Path, tag: &str, app: &[u8], signer: Option<&SigningKey>) -
 }
 
 fn push_all(layout: &Layout, reg: &Registry, repo: &str) {
-    let index = layout.index().unwrap();
-    for d in &index.manifests {
+    push_all_with(
+        layout,
+        &format!("{}/{repo}", reg.host()),
+        &["--dest-tls-verify=false"],
+    );
+}
+
+/// Every tag of `layout` to the repository `dest` (`host/repo`), with
+/// skopeo's destination options `opts` (credentials, TLS).
+fn push_all_with(layout: &Layout, dest: &str, opts: &[&str]) {
+    for d in &layout.index().unwrap().manifests {
         let tag = &d.annotations[ANNOTATION_REF_NAME];
-        skopeo_push(layout.dir(), tag, &format!("{}/{repo}", reg.host()));
+        skopeo_push_with(layout.dir(), tag, dest, opts);
     }
 }
 
@@ -663,28 +672,11 @@ fn basic_auth_with_a_password_file() {
     let work = tempfile::tempdir().unwrap();
     let k = key(5);
     let (layout, built) = small_image(&work.path().join("l"), "v1", b"auth\n", Some(&k));
-    let skopeo = require_tool("skopeo", "skopeo");
-    for d in layout.index().unwrap().manifests {
-        let tag = &d.annotations[ANNOTATION_REF_NAME];
-        let out = Command::new(&skopeo)
-            .args([
-                "copy",
-                "--all",
-                "--preserve-digests",
-                "--dest-tls-verify=false",
-                "-q",
-            ])
-            .args(["--dest-creds", "node:s3cret"])
-            .arg(format!("oci:{}:{tag}", layout.dir().display()))
-            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    push_all_with(
+        &layout,
+        &format!("{}/test/node", reg.host()),
+        &["--dest-tls-verify=false", "--dest-creds", "node:s3cret"],
+    );
     let image = format!("{}/test/node:v1", reg.host());
 
     let anonymous = Host::new(&[&k], false, no_registries());
@@ -1017,28 +1009,11 @@ fn bearer_token_auth_against_a_token_registry() {
 
     let k = key(7);
     let (layout, built) = small_image(&work.path().join("l"), "v1", b"bearer\n", Some(&k));
-    let skopeo = require_tool("skopeo", "skopeo");
-    for d in layout.index().unwrap().manifests {
-        let tag = &d.annotations[ANNOTATION_REF_NAME];
-        let out = Command::new(&skopeo)
-            .args([
-                "copy",
-                "--all",
-                "--preserve-digests",
-                "--dest-tls-verify=false",
-                "-q",
-            ])
-            .args(["--dest-creds", "node:s3cret"])
-            .arg(format!("oci:{}:{tag}", layout.dir().display()))
-            .arg(format!("docker://127.0.0.1:{port}/test/node:{tag}"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    push_all_with(
+        &layout,
+        &format!("127.0.0.1:{port}/test/node"),
+        &["--dest-tls-verify=false", "--dest-creds", "node:s3cret"],
+    );
     tokens.seen.lock().unwrap().clear();
 
     let host = Host::new(
@@ -1126,28 +1101,11 @@ fn credentials_never_follow_a_redirect_to_another_host() {
     let work = tempfile::tempdir().unwrap();
     let k = key(6);
     let (layout, _) = small_image(&work.path().join("l"), "v1", b"redirect\n", Some(&k));
-    let skopeo = require_tool("skopeo", "skopeo");
-    for d in layout.index().unwrap().manifests {
-        let tag = &d.annotations[ANNOTATION_REF_NAME];
-        let out = Command::new(&skopeo)
-            .args([
-                "copy",
-                "--all",
-                "--preserve-digests",
-                "--dest-tls-verify=false",
-                "-q",
-            ])
-            .args(["--dest-creds", "node:s3cret"])
-            .arg(format!("oci:{}:{tag}", layout.dir().display()))
-            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    push_all_with(
+        &layout,
+        &format!("{}/test/node", reg.host()),
+        &["--dest-tls-verify=false", "--dest-creds", "node:s3cret"],
+    );
     // Another host: records the request head it gets, answers 404.
     let capture = TcpListener::bind("127.0.0.1:0").unwrap();
     let elsewhere = format!("127.0.0.1:{}", capture.local_addr().unwrap().port());
@@ -1386,26 +1344,12 @@ fn a_private_ca_per_registry_makes_its_tls_trusted() {
     ));
     let k = key(9);
     let (layout, built) = small_image(&work.path().join("l"), "v1", b"tls\n", Some(&k));
-    let skopeo = require_tool("skopeo", "skopeo");
     // skopeo's cert dir: the CA only (a *.key there is a client key)
     let certs = work.path().join("certs");
     fs::create_dir(&certs).unwrap();
     fs::copy(&ca, certs.join("ca.crt")).unwrap();
-    for d in layout.index().unwrap().manifests {
-        let tag = &d.annotations[ANNOTATION_REF_NAME];
-        let out = Command::new(&skopeo)
-            .args(["copy", "--all", "--preserve-digests", "-q"])
-            .arg(format!("--dest-cert-dir={}", certs.display()))
-            .arg(format!("oci:{}:{tag}", layout.dir().display()))
-            .arg(format!("docker://{}/test/node:{tag}", reg.host()))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let cert_dir = format!("--dest-cert-dir={}", certs.display());
+    push_all_with(&layout, &format!("{}/test/node", reg.host()), &[&cert_dir]);
     let image = format!("{}/test/node:v1", reg.host());
     let host = Host::new(
         &[&k],

@@ -2781,26 +2781,6 @@ fn plans_reports_and_status_never_show_a_credential() {
     }
 }
 
-/// Writes a directory chain `depth` deep (one file per level) under `dir`,
-/// without ever holding more than one descriptor.
-fn deep_tree(dir: &Path, depth: usize) {
-    use rustix::fs::{Mode, OFlags, CWD};
-    fs::create_dir_all(dir).unwrap();
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
-    let mut fd = rustix::fs::openat(CWD, dir, flags, Mode::empty()).unwrap();
-    for _ in 0..depth {
-        rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
-        rustix::fs::openat(
-            &fd,
-            "f",
-            OFlags::CREATE | OFlags::WRONLY,
-            Mode::from_raw_mode(0o644),
-        )
-        .unwrap();
-        fd = rustix::fs::openat(&fd, "d", flags, Mode::empty()).unwrap();
-    }
-}
-
 /// A node that wrote a tree deeper than the activator's open-file limit
 /// into each slot: two flips (one into each slot), run under
 /// `RLIMIT_NOFILE` 1024, still succeed, and leave no staging directory.
@@ -2822,7 +2802,7 @@ fn flips_succeed_over_trees_deeper_than_the_fd_limit() {
                 "copy" => root.machine_tree(slot.machine()).join("var/lib/deep"),
                 _ => kubeslot_activator::overlay::upper_dir(&root, slot).join("var/lib/deep"),
             };
-            deep_tree(&written, 1100);
+            kubeslot_test_support::host::deep_tree(&written, 1100);
         }
         for v in ["v4", "v1"] {
             h.set_config(v, serde_json::json!({}));

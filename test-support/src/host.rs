@@ -128,3 +128,17 @@ const FAKE_SYSTEMD_MODULES_LOAD: &str = r#"#!/bin/sh
 root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$root/var/log" && echo "systemd-modules-load $*" >>"$root/var/log/kubeslot-fake-tools.log"
 "#;
+
+/// A directory chain `depth` levels deep under `dir` (`d/d/d/…`, one empty
+/// file `f` per level): what a node may write, deeper than a process's
+/// open-file limit. Built by path (about 2 bytes per level, within
+/// `PATH_MAX` for the depths tests use).
+pub fn deep_tree(dir: &Path, depth: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut p = dir.to_path_buf();
+    for _ in 0..depth {
+        std::fs::write(p.join("f"), b"").unwrap();
+        p.push("d");
+        std::fs::create_dir(&p).unwrap();
+    }
+}

@@ -43,13 +43,16 @@ pub fn skopeo(args: &[&str]) -> String {
 /// repository `dest` (`host/repo`) under the same tag, every platform and
 /// digest kept, over plain HTTP.
 pub fn skopeo_push(layout: &Path, tag: &str, dest: &str) {
-    skopeo(&[
-        "copy",
-        "--all",
-        "--preserve-digests",
-        "--dest-tls-verify=false",
-        "-q",
-        &format!("oci:{}:{tag}", layout.display()),
-        &format!("docker://{dest}:{tag}"),
-    ]);
+    skopeo_push_with(layout, tag, dest, &["--dest-tls-verify=false"]);
+}
+
+/// [`skopeo_push`] with other destination options (`--dest-creds U:P`,
+/// `--dest-cert-dir DIR`, ...) instead of plain HTTP.
+pub fn skopeo_push_with(layout: &Path, tag: &str, dest: &str, dest_opts: &[&str]) {
+    let src = format!("oci:{}:{tag}", layout.display());
+    let dst = format!("docker://{dest}:{tag}");
+    let mut args = vec!["copy", "--all", "--preserve-digests", "-q"];
+    args.extend_from_slice(dest_opts);
+    args.extend([src.as_str(), dst.as_str()]);
+    skopeo(&args);
 }
