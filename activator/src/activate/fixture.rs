@@ -1,0 +1,438 @@
+//! Test fixtures of the flip engine: a recording fake of the systemd trait,
+//! one-layer test images in an OCI layout, and a host root with a config.
+
+use super::*;
+use kubeslot_image::oci::Platform;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read as _, Write as _};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::{
+    Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
+    MEDIA_TYPE_MANIFEST,
+};
+
+/// Records every call; a started machine is healthy unless its tree's
+/// `etc/fixture-health` says otherwise; the kubelet endpoint is served
+/// by a thread answering from `healthy`.
+pub(super) struct Fake {
+    pub(super) root: Root,
+    pub(super) calls: RefCell<Vec<String>>,
+    pub(super) active: RefCell<BTreeSet<String>>,
+    pub(super) healthy: Arc<AtomicBool>,
+    pub(super) fail_stop: bool,
+    pub(super) fail_start: bool,
+    pub(super) gpu_visible: bool,
+    /// Machines machined knows that no unit of ours started.
+    pub(super) foreign: RefCell<BTreeSet<String>>,
+}
+
+pub(super) fn machine_of(unit: &str) -> Option<&str> {
+    unit.strip_prefix("systemd-nspawn@")?
+        .strip_suffix(".service")
+}
+
+impl Fake {
+    pub(super) fn new(root: &Root) -> (Fake, String) {
+        let healthy = Arc::new(AtomicBool::new(false));
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/healthz", l.local_addr().unwrap());
+        let h = healthy.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { continue };
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf);
+                let answer: &[u8] = if h.load(Ordering::SeqCst) {
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                } else {
+                    b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
+                };
+                let _ = s.write_all(answer);
+            }
+        });
+        let fake = Fake {
+            root: root.clone(),
+            calls: RefCell::default(),
+            active: RefCell::default(),
+            healthy,
+            fail_stop: false,
+            fail_start: false,
+            gpu_visible: true,
+            foreign: RefCell::default(),
+        };
+        (fake, url)
+    }
+
+    pub(super) fn calls(&self) -> Vec<String> {
+        self.calls.borrow().clone()
+    }
+
+    /// `Where=` and `Options=` of an installed mount unit.
+    pub(super) fn mount_of(&self, unit: &str) -> (String, String) {
+        let text = std::fs::read_to_string(self.root.systemd_system_dir().join(unit)).unwrap();
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .unwrap()
+                .to_string()
+        };
+        (field("Where="), field("Options="))
+    }
+
+    pub(super) fn failed(&self, command: &str) -> SystemdError {
+        SystemdError::Failed {
+            command: command.into(),
+            status: "exit status: 1".into(),
+            stderr: "fake failure".into(),
+        }
+    }
+}
+
+impl Drop for Fake {
+    /// No overlay stays mounted in a removed temp dir.
+    fn drop(&mut self) {
+        for unit in self
+            .active
+            .borrow()
+            .iter()
+            .filter(|u| u.ends_with(".mount"))
+        {
+            let (target, _) = self.mount_of(unit);
+            let _ = std::process::Command::new("umount").arg(&target).status();
+        }
+    }
+}
+
+impl Systemd for Fake {
+    fn daemon_reload(&self) -> Result<(), SystemdError> {
+        self.calls.borrow_mut().push("daemon-reload".into());
+        Ok(())
+    }
+
+    fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        self.calls.borrow_mut().push(format!("start {unit}"));
+        if unit.ends_with(".mount") {
+            // A real mount of what the unit says (overlay slots).
+            let (target, options) = self.mount_of(unit);
+            if !self.active.borrow().contains(unit) {
+                let ok = std::process::Command::new("mount")
+                    .args(["-t", "overlay", "overlay", "-o", &options])
+                    .arg(&target)
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok, "mount {unit}");
+                self.active.borrow_mut().insert(unit.into());
+            }
+            return Ok(());
+        }
+        if self.fail_start {
+            return Err(self.failed(&format!("systemctl start {unit}")));
+        }
+        let machine = unit
+            .trim_start_matches("systemd-nspawn@")
+            .trim_end_matches(".service");
+        let health =
+            std::fs::read_to_string(self.root.machine_tree(machine).join("etc/fixture-health"))
+                .unwrap_or_default();
+        self.healthy.store(health == "healthy", Ordering::SeqCst);
+        self.active.borrow_mut().insert(unit.into());
+        Ok(())
+    }
+
+    fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        self.calls.borrow_mut().push(format!("stop {unit}"));
+        if unit.ends_with(".mount") {
+            if self.active.borrow_mut().remove(unit) {
+                let (target, _) = self.mount_of(unit);
+                let ok = std::process::Command::new("umount")
+                    .arg(&target)
+                    .status()
+                    .unwrap()
+                    .success();
+                assert!(ok, "umount {unit}");
+            }
+            return Ok(());
+        }
+        if self.fail_stop {
+            return Err(self.failed(&format!("systemctl stop {unit}")));
+        }
+        if self.active.borrow_mut().remove(unit) {
+            self.healthy.store(false, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
+        Ok(self.active.borrow().contains(unit))
+    }
+
+    /// Makes (removes) the link a real `systemctl enable` makes for a
+    /// node machine's unit.
+    fn enable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.calls.borrow_mut().push(format!("enable {unit}"));
+        if let Some(m) = machine_of(unit) {
+            let link = self.root.machine_wants_link(m);
+            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+            let _ = std::os::unix::fs::symlink("/lib/systemd/system/systemd-nspawn@.service", link);
+        }
+        Ok(())
+    }
+
+    fn disable(&self, unit: &str) -> Result<(), SystemdError> {
+        self.calls.borrow_mut().push(format!("disable {unit}"));
+        if let Some(m) = machine_of(unit) {
+            let _ = std::fs::remove_file(self.root.machine_wants_link(m));
+        }
+        Ok(())
+    }
+
+    fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError> {
+        Ok(self.foreign.borrow().contains(machine)
+            || self
+                .active
+                .borrow()
+                .contains(&format!("systemd-nspawn@{machine}.service")))
+    }
+
+    fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
+        self.calls
+            .borrow_mut()
+            .push(format!("run {machine} {}", argv.join(" ")));
+        Ok(self.gpu_visible)
+    }
+}
+
+pub(super) fn tar_gz(files: &[(&str, &[u8])]) -> (Vec<u8>, Digest) {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    let tar = b.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    (gz.finish().unwrap(), Digest::of(&tar))
+}
+
+/// A one-layer image tagged `t` in the layout at `dir` (created, or
+/// retagged when it exists); its machine is `health`.
+pub(super) fn image(dir: &Path, health: &str) -> Digest {
+    image_with(dir, health, "")
+}
+
+/// [`image`] with `etc/version` holding `version` (a distinct image
+/// with the same health).
+pub(super) fn image_with(dir: &Path, health: &str, version: &str) -> Digest {
+    image_created(dir, health, version, None)
+}
+
+/// [`image_with`] whose config says it was `created` then.
+pub(super) fn image_created(
+    dir: &Path,
+    health: &str,
+    version: &str,
+    created: Option<&str>,
+) -> Digest {
+    let layout = if dir.join("index.json").exists() {
+        Layout::open(dir).unwrap()
+    } else {
+        Layout::create(dir).unwrap()
+    };
+    let (blob, diff_id) = tar_gz(&[
+        ("etc/fixture-health", health.as_bytes()),
+        ("etc/version", version.as_bytes()),
+    ]);
+    let layer = layout.blobs().put_bytes(&blob).unwrap();
+    let mut config = serde_json::json!({
+        "architecture": Platform::host().architecture, "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    });
+    if let Some(c) = created {
+        config["created"] = c.into();
+    }
+    let config = serde_json::to_vec(&config).unwrap();
+    let cd = layout.blobs().put_bytes(&config).unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
+        "config": Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
+        "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
+    }))
+    .unwrap();
+    let md = layout.blobs().put_bytes(&manifest).unwrap();
+    let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, md, manifest.len() as u64);
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.into(), "t".into());
+    layout
+        .write_index(&Index {
+            schema_version: 2,
+            media_type: Some(MEDIA_TYPE_INDEX.into()),
+            manifests: vec![desc],
+            annotations: Default::default(),
+        })
+        .unwrap();
+    md
+}
+
+pub(super) struct Setup {
+    pub(super) _dir: tempfile::TempDir,
+    pub(super) root: Root,
+    pub(super) config: PathBuf,
+}
+
+pub(super) fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake, Digest) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Root::new(dir.path().join("root"));
+    // a host preflight passes once the sysctl drop-in is applied
+    kubeslot_test_support::fake_host(root.dir());
+    let digest = image(&dir.path().join("img"), health);
+    let (fake, served) = Fake::new(&root);
+    let config = dir.path().join("activator.json");
+    std::fs::write(
+        &config,
+        serde_json::to_vec(&serde_json::json!({
+            "image": format!("oci:{}", dir.path().join("img").display()),
+            "trust": {"allow_unsigned": true},
+            "kubelet": {
+                "api_server": "https://10.0.0.1:6443",
+                "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                "bootstrap_token": "abcdef.0123456789abcdef",
+                "node_name": "node-a",
+            },
+            "gpu": gpu,
+            "nameservers": ["192.0.2.53"],
+            "health": {"timeout_secs": 1, "successes": 2, "interval_ms": 20,
+                       "kubelet_healthz_url": url.unwrap_or(&served)},
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    (
+        Setup {
+            _dir: dir,
+            root,
+            config,
+        },
+        fake,
+        digest,
+    )
+}
+
+pub(super) fn run(s: &Setup, fake: &Fake) -> Report {
+    run_opts(s, fake, Options::default())
+}
+
+pub(super) fn run_opts(s: &Setup, fake: &Fake, opts: Options) -> Report {
+    let ran = activate(&s.root, &s.config, fake, &opts);
+    ran.saved.unwrap();
+    ran.report
+}
+
+/// Watches `path` for opens (inotify); [`opens`] counts them.
+pub(super) fn watch_opens(path: &Path) -> rustix::fd::OwnedFd {
+    use rustix::fs::inotify;
+    let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+    // Close events too: the kernel merges identical consecutive unread
+    // events, so two opens in a row would count as one.
+    inotify::add_watch(
+        &fd,
+        path,
+        inotify::WatchFlags::OPEN | inotify::WatchFlags::CLOSE_NOWRITE,
+    )
+    .unwrap();
+    fd
+}
+
+pub(super) fn opens(fd: &rustix::fd::OwnedFd) -> usize {
+    use rustix::fs::inotify;
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut reader = inotify::Reader::new(fd, &mut buf);
+    let mut n = 0;
+    while let Ok(e) = reader.next() {
+        if e.events().contains(inotify::ReadFlags::OPEN) {
+            n += 1;
+        }
+    }
+    n
+}
+
+pub(super) fn archive_of(layout: &Path) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", layout).unwrap();
+    b.into_inner().unwrap()
+}
+
+/// The tree of `machine` as path -> contents (files only).
+pub(super) fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().display().to_string();
+                out.insert(rel, std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Sets `trust.identity` in the setup's config: its images have an
+/// identity, so commits record releases.
+pub(super) fn with_identity(s: &Setup) {
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&s.config).unwrap()).unwrap();
+    c["trust"]["identity"] = "registry.example/org/node".into();
+    std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
+}
+
+pub(super) fn img_dir(s: &Setup) -> PathBuf {
+    s._dir.path().join("img")
+}
+
+pub(super) fn activate_with(s: &Setup, fake: &Fake, allow_downgrade: bool) -> Report {
+    run_opts(
+        s,
+        fake,
+        Options {
+            allow_downgrade,
+            ..Options::default()
+        },
+    )
+}
+
+/// Re-tags the layout's `t` as a new index that wraps the manifest `t`
+/// names now (a different top-level digest, the same signed manifest).
+pub(super) fn rewrap_in_index(dir: &Path, note: &str) -> Digest {
+    let layout = Layout::open(dir).unwrap();
+    let mut index = layout.index().unwrap();
+    let mut manifest = index.manifests[0].clone();
+    manifest.annotations.clear();
+    manifest.platform = Some(Platform::host());
+    let mut inner = serde_json::json!({
+        "schemaVersion": 2, "mediaType": MEDIA_TYPE_INDEX, "manifests": [manifest],
+    });
+    inner["annotations"] = serde_json::json!({ "note": note });
+    let bytes = serde_json::to_vec(&inner).unwrap();
+    let digest = layout.blobs().put_bytes(&bytes).unwrap();
+    let mut desc = Descriptor::new(MEDIA_TYPE_INDEX, digest, bytes.len() as u64);
+    desc.annotations
+        .insert(ANNOTATION_REF_NAME.into(), "t".into());
+    index.manifests = vec![desc];
+    layout.write_index(&index).unwrap();
+    digest
+}

@@ -1,0 +1,100 @@
+//! Recovery of what a dead run left: a prepared flip set aside, a trying
+//! flip committed when its machine passes the gate now (else rolled back:
+//! the one try was used), a dirty slot emptied.
+
+use crate::health::{self, Check, Failure, Gate};
+use crate::render::{self};
+use crate::slot::Slot;
+use crate::state::{Pending, PendingPhase, SlotState, SlotStatus, State};
+
+use super::flip::image_name;
+use super::{fallback_health, load_slot_config, ActivateError, Run};
+
+impl Run<'_> {
+    /// Finishes or undoes what a dead run left; returns what it did.
+    pub(super) fn recover(&self, state: &mut State) -> Result<Option<String>, ActivateError> {
+        let mut done = Vec::new();
+        if let Some(p) = state.pending.clone() {
+            match p.phase {
+                PendingPhase::Prepared => {
+                    // No machine was touched: set it aside. The slot stays
+                    // staged and the plan reuses it.
+                    state.pending = None;
+                    self.save(state)?;
+                    done.push(format!(
+                        "set aside a prepared flip to {} ({}) of a dead run",
+                        p.to,
+                        image_name(p.digest)
+                    ));
+                }
+                PendingPhase::Trying => done.push(self.recover_try(state, &p)?),
+            }
+        }
+        for slot in Slot::ALL {
+            if state.slot(slot).status == SlotStatus::Dirty {
+                *state.slot_mut(slot) = SlotState::default();
+                self.save(state)?;
+                done.push(format!(
+                    "{slot} was left dirty by a dead run; emptied (restaged when needed)"
+                ));
+            }
+        }
+        Ok((!done.is_empty()).then(|| done.join("; ")))
+    }
+
+    /// A dead run was trying `p`: commit it when its machine is up and
+    /// healthy now, otherwise roll back (the try is used up).
+    pub(super) fn recover_try(
+        &self,
+        state: &mut State,
+        p: &Pending,
+    ) -> Result<String, ActivateError> {
+        let (gate, gpu) = match load_slot_config(self.root, p.to) {
+            Ok(c) => {
+                let gpu = render::gather(self.root, &c)
+                    .map(|f| f.gpu.devices)
+                    .unwrap_or_default();
+                (Gate::on_host(&c.health, self.root), gpu)
+            }
+            Err(_) => (
+                Gate::on_host(&fallback_health(self.root), self.root),
+                Vec::new(),
+            ),
+        };
+        let verdict = if self.systemd.is_active(&p.to.unit())? {
+            health::wait_healthy(self.systemd, p.to, &gate, &gpu)
+        } else {
+            Err(Failure {
+                machine: p.to.machine().to_string(),
+                check: Check::UnitActive,
+                detail: "not running after the run trying it died".into(),
+            })
+        };
+        match verdict {
+            Ok(()) => {
+                self.commit(state, p)?;
+                Ok(format!(
+                    "finished a dead run's flip to {} ({}): healthy, committed",
+                    p.to,
+                    image_name(p.digest)
+                ))
+            }
+            Err(failure) => {
+                let what = format!(
+                    "rolled back a dead run's flip to {} ({}): {failure}",
+                    p.to,
+                    image_name(p.digest)
+                );
+                match self.roll_back(state, p, failure) {
+                    Err(ActivateError::RolledBack {
+                        old_failure: Some(f),
+                        ..
+                    }) => Ok(format!("{what}; the old machine is not healthy: {f}")),
+                    Err(ActivateError::RolledBack { .. }) => Ok(what),
+                    Err(e) => Err(e),
+                    Ok(()) => Ok(what),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `rollback`: back to the previous slot through the same gate, without
+//! downloading; refused when that slot's tree is not what was committed
+//! away from (its fingerprint, and for copied trees its recorded files).
+
+use crate::failpoint;
+use crate::fingerprint::{self};
+use crate::health::Gate;
+use crate::lock::Lock;
+use crate::overlay::{self};
+use crate::paths::Root;
+use crate::plan::{self};
+use crate::render::{self};
+use crate::report::{Outcome, Report};
+use crate::slot::Slot;
+use crate::state::{FlipKind, Pending, PendingPhase, State};
+use crate::systemd::Systemd;
+
+use super::{busy, fallback_health, finish, load_slot_config, ActivateError, Ran, Run};
+
+/// `rollback`: back to the previous slot, without downloading, through the
+/// same gate; the image rolled away from is marked bad.
+pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
+    rollback_with(root, systemd, false)
+}
+
+/// [`rollback`]; with `clean`, the previous slot (an overlay slot) first
+/// loses everything its machine wrote (a fresh upper dir), so it starts as
+/// exactly its verified image.
+pub fn rollback_with(root: &Root, systemd: &dyn Systemd, clean: bool) -> Ran {
+    rollback_opts(root, systemd, clean, false)
+}
+
+/// [`rollback_with`]; with `force`, a copied previous slot whose
+/// image-owned files changed is started anyway.
+pub fn rollback_opts(root: &Root, systemd: &dyn Systemd, clean: bool, force: bool) -> Ran {
+    let mut report = Report::new("rollback");
+    let lock = match Lock::try_exclusive(root) {
+        Ok(l) => l,
+        Err(e) => return busy(report, e),
+    };
+    failpoint::hit("after-lock");
+    let result = run_rollback(root, systemd, clean, force, &mut report);
+    finish(root, report, result, lock)
+}
+
+pub(super) fn run_rollback(
+    root: &Root,
+    systemd: &dyn Systemd,
+    clean: bool,
+    force: bool,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    let run = Run::new(root, systemd);
+    report.phase("recover");
+    let mut state = State::load_repairing(root)?;
+    report.previous_slot = state.active;
+    report.recovered = run.recover(&mut state)?;
+    failpoint::hit("after-recover");
+    run.ensure_enabled(state.active)?;
+
+    report.phase("plan");
+    let rb = plan::rollback(&state)?;
+    report.slot = Some(rb.to);
+    report.digest = rb.digest;
+    if run.running(rb.to)? {
+        return Err(ActivateError::MachineRunning {
+            machine: rb.to,
+            why: format!(" beside the committed node {}", rb.from),
+        });
+    }
+    if overlay::is_overlay(root, rb.to) {
+        if clean {
+            // Only the upper goes: the lowers are the verified layers.
+            overlay::clean(root, systemd, rb.to)?;
+        } else {
+            // Mounted again (a reboot leaves an unused slot unmounted).
+            systemd.start(&root.mount_unit(rb.to.machine()))?;
+        }
+    } else if clean {
+        return Err(ActivateError::CleanNeedsOverlay { slot: rb.to });
+    }
+    if !clean {
+        // The tree must still be what it was when its machine was stopped
+        // and committed away from: nothing is downloaded to repair it.
+        fingerprint::check(root, rb.to.machine(), rb.digest).map_err(|e| {
+            ActivateError::NotIntact {
+                slot: rb.to,
+                reason: format!(
+                    "refusing to start it: {}; the running machine is untouched",
+                    kubeslot_image::error_chain(&e)
+                ),
+            }
+        })?;
+        // And file by file (copied slots): what the image installed is
+        // still what it installed, outside the paths a node writes.
+        if !force && !overlay::is_overlay(root, rb.to) {
+            image_files_intact(root, rb.to)?;
+        }
+    }
+    let adopted = state.slot(rb.to).adopted;
+    let (gate, gpu) = if adopted {
+        // The tree and its host files are the other tool's, kept as they
+        // were: nothing is rendered.
+        (Gate::on_host(&fallback_health(root), root), Vec::new())
+    } else {
+        // The slot runs with the config it was activated with; only the
+        // device binds may differ, so its files are re-rendered from it.
+        report.phase("render");
+        let config = load_slot_config(root, rb.to)?;
+        report.image = Some(config.image.to_string());
+        let facts = render::gather(root, &config)?;
+        let files = render::render(&config, rb.to, &facts);
+        run.write_files(&files)?;
+        (Gate::on_host(&config.health, root), facts.gpu.devices)
+    };
+    state.pending = Some(Pending {
+        kind: FlipKind::Rollback,
+        phase: PendingPhase::Prepared,
+        to: rb.to,
+        digest: rb.digest,
+        from: Some(rb.from),
+        inputs: state.slot(rb.to).inputs.clone().unwrap_or_default(),
+        release: None,
+    });
+    state.save(root)?;
+    failpoint::hit("after-pending");
+    run.try_flip(&mut state, &gate, &gpu, report)?;
+    report.outcome = Some(Outcome::Committed);
+    Ok(())
+}
+
+/// Where a node writes: changes there are its state, not the image's.
+const NODE_WRITES: [&str; 5] = ["var", "tmp", "run", "root", "home"];
+/// Image files a booting node rewrites by design: systemd writes the
+/// machine id at first boot.
+const NODE_REWRITES: [&str; 1] = ["etc/machine-id"];
+
+/// A copied slot's image-owned files (outside [`NODE_WRITES`]) are what
+/// was installed, per its record; no record (an adopted tree, a slot from
+/// an earlier version) is nothing to check.
+pub(super) fn image_files_intact(root: &Root, slot: Slot) -> Result<(), ActivateError> {
+    let Ok(record) = crate::integrity::load(&root.slot_files_record(slot.machine())) else {
+        return Ok(());
+    };
+    let tree = root.machine_tree(slot.machine());
+    let changed: Vec<_> = crate::integrity::check(&tree, &record)
+        .map_err(|e| ActivateError::NotIntact {
+            slot,
+            reason: format!("checking its files: {e}"),
+        })?
+        .into_iter()
+        // Entries the image did not have (nspawn's bind mount points, what
+        // the node created) are not image files; changed and missing ones are.
+        .filter(|m| m.what != "added")
+        .filter(|m| !NODE_WRITES.contains(&m.path.split('/').next().unwrap_or("")))
+        .filter(|m| !NODE_REWRITES.contains(&m.path.as_str()))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<String> = changed
+        .iter()
+        .take(10)
+        .map(|m| format!("/{} ({})", m.path, m.what))
+        .collect();
+    Err(ActivateError::NotIntact {
+        slot,
+        reason: format!(
+            "refusing to start it: {} image file(s) changed since it was installed: {}{}; the running machine is untouched (rollback --force starts it anyway)",
+            changed.len(),
+            shown.join(", "),
+            if changed.len() > 10 { ", ..." } else { "" }
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::activate::fixture::*;
+
+    #[test]
+    fn rollback_to_an_older_release_is_always_allowed() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        with_identity(&s);
+        let old = image_created(&img_dir(&s), "healthy", "1", Some("2026-11-01T00:00:00Z"));
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let new = image_created(&img_dir(&s), "healthy", "2", Some("2026-11-02T00:00:00Z"));
+        assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+        let ran = rollback(&s.root, &fake);
+        assert_eq!(
+            ran.report.outcome,
+            Some(Outcome::Committed),
+            "{:?}",
+            ran.report
+        );
+        let state = State::load(&s.root).unwrap();
+        assert_eq!(state.slot(state.active.unwrap()).digest, Some(old));
+        assert_eq!(state.releases["registry.example/org/node"].digest, new);
+    }
+}
