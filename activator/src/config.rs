@@ -5,13 +5,16 @@
 //! Unknown fields are refused (a typo must not silently turn a setting off).
 //! Relationships serde cannot express (exactly one kubelet credential, an
 //! https API server) are checked in [`Config::validate`], and every error
-//! names the file and the field.
+//! names the file and the field; the values that end up in rendered files
+//! (labels, taints, node name, mirrors) by [`node::check`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
+
+pub mod node;
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
@@ -605,7 +608,11 @@ impl Config {
         if self.download.deadline_secs == 0 {
             return Err(invalid("download.deadline_secs", "must be positive"));
         }
-        Ok(())
+        node::check(self).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: e.field,
+            reason: format!("{:?} {}", e.value, e.reason),
+        })
     }
 }
 

@@ -28,7 +28,10 @@ use std::path::{Path, PathBuf};
 
 use kubeslot_image::atomic::{self, AtomicError};
 
+use crate::config::node::{self, check_node_name};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
+
+pub use crate::config::node::registry_mirrors;
 use crate::gpu::{self, GpuBinds, GpuError};
 use crate::paths::{self, host, host_files, machine as inside, Root};
 use crate::slot::Slot;
@@ -144,12 +147,12 @@ pub enum RenderError {
 // ---------------------------------------------------------------------------
 // gather
 
-/// Reads the host facts rendering needs, and checks the parts of the config
-/// that end up in rendered files (labels, taints, node name, DNS addresses).
-/// Errors: an unreadable or non-PEM CA, `gpu: "on"` without GPUs, a missing
-/// extra device, only stub resolvers.
+/// Reads the host facts rendering needs and checks those that end up in
+/// rendered files (the host name as a node name, DNS addresses, bind
+/// paths); the config's own values were checked when it was loaded
+/// (`config::node`). Errors: an unreadable or non-PEM CA, `gpu: "on"`
+/// without GPUs, a missing extra device, only stub resolvers.
 pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
-    check_kubelet(config)?;
     let hostname = match &config.kubelet.node_name {
         Some(_) => read_hostname(root).unwrap_or_default(),
         None => read_hostname(root)?,
@@ -158,7 +161,8 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         check_node_name(
             "host name (set kubelet.node_name instead)",
             &hostname.to_lowercase(),
-        )?;
+        )
+        .map_err(RenderError::from)?;
     }
     let nameservers = nameservers(root, config)?;
     let ca_pem = read_ca(root, config)?;
@@ -212,45 +216,6 @@ fn read_registry_cas(
         out.insert(registry, ensure_newline(pem));
     }
     Ok(out)
-}
-
-/// The registry mirrors containerd gets: `containerd.registry_mirrors` when
-/// set, else every `registries` entry with mirrors (what the activator
-/// itself uses for the node image), each mirror speaking plain HTTP when the
-/// activator would (its own `registries` entry says `insecure`, or it is a
-/// loopback address).
-pub fn registry_mirrors(config: &Config) -> BTreeMap<String, RegistryMirror> {
-    if let Some(m) = &config.containerd.registry_mirrors {
-        return m.clone();
-    }
-    config
-        .registries
-        .iter()
-        .filter(|(_, r)| !r.mirrors.is_empty())
-        .map(|(host, r)| {
-            let mirrors = r
-                .mirrors
-                .iter()
-                .map(|m| {
-                    if m.contains("://") {
-                        return m.clone();
-                    }
-                    let name = m.split('/').next().unwrap_or(m);
-                    let plain = kubeslot_image::registry::is_loopback(name)
-                        || config.registries.get(name).is_some_and(|r| r.insecure);
-                    format!("{}://{m}", if plain { "http" } else { "https" })
-                })
-                .collect();
-            (
-                host.clone(),
-                RegistryMirror {
-                    mirrors,
-                    insecure: false,
-                    ca_file: None,
-                },
-            )
-        })
-        .collect()
 }
 
 fn read_hostname(root: &Root) -> Result<String, RenderError> {
@@ -356,180 +321,22 @@ fn nameservers(root: &Root, config: &Config) -> Result<Vec<String>, RenderError>
     Ok(real)
 }
 
+impl From<node::Invalid> for RenderError {
+    fn from(e: node::Invalid) -> Self {
+        RenderError::Invalid {
+            field: e.field,
+            value: e.value,
+            reason: e.reason,
+        }
+    }
+}
+
 fn invalid(field: &'static str, value: &str, reason: &str) -> RenderError {
     RenderError::Invalid {
         field,
         value: value.to_string(),
         reason: reason.to_string(),
     }
-}
-
-/// Node name rule: a lowercase DNS subdomain (what the API server accepts).
-fn check_node_name(field: &'static str, name: &str) -> Result<(), RenderError> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            field,
-            name,
-            "is not a lowercase DNS name (a-z, 0-9, '-', '.')",
-        ))
-    }
-}
-
-/// Label keys/values and taint parts end up in a systemd `Environment=`
-/// line, so they are held to the Kubernetes character set (no spaces,
-/// quotes, `%` or `$`).
-fn is_label_text(s: &str, allow_slash: bool) -> bool {
-    s.len() <= 316
-        && s.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || b == b'-'
-                || b == b'_'
-                || b == b'.'
-                || (allow_slash && b == b'/')
-        })
-}
-
-/// Labels in the `kubernetes.io`/`k8s.io` namespaces that a kubelet may set
-/// on its own node (`k8s.io/kubelet/pkg/apis`, `IsKubeletLabel`); any other
-/// label there makes the kubelet refuse to start, which would only show as a
-/// failed health gate.
-const KUBELET_LABELS: &[&str] = &[
-    "kubernetes.io/hostname",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "beta.kubernetes.io/arch",
-    "beta.kubernetes.io/instance-type",
-    "node.kubernetes.io/instance-type",
-    "topology.kubernetes.io/region",
-    "topology.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone",
-];
-const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kubernetes.io"];
-
-fn kubelet_may_set(key: &str) -> bool {
-    let Some((ns, _)) = key.split_once('/') else {
-        return true;
-    };
-    let in_ns = |n: &str| ns == n || ns.ends_with(&format!(".{n}"));
-    if !in_ns("kubernetes.io") && !in_ns("k8s.io") {
-        return true;
-    }
-    KUBELET_LABELS.contains(&key) || KUBELET_LABEL_NAMESPACES.iter().any(|n| in_ns(n))
-}
-
-fn check_kubelet(config: &Config) -> Result<(), RenderError> {
-    let k = &config.kubelet;
-    if let Some(name) = &k.node_name {
-        check_node_name("kubelet.node_name", name)?;
-    }
-    for (key, value) in &k.labels {
-        if key.is_empty() || !is_label_text(key, true) {
-            return Err(invalid(
-                "kubelet.labels",
-                key,
-                "is not a label key (a-z, A-Z, 0-9, '-', '_', '.', '/')",
-            ));
-        }
-        if !kubelet_may_set(key) {
-            return Err(invalid(
-                "kubelet.labels",
-                key,
-                "is in the kubernetes.io/k8s.io namespace, which a kubelet may not set on its node \
-                 (allowed there: node.kubernetes.io/*, kubelet.kubernetes.io/*, topology.kubernetes.io/zone|region, ...)",
-            ));
-        }
-        if !is_label_text(value, false) {
-            return Err(invalid(
-                "kubelet.labels",
-                value,
-                "is not a label value (a-z, A-Z, 0-9, '-', '_', '.')",
-            ));
-        }
-    }
-    for taint in &k.taints {
-        let ok = taint.rsplit_once(':').is_some_and(|(kv, effect)| {
-            let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
-            matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute")
-                && !key.is_empty()
-                && is_label_text(key, true)
-                && is_label_text(value, false)
-        });
-        if !ok {
-            return Err(invalid(
-                "kubelet.taints",
-                taint,
-                "is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute",
-            ));
-        }
-    }
-    for dns in &k.cluster_dns {
-        if dns.parse::<IpAddr>().is_err() {
-            return Err(invalid("kubelet.cluster_dns", dns, "is not an IP address"));
-        }
-    }
-    check_node_name("kubelet.cluster_domain", &k.cluster_domain)?;
-    if let Some(ips) = &k.node_ip {
-        let parsed: Vec<Option<IpAddr>> = ips.split(',').map(|ip| ip.parse().ok()).collect();
-        let ok = match parsed[..] {
-            [Some(_)] => true,
-            [Some(a), Some(b)] => a.is_ipv4() != b.is_ipv4(),
-            _ => false,
-        };
-        if !ok {
-            return Err(invalid(
-                "kubelet.node_ip",
-                ips,
-                "is not an IP address, or an IPv4 and an IPv6 address separated by a comma",
-            ));
-        }
-    }
-    for (registry, m) in registry_mirrors(config) {
-        // registry and mirror names end up in TOML strings and directory names
-        let host_ok = |h: &str| {
-            !h.is_empty()
-                && h.bytes().all(|b| {
-                    b.is_ascii_alphanumeric()
-                        || matches!(b, b'.' | b'-' | b':' | b'_' | b'[' | b']')
-                })
-        };
-        if !host_ok(&registry) {
-            return Err(invalid(
-                "containerd.registry_mirrors",
-                &registry,
-                "is not a registry host[:port]",
-            ));
-        }
-        for mirror in &m.mirrors {
-            let rest = mirror
-                .strip_prefix("https://")
-                .or_else(|| mirror.strip_prefix("http://"))
-                .unwrap_or(mirror);
-            let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-            let path_ok = path
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'-' | b'_'));
-            if !host_ok(host) || !path_ok || (mirror.contains("://") && !mirror.starts_with("http"))
-            {
-                return Err(invalid(
-                    "containerd.registry_mirrors",
-                    mirror,
-                    "is not a mirror: host[:port][/path] or an http:// or https:// URL",
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Paths go into `Bind=`/`DeviceAllow=` lines unquoted: no `:` (the bind
@@ -1298,36 +1105,9 @@ mod tests {
     }
 
     #[test]
-    fn label_and_taint_syntax() {
-        assert!(is_label_text("node.kubernetes.io/role", true));
-        assert!(!is_label_text("a b", true));
-        assert!(!is_label_text("50%", false));
-        assert!(check_node_name("n", "Node-1").is_err());
-        assert!(check_node_name("n", "node-1.example").is_ok());
+    fn bind_path_syntax() {
         assert!(check_bind_path("d", "/dev/a:b").is_err());
         assert!(check_bind_path("d", "/dev/nvidia-caps/nvidia-cap1").is_ok());
         assert!(check_bind_path("d", "/dev/../etc").is_err());
-    }
-
-    #[test]
-    fn kubelet_restricted_labels() {
-        for ok in [
-            "pool",
-            "example.com/team",
-            "node.kubernetes.io/pool",
-            "topology.kubernetes.io/zone",
-            "kubelet.kubernetes.io/x",
-            "sub.node.kubernetes.io/y",
-        ] {
-            assert!(kubelet_may_set(ok), "{ok}");
-        }
-        for refused in [
-            "node-role.kubernetes.io/worker",
-            "kubernetes.io/role",
-            "k8s.io/x",
-            "foo.k8s.io/y",
-        ] {
-            assert!(!kubelet_may_set(refused), "{refused}");
-        }
     }
 }

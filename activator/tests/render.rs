@@ -1017,17 +1017,17 @@ fn pod_settings_refusals_name_the_field() {
     let host = Host::new();
     let mut c = config_with("off");
     c.kubelet.node_ip = Some("198.51.100.1,198.51.100.2".into());
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
     assert!(
         e.contains("kubelet.node_ip") && e.contains("198.51.100.2"),
         "{e}"
     );
     c.kubelet.node_ip = Some("node-1".into());
-    assert!(render::gather(&host.root, &c).is_err());
+    assert!(c.validate(Path::new("test.json")).is_err());
 
     let mut c = config_with("off");
     c.kubelet.cluster_domain = "Cluster.Local".into();
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
     assert!(e.contains("kubelet.cluster_domain"), "{e}");
 
     let mut c = config_with("off");
@@ -1041,7 +1041,7 @@ fn pod_settings_refusals_name_the_field() {
         )]
         .into(),
     );
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
     assert!(
         e.contains("containerd.registry_mirrors") && e.contains("is not a mirror"),
         "{e}"
@@ -1177,14 +1177,18 @@ fn refusals_name_what_is_wrong() {
 
     let mut c = config_with("off");
     c.kubelet.labels.insert("role".into(), "a b".into());
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
-    assert!(e.contains("kubelet.labels") && e.contains("\"a b\""), "{e}");
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
+    // a config error (checked when the config is loaded), naming the file
+    assert!(
+        e.contains("test.json") && e.contains("kubelet.labels") && e.contains("\"a b\""),
+        "{e}"
+    );
 
     let mut c = config_with("off");
     c.kubelet
         .labels
         .insert("node-role.kubernetes.io/worker".into(), "".into());
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
     assert!(
         e.contains("node-role.kubernetes.io/worker") && e.contains("may not set"),
         "{e}"
@@ -1192,7 +1196,7 @@ fn refusals_name_what_is_wrong() {
 
     let mut c = config_with("off");
     c.kubelet.taints = vec!["dedicated=x:Sometimes".into()];
-    let e = render::gather(&host.root, &c).unwrap_err().to_string();
+    let e = c.validate(Path::new("test.json")).unwrap_err().to_string();
     assert!(e.contains("kubelet.taints"), "{e}");
 
     let mut c = config_with("off");

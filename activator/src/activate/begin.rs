@@ -25,8 +25,7 @@ use crate::stage::{self, Verified};
 use crate::state::{Release, State};
 
 use super::{
-    fallback_health, files_current, inputs_hash, load_slot_config, open_verified_paced,
-    ActivateError, Options, Run,
+    fallback_health, load_slot_config, open_verified_paced, ActivateError, Options, Rendered, Run,
 };
 
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
@@ -39,6 +38,9 @@ pub(super) struct Begun {
     /// dropped at the end of the run).
     pub(super) source: Option<Source>,
     pub(super) verified: Verified,
+    /// Both slots' host files, rendered once.
+    pub(super) files: Rendered,
+    /// Their inputs hash.
     pub(super) inputs: String,
     pub(super) flip: Flip,
     /// What a commit of this flip records as its identity's release.
@@ -96,10 +98,9 @@ pub(super) fn begin(
     let digest = resolved.digest();
     report.digest = Some(digest);
     report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
-    let inputs = inputs_hash(&config, &facts);
-    let current = state
-        .active
-        .is_some_and(|a| files_current(root, &config, a, &facts));
+    let files = Rendered::new(&config, &facts);
+    let inputs = files.inputs_hash();
+    let current = state.active.is_some_and(|a| files.current(root, a));
     let flip = match plan::activate(&state, digest, &inputs, current, opts.force) {
         Plan::UpToDate { slot, .. } if down.is_some() => {
             let failure = down.expect("checked");
@@ -162,6 +163,7 @@ pub(super) fn begin(
         facts,
         source: Some(resolved.source),
         verified: resolved.verified,
+        files,
         inputs,
         flip,
         release,

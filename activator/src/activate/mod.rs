@@ -78,10 +78,8 @@ mod staging;
 
 pub use boot::MACHINES_TARGET;
 pub use preview::{preview, Preview};
-pub use resolve::{
-    disk_use, files_current, inputs_hash, open_verified, open_verified_paced, resolve, Resolved,
-};
-pub use rollback::{rollback, rollback_opts, rollback_with};
+pub use resolve::{disk_use, open_verified, open_verified_paced, resolve, Rendered, Resolved};
+pub use rollback::{rollback, RollbackOptions};
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
@@ -495,12 +493,9 @@ mod tests {
         let st = State::load(&s.root).unwrap();
         assert_eq!(st.active, Some(Slot::Kube1));
         assert_eq!(st.slot(Slot::Kube1).digest, Some(digest));
-        assert!(files_current(
-            &s.root,
-            &load_slot_config(&s.root, Slot::Kube1).unwrap(),
-            Slot::Kube1,
-            &render::gather(&s.root, &Config::load(&s.config).unwrap()).unwrap()
-        ));
+        let config = load_slot_config(&s.root, Slot::Kube1).unwrap();
+        let facts = render::gather(&s.root, &Config::load(&s.config).unwrap()).unwrap();
+        assert!(Rendered::new(&config, &facts).current(&s.root, Slot::Kube1));
         // again: nothing to do, nothing called
         let r = run(&s, &fake);
         assert_eq!(r.outcome, Some(Outcome::UpToDate));

@@ -7,11 +7,11 @@ use crate::config::Config;
 use crate::host_settings;
 use crate::paths::Root;
 use crate::plan::{self, Plan};
-use crate::render::{self};
+use crate::render;
 use crate::state::State;
 
 use super::begin::gather;
-use super::{files_current, inputs_hash, resolve, ActivateError};
+use super::{resolve, ActivateError, Rendered};
 
 /// What `plan` and `activate --dry-run` show, computed without the lock and
 /// without writing anything.
@@ -33,13 +33,12 @@ pub fn preview(root: &Root, config_path: &Path, force: bool) -> Result<Preview, 
     let config = Config::load(config_path)?;
     let facts = gather(root, config_path, &config)?;
     let digest = resolve(root, &config)?;
-    let inputs = inputs_hash(&config, &facts);
-    let current = state
-        .active
-        .is_some_and(|a| files_current(root, &config, a, &facts));
+    let files = Rendered::new(&config, &facts);
+    let inputs = files.inputs_hash();
+    let current = state.active.is_some_and(|a| files.current(root, a));
     let plan = plan::activate(&state, digest, &inputs, current, force);
     let diffs = match &plan {
-        Plan::Flip(f) => render::diff(root, &render::render(&config, f.to, &facts))
+        Plan::Flip(f) => render::diff(root, files.slot(f.to))
             .into_iter()
             .filter(|d| !d.diff.is_empty())
             .collect(),

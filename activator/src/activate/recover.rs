@@ -3,7 +3,7 @@
 //! the one try was used), a dirty slot emptied.
 
 use crate::health::{self, Check, Failure, Gate};
-use crate::render::{self};
+use crate::render;
 use crate::slot::Slot;
 use crate::state::{Pending, PendingPhase, SlotState, SlotStatus, State};
 

@@ -99,32 +99,53 @@ pub fn disk_use(root: &Root, config: &Config) -> Result<preflight::DiskUse, Acti
     )))
 }
 
-/// The hash that names a set of host-file inputs (the files rendered for
-/// kube1, so the value does not depend on the slot): what a bad mark and a
-/// slot record.
-pub fn inputs_hash(config: &Config, facts: &HostFacts) -> String {
-    hash_files(&render::render(config, Slot::Kube1, facts))
+/// A run's host files for both slots, rendered once from (config, host
+/// facts) and carried: the inputs hash, whether the active slot's files are
+/// current, what staging writes and what `plan` diffs all read these.
+pub struct Rendered {
+    kube1: HostFiles,
+    kube2: HostFiles,
 }
 
-pub(super) fn hash_files(files: &HostFiles) -> String {
-    let mut text = String::new();
-    for f in &files.files {
-        text += &format!(
-            "{}\0{:o}\0{}\0{}\0",
-            f.path.display(),
-            f.mode,
-            f.contents.len(),
-            f.contents
-        );
+impl Rendered {
+    pub fn new(config: &Config, facts: &HostFacts) -> Rendered {
+        Rendered {
+            kube1: render::render(config, Slot::Kube1, facts),
+            kube2: render::render(config, Slot::Kube2, facts),
+        }
     }
-    Digest::of(text.as_bytes()).hex()
-}
 
-/// Whether `slot`'s host files on disk are what rendering gives now.
-pub fn files_current(root: &Root, config: &Config, slot: Slot, facts: &HostFacts) -> bool {
-    render::diff(root, &render::render(config, slot, facts))
-        .iter()
-        .all(|d| d.diff.is_empty())
+    /// `slot`'s files.
+    pub fn slot(&self, slot: Slot) -> &HostFiles {
+        match slot {
+            Slot::Kube1 => &self.kube1,
+            Slot::Kube2 => &self.kube2,
+        }
+    }
+
+    /// The hash that names a set of host-file inputs (the files rendered
+    /// for kube1, so the value does not depend on the slot): what a bad
+    /// mark and a slot record.
+    pub fn inputs_hash(&self) -> String {
+        let mut text = String::new();
+        for f in &self.kube1.files {
+            text += &format!(
+                "{}\0{:o}\0{}\0{}\0",
+                f.path.display(),
+                f.mode,
+                f.contents.len(),
+                f.contents
+            );
+        }
+        Digest::of(text.as_bytes()).hex()
+    }
+
+    /// Whether `slot`'s host files on disk are these.
+    pub fn current(&self, root: &Root, slot: Slot) -> bool {
+        render::diff(root, self.slot(slot))
+            .iter()
+            .all(|d| d.diff.is_empty())
+    }
 }
 
 #[cfg(test)]

@@ -3,13 +3,13 @@
 //! away from (its fingerprint, and for copied trees its recorded files).
 
 use crate::failpoint;
-use crate::fingerprint::{self};
+use crate::fingerprint;
 use crate::health::Gate;
 use crate::lock::Lock;
-use crate::overlay::{self};
+use crate::overlay;
 use crate::paths::Root;
-use crate::plan::{self};
-use crate::render::{self};
+use crate::plan;
+use crate::render;
 use crate::report::{Outcome, Report};
 use crate::slot::Slot;
 use crate::state::{FlipKind, Pending, PendingPhase, State};
@@ -17,39 +17,38 @@ use crate::systemd::Systemd;
 
 use super::{busy, fallback_health, finish, load_slot_config, ActivateError, Ran, Run};
 
+/// Flags of `rollback`.
+#[derive(Clone, Debug, Default)]
+pub struct RollbackOptions {
+    /// The previous slot (an overlay slot) first loses everything its
+    /// machine wrote (a fresh upper dir), so it starts as exactly its
+    /// verified image.
+    pub clean: bool,
+    /// A copied previous slot whose image-owned files changed is started
+    /// anyway.
+    pub force: bool,
+}
+
 /// `rollback`: back to the previous slot, without downloading, through the
 /// same gate; the image rolled away from is marked bad.
-pub fn rollback(root: &Root, systemd: &dyn Systemd) -> Ran {
-    rollback_with(root, systemd, false)
-}
-
-/// [`rollback`]; with `clean`, the previous slot (an overlay slot) first
-/// loses everything its machine wrote (a fresh upper dir), so it starts as
-/// exactly its verified image.
-pub fn rollback_with(root: &Root, systemd: &dyn Systemd, clean: bool) -> Ran {
-    rollback_opts(root, systemd, clean, false)
-}
-
-/// [`rollback_with`]; with `force`, a copied previous slot whose
-/// image-owned files changed is started anyway.
-pub fn rollback_opts(root: &Root, systemd: &dyn Systemd, clean: bool, force: bool) -> Ran {
+pub fn rollback(root: &Root, systemd: &dyn Systemd, opts: &RollbackOptions) -> Ran {
     let mut report = Report::new("rollback");
     let lock = match Lock::try_exclusive(root) {
         Ok(l) => l,
         Err(e) => return busy(report, e),
     };
     failpoint::hit("after-lock");
-    let result = run_rollback(root, systemd, clean, force, &mut report);
+    let result = run_rollback(root, systemd, opts, &mut report);
     finish(root, report, result, lock)
 }
 
 pub(super) fn run_rollback(
     root: &Root,
     systemd: &dyn Systemd,
-    clean: bool,
-    force: bool,
+    opts: &RollbackOptions,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
+    let RollbackOptions { clean, force } = *opts;
     let run = Run::new(root, systemd);
     report.phase("recover");
     let mut state = State::load_repairing(root)?;
@@ -187,7 +186,7 @@ mod tests {
         assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
         let new = image_created(&img_dir(&s), "healthy", "2", Some("2026-11-02T00:00:00Z"));
         assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
-        let ran = rollback(&s.root, &fake);
+        let ran = rollback(&s.root, &fake, &RollbackOptions::default());
         assert_eq!(
             ran.report.outcome,
             Some(Outcome::Committed),

@@ -9,9 +9,9 @@ use kubeslot_image::source::Source;
 
 use crate::config::{Config, SlotMode};
 use crate::failpoint;
-use crate::overlay::{self};
+use crate::overlay;
 use crate::plan::Flip;
-use crate::render::{self};
+use crate::render;
 use crate::report::{Downloads, Report};
 use crate::slot::Slot;
 use crate::stage::{self, Verified};
@@ -158,7 +158,7 @@ impl Run<'_> {
         }
         report.phase("render");
         render::save_inputs(self.root, to, config)?;
-        self.write_files(&render::render(config, to, &b.facts))?;
+        self.write_files(b.files.slot(to))?;
         failpoint::hit("after-render");
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Staged,
@@ -273,7 +273,15 @@ mod tests {
             assert_eq!(layers_after.get(k), Some(v), "{k}");
         }
 
-        let r = rollback_with(&s.root, &fake, true).report;
+        let r = rollback(
+            &s.root,
+            &fake,
+            &RollbackOptions {
+                clean: true,
+                ..RollbackOptions::default()
+            },
+        )
+        .report;
         assert_eq!(
             (r.outcome, r.slot),
             (Some(Outcome::Committed), Some(Slot::Kube1)),

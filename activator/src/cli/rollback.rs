@@ -1,7 +1,7 @@
 //! `kubeslot-activator rollback`: flip back to the previous slot (see
 //! [`kubeslot_activator::activate::rollback`]). Runs the real systemd tools.
 
-use kubeslot_activator::activate;
+use kubeslot_activator::activate::{self, RollbackOptions};
 use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;
@@ -44,6 +44,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ran = activate::rollback_opts(&args.host.root(), &SystemCtl, args.clean, args.force);
+    let ran = activate::rollback(
+        &args.host.root(),
+        &SystemCtl,
+        &RollbackOptions {
+            clean: args.clean,
+            force: args.force,
+        },
+    );
     super::conclude(ran, args.json)
 }
