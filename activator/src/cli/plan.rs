@@ -5,7 +5,7 @@
 //! and asks systemd which machines run).
 
 use kubeslot_activator::activate::{self, Options, Preview};
-use kubeslot_activator::plan::{Committed, Decision};
+use kubeslot_activator::plan::{Decision, Reason};
 use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;
@@ -65,6 +65,7 @@ fn to_json(p: &Preview) -> serde_json::Value {
         "active": p.state.active,
         "pending": p.state.pending,
         "summary": p.decision.to_string(),
+        "if_down": p.if_down.as_ref().map(ToString::to_string),
         "files": p.diffs.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
         "host_settings": p.host_settings.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
     });
@@ -78,7 +79,7 @@ fn to_json(p: &Preview) -> serde_json::Value {
             v["action"] = "refused".into();
             v["refusal"] = reason.name().into();
             v["exit_code"] = reason.exit_code().into();
-            if let kubeslot_activator::plan::Reason::Bad(bad) = reason {
+            if let Reason::Bad(bad) = reason {
                 v["digest"] = serde_json::json!(bad.digest);
                 v["reason"] = bad.reason.clone().into();
             } else {
@@ -131,27 +132,28 @@ fn to_text(p: &Preview) -> String {
 }
 
 /// What `plan` cannot know, said: `activate` starts (or, forced, gates) the
-/// committed node first, and an up-to-date node that does not come up is
-/// refused (exit 1), or with --force staged afresh.
+/// committed node first; what it does when the node does not come up.
 fn unchecked_note(p: &Preview) -> Option<String> {
     let s = p.situation.as_ref()?;
-    if s.committed != Committed::Unchecked {
-        return None;
-    }
+    let if_down = p.if_down.as_ref()?;
     let active = s.state.active?;
     let first = if s.machines.runs(active) {
         format!("note: --force: activate checks the running committed node {active} first")
     } else {
-        format!("note: the committed node {active} is not running: activate starts it and checks it first")
+        format!(
+            "note: the committed node {active} is not running: activate starts it and checks it first"
+        )
     };
-    let then = match (&p.decision, s.force) {
-        (Decision::UpToDate { .. }, false) => {
-            "; if it does not come up, activate exits 1 (with --force it stages the image afresh into the other slot)"
-        }
-        (Decision::UpToDate { .. }, true) => {
-            "; if it does not come up, the image is staged afresh into the other slot and flipped to"
-        }
-        _ => "",
+    let then = match if_down {
+        Decision::Refused(Reason::NotHealthy { slot, .. }) => format!(
+            "activate exits 1 (`activate --force` stages the image afresh into {})",
+            slot.other()
+        ),
+        Decision::Refused(reason) => format!(
+            "activate refuses to stage the image afresh (exit {}): {reason}",
+            reason.exit_code()
+        ),
+        other => format!("{other}"),
     };
-    Some(format!("{first}{then}\n"))
+    Some(format!("{first}; if it does not come up: {then}\n"))
 }
