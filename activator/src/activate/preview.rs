@@ -204,7 +204,7 @@ mod tests {
 
     /// `plan` (read-only: the state file's bytes unchanged), then
     /// `activate`; both returned.
-    fn plan_then_activate(s: &Setup, fake: &Fake, opts: &Options) -> (Preview, Report) {
+    fn plan_then_activate(s: &Setup, fake: &FakeSystemd, opts: &Options) -> (Preview, Report) {
         let state_before = std::fs::read(s.root.state_file()).ok();
         let p = preview(&s.root, &s.config, fake, opts).unwrap();
         assert_eq!(std::fs::read(s.root.state_file()).ok(), state_before);
@@ -461,7 +461,7 @@ mod tests {
 
     /// Sets `case` up for real; returns whether the desired image's machine
     /// passes its gate, and whether the committed one does.
-    fn set_up(case: &Case, s: &Setup, fake: &Fake) -> (bool, bool) {
+    fn set_up(case: &Case, s: &Setup, fake: &FakeSystemd) -> (bool, bool) {
         with_identity(s);
         image_created(&img_dir(s), "healthy", "1", Some("2026-11-02T00:00:00Z"));
         let mut committed_healthy = true;
