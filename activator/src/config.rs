@@ -482,61 +482,7 @@ impl Config {
             field,
             reason: reason.to_string(),
         };
-        let k = &self.kubelet;
-        if !k.api_server.starts_with("https://") || k.api_server.len() <= "https://".len() {
-            return Err(invalid("kubelet.api_server", "must be an https:// URL"));
-        }
-        match (&k.ca_data, &k.ca_file) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "kubelet.ca_data",
-                    "set ca_data or ca_file, not both",
-                ))
-            }
-            (None, None) => {
-                return Err(invalid(
-                    "kubelet.ca_data",
-                    "the cluster CA is required (ca_data or ca_file)",
-                ))
-            }
-            (Some(pem), None) if !pem.contains("-----BEGIN CERTIFICATE-----") => {
-                return Err(invalid("kubelet.ca_data", "not a PEM certificate"))
-            }
-            _ => {}
-        }
-        match (&k.bootstrap_token, &k.exec_credential) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "kubelet.bootstrap_token",
-                    "set bootstrap_token or exec_credential, not both",
-                ))
-            }
-            (None, None) => {
-                return Err(invalid(
-                    "kubelet.bootstrap_token",
-                    "a credential is required (bootstrap_token or exec_credential)",
-                ))
-            }
-            _ => {}
-        }
-        for (key, value) in &k.config {
-            if let Some((_, why)) = KUBELET_OWNED_FIELDS.iter().find(|(f, _)| f == key) {
-                return Err(ConfigError::Invalid {
-                    path: path.to_path_buf(),
-                    field: "kubelet.config",
-                    reason: format!("{key:?} is set by the activator ({why})"),
-                });
-            }
-            let ca = value
-                .pointer("/x509/clientCAFile")
-                .filter(|_| key == "authentication");
-            if ca.is_some() {
-                return Err(invalid(
-                    "kubelet.config",
-                    "\"authentication.x509.clientCAFile\" is set by the activator (the cluster CA of kubelet.ca_data/ca_file)",
-                ));
-            }
-        }
+        self.validate_kubelet(path)?;
         if let Some(identity) = &self.trust.identity {
             if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
                 return Err(invalid("trust.identity", e.reason));
@@ -613,6 +559,72 @@ impl Config {
             field: e.field,
             reason: format!("{:?} {}", e.value, e.reason),
         })
+    }
+
+    /// The kubelet's API server, cluster CA and credential (exactly one
+    /// each), and no `kubelet.config` field the activator sets itself.
+    fn validate_kubelet(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |field, reason: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason: reason.to_string(),
+        };
+        let k = &self.kubelet;
+        if !k.api_server.starts_with("https://") || k.api_server.len() <= "https://".len() {
+            return Err(invalid("kubelet.api_server", "must be an https:// URL"));
+        }
+        match (&k.ca_data, &k.ca_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "kubelet.ca_data",
+                    "set ca_data or ca_file, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "kubelet.ca_data",
+                    "the cluster CA is required (ca_data or ca_file)",
+                ))
+            }
+            (Some(pem), None) if !pem.contains("-----BEGIN CERTIFICATE-----") => {
+                return Err(invalid("kubelet.ca_data", "not a PEM certificate"))
+            }
+            _ => {}
+        }
+        match (&k.bootstrap_token, &k.exec_credential) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "kubelet.bootstrap_token",
+                    "set bootstrap_token or exec_credential, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "kubelet.bootstrap_token",
+                    "a credential is required (bootstrap_token or exec_credential)",
+                ))
+            }
+            _ => {}
+        }
+        for (key, value) in &k.config {
+            if let Some((_, why)) = KUBELET_OWNED_FIELDS.iter().find(|(f, _)| f == key) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: "kubelet.config",
+                    reason: format!("{key:?} is set by the activator ({why})"),
+                });
+            }
+            let ca = value
+                .pointer("/x509/clientCAFile")
+                .filter(|_| key == "authentication");
+            if ca.is_some() {
+                return Err(invalid(
+                    "kubelet.config",
+                    "\"authentication.x509.clientCAFile\" is set by the activator (the cluster CA of kubelet.ca_data/ca_file)",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -213,6 +213,55 @@ fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), Uni
     Ok(())
 }
 
+/// What kubeslot put on the host, as (path under `root`, path shown): the
+/// trees, staging dirs, rendered files and boot links of the machines
+/// `ours` names, leftovers of killed runs, the layer store (when no overlay
+/// slot stays), the render and activator units, the host files.
+fn kubeslots_paths(root: &Root, host: &Root, ours: &[Slot]) -> Vec<(PathBuf, PathBuf)> {
+    let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(host));
+    for &slot in ours {
+        let m = slot.machine();
+        paths.push(both(&|r| r.machine_tree(m)));
+        paths.push(both(&|r| r.machine_staging(m)));
+        paths.push(both(&|r| r.nspawn_file(m)));
+        paths.push(both(&|r| {
+            r.dropin_file(m)
+                .parent()
+                .expect("a drop-in dir")
+                .to_path_buf()
+        }));
+        paths.push(both(&|r| r.machine_wants_link(m)));
+    }
+    // staging and archive dirs of killed runs (`.staging-<m>-*`, `.archive-*`)
+    if let Ok(entries) = std::fs::read_dir(root.machines_dir()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".staging-")
+                || name.starts_with(".archive-")
+                || name.starts_with(".kubeslot-")
+            {
+                paths.push((e.path(), host.machines_dir().join(&name)));
+            }
+        }
+    }
+    // The layer store holds only what overlay slots were made of.
+    if ours.len() == Slot::ALL.len()
+        || !Slot::ALL
+            .iter()
+            .any(|s| crate::overlay::is_overlay(root, *s))
+    {
+        paths.push(both(&|r| r.layers_dir()));
+    }
+    paths.push(both(&|r| r.systemd_system_dir().join(RENDER_UNIT)));
+    for unit in ACTIVATOR_UNITS {
+        // installed by hand; the package's copies live under /usr/lib
+        paths.push(both(&|r| r.systemd_system_dir().join(unit)));
+    }
+    paths.push(both(&|r| r.join(crate::paths::host::HOST_FILES_DIR)));
+    paths
+}
+
 /// Takes kubeslot off the host under `root` (see the module doc).
 pub fn uninstall(
     root: &Root,
@@ -293,48 +342,7 @@ pub fn uninstall(
         }
     }
 
-    let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(&host));
-    for &slot in &ours {
-        let m = slot.machine();
-        paths.push(both(&|r| r.machine_tree(m)));
-        paths.push(both(&|r| r.machine_staging(m)));
-        paths.push(both(&|r| r.nspawn_file(m)));
-        paths.push(both(&|r| {
-            r.dropin_file(m)
-                .parent()
-                .expect("a drop-in dir")
-                .to_path_buf()
-        }));
-        paths.push(both(&|r| r.machine_wants_link(m)));
-    }
-    // staging and archive dirs of killed runs (`.staging-<m>-*`, `.archive-*`)
-    if let Ok(entries) = std::fs::read_dir(root.machines_dir()) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".staging-")
-                || name.starts_with(".archive-")
-                || name.starts_with(".kubeslot-")
-            {
-                paths.push((e.path(), host.machines_dir().join(&name)));
-            }
-        }
-    }
-    // The layer store holds only what overlay slots were made of.
-    if ours.len() == Slot::ALL.len()
-        || !Slot::ALL
-            .iter()
-            .any(|s| crate::overlay::is_overlay(root, *s))
-    {
-        paths.push(both(&|r| r.layers_dir()));
-    }
-    paths.push(both(&|r| r.systemd_system_dir().join(RENDER_UNIT)));
-    for unit in ACTIVATOR_UNITS {
-        // installed by hand; the package's copies live under /usr/lib
-        paths.push(both(&|r| r.systemd_system_dir().join(unit)));
-    }
-    paths.push(both(&|r| r.join(crate::paths::host::HOST_FILES_DIR)));
-    for (p, shown) in paths {
+    for (p, shown) in kubeslots_paths(root, &host, &ours) {
         remove(&p, shown, &mut done.removed)?;
     }
     for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
