@@ -2,11 +2,13 @@
 //! [`plan::decide`] as `activate`, on what can be known without the lock,
 //! without starting anything and without writing anything.
 //!
-//! What it cannot know it says: a committed node that is not running is
-//! decided on as up (`activate` starts and gates it first, and refuses
-//! when it does not come up); a flip a dead run was trying is recovered
-//! by `activate` first. The preflight runs read-only: the host settings
-//! the flip writes and applies first count as applied.
+//! What it cannot know it decides both ways: a committed node that is not
+//! running (or, with `--force`, one that runs) is taken as up, and
+//! [`Preview::if_down`] says what `activate`, which starts and gates it
+//! first, does when it does not come up. A flip a dead run was trying is
+//! recovered by `activate` first (the plan notes it). The preflight runs
+//! read-only: the host settings the flip writes and applies first count
+//! as applied.
 
 use std::path::Path;
 
