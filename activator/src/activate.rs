@@ -1517,7 +1517,7 @@ impl Host<'_> {
         let result = preflight::run(
             self.root,
             &preflight::Inputs {
-                gpu: b.config.gpu,
+                gpu: b.config.gpu.clone(),
                 ignore: b.config.preflight.ignore.clone(),
                 disk: flip_disk_use(self.root, b),
                 swap_allowed: b.config.kubelet_allows_swap(),
