@@ -10,17 +10,86 @@
 #     tree's own ldconfig run, every step passes, and a broken stand-in
 #     fails the step it broke;
 #   * DIR/node-root-check.sh exits 77 ("no GPU here") and leaves nothing
-#     behind.
+#     behind;
+#   * in a private mount namespace (`unshare -m`: nothing of it is seen
+#     outside) with a stand-in GPU laid out like issue 25's host (device
+#     nodes made with mknod in a tmpfs /dev, /proc/driver/nvidia/version on
+#     a tmpfs, the stand-in driver's libraries and an nvidia-smi executable
+#     under /usr/local/nvidia, a loader cache that names lib64), the whole
+#     check runs and passes: preflight, plan, unpack, the binds in the
+#     chroot, the image's setup, nvidia-smi -L and the probe; then its
+#     scratch dir is gone. (Run as `--stand-in-gpu DIR SCRATCH` under
+#     `unshare -m` by the test itself.)
 # What the real driver does is checked only on a GPU host (the README's
 # "GPU nodes"). Exit 0 when all hold, 1 naming the first that does not.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+
+# The preflight checks this CI machine fails for reasons that are not the
+# GPU's (hybrid cgroups, no module support, sysctls a node host sets):
+# ignored in the stand-in run, by name.
+HOST_IGNORES=(cgroup-v2 'kernel-module-*' 'sysctl-*' dev-kmsg swap container-engine)
 
 fail() {
   echo "node-root-check-test: FAIL: $*" >&2
   exit 1
 }
 ok() { echo "node-root-check-test: ok: $*"; }
+
+# stand_in_gpu DIR SCRATCH: in this (private) mount namespace, make the
+# host look like a GPU host of the /usr/local/nvidia layout and run the
+# prepared check. Mounts only: nothing is written outside SCRATCH.
+stand_in_gpu() {
+  local dir=$1 s=$2 lib n
+  mkdir -p "$s/olddev" "$s/tmp" "$s/src"
+  # /dev: a tmpfs with the basic nodes of the real one and the GPU's
+  mount --rbind /dev "$s/olddev"
+  mount -t tmpfs -o mode=0755 tmpfs /dev
+  for n in null zero full random urandom tty; do
+    : >"/dev/$n"
+    mount --bind "$s/olddev/$n" "/dev/$n"
+  done
+  mknod -m 666 /dev/nvidia0 c 195 0
+  mknod -m 666 /dev/nvidiactl c 195 255
+  mknod -m 666 /dev/nvidia-uvm c 507 0
+  mkdir /dev/nvidia-caps
+  mknod -m 400 /dev/nvidia-caps/nvidia-cap1 c 508 1
+  # the loaded module
+  mount -t tmpfs tmpfs /proc/driver
+  mkdir /proc/driver/nvidia
+  echo "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (stand-in)" \
+    >/proc/driver/nvidia/version
+  # the driver under /usr/local/nvidia: the stand-in libraries, an
+  # nvidia-smi executable
+  mount -t tmpfs tmpfs /usr/local
+  lib=/usr/local/nvidia/lib64
+  mkdir -p "$lib" /usr/local/nvidia/bin
+  for n in libcuda libnvidia-ml; do
+    cc -shared -fPIC -Wl,-soname,"$n.so.1" -o "$lib/$n.so.580.159.04" testdata/gpu/fake-cuda.c
+    ln -s "$n.so.580.159.04" "$lib/$n.so.1"
+  done
+  printf '#include <stdio.h>\nint main(void) { puts("GPU 0: Fake kubeslot GPU (stand-in)"); return 0; }\n' >"$s/src/smi.c"
+  cc -o /usr/local/nvidia/bin/nvidia-smi "$s/src/smi.c"
+  # the loader cache names lib64 (ld.so.conf.d on the real host); -X: no
+  # link of this machine's library dirs is touched
+  { cat /etc/ld.so.conf; echo "$lib"; } >"$s/ld.so.conf"
+  ldconfig -X -f "$s/ld.so.conf" -C "$s/ld.so.cache"
+  mount --bind "$s/ld.so.cache" /etc/ld.so.cache
+  ldconfig -p | grep -q "libcuda.so.1 (libc6,x86-64) => $lib/libcuda.so.1" ||
+    { echo "stand-in: the loader cache has no $lib/libcuda.so.1" >&2; return 1; }
+  local args=()
+  for n in "${HOST_IGNORES[@]}"; do args+=(--ignore "$n"); done
+  KUBESLOT_CHECK_TMP=$s/tmp "$dir/node-root-check.sh" "${args[@]}"
+  if [ -n "$(ls -A "$s/tmp")" ] || findmnt -rn -o TARGET | grep -q "^$s/tmp/"; then
+    echo "stand-in: the check left $(ls -A "$s/tmp") behind" >&2
+    return 1
+  fi
+  echo "stand-in: scratch dir empty, no mount left"
+}
+if [ "${1:-}" = --stand-in-gpu ]; then
+  stand_in_gpu "$2" "$3"
+  exit
+fi
 
 [ "$(id -u)" = 0 ] || fail "run as root (it chroots into the unpacked node tree)"
 command -v cc >/dev/null || fail "cc is missing: apt-get install -y gcc"
@@ -108,3 +177,24 @@ grep -q 'no GPU here: no /dev/nvidia<N> character device and no NVIDIA GPU on th
   fail "node-root-check.sh did not say why: $out"
 [ -z "$(ls -A "$tmp")" ] || fail "node-root-check.sh left files in its scratch dir: $(ls -A "$tmp")"
 ok "node-root-check.sh exits 77 here (no GPU), nothing done"
+
+# ---- the whole check on a stand-in GPU, in a private mount namespace
+rc=0
+unshare -m --propagation private "$0" --stand-in-gpu "$DIR" "$WORK/stand-in" >"$WORK/stand-in.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || { cat "$WORK/stand-in.log" >&2; fail "the check on a stand-in GPU exited $rc"; }
+for line in \
+  '[node-root-check] == preflight' \
+  '[PASS] gpu-libraries: seen libnvidia-ml.so.1 -> /usr/local/nvidia/lib64/libnvidia-ml.so.580.159.04' \
+  '[PASS] gpu-tools: seen nvidia-smi from /usr/local/nvidia/bin (bound whole)' \
+  '[node-root-check]   ro /usr/local/nvidia/lib64 -> /run/host-nvidia/0' \
+  '[node-root-check]   ro /usr/local/nvidia/bin -> /run/host-nvidia-bin' \
+  '[node-root-check]   rw /dev/nvidia0 -> /dev/nvidia0' \
+  '[node-root-check]   rw /dev/nvidia-caps -> /dev/nvidia-caps' \
+  'kubeslot-nvidia-setup: wrote /etc/cdi/nvidia.yaml' \
+  '[node-root-check]   GPU 0: Fake kubeslot GPU (stand-in)' \
+  'ok kernel: PTX JIT-compiled and launched over 16777216 elements (65536 blocks of 256), every result right' \
+  '[node-root-check] node-root check passed: the node'"'"'s GPU works (/dev/nvidia0, 6 binds)' \
+  'stand-in: scratch dir empty, no mount left'; do
+  grep -qF -- "$line" "$WORK/stand-in.log" || { cat "$WORK/stand-in.log" >&2; fail "the stand-in run did not print: $line"; }
+done
+ok "the whole check passes on a stand-in GPU (private mount namespace): binds, setup, nvidia-smi, probe"

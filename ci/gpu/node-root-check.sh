@@ -117,7 +117,7 @@ prepare() {
   # newer than the image has.
   cc -O2 -Wall -Wextra -Werror -o "$out/cuda-probe" "$repo/ci/gpu/cuda-probe.c" -ldl
   glibc_image=$(tar -xOf "$base" ./var/lib/dpkg/status |
-    awk '/^Package: libc6$/ { on = 1 } on && /^Version:/ { sub(/-.*/, "", $2); print $2; exit }')
+    awk '/^Package: libc6$/ { on = 1 } on && !done && /^Version:/ { sub(/-.*/, "", $2); print $2; done = 1 }')
   glibc_probe=$(objdump -T "$out/cuda-probe" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -n1)
   if [ -z "$glibc_image" ] || [ -z "$glibc_probe" ]; then
     echo "node-root-check: cannot tell the glibc versions (image: '$glibc_image', probe needs: '$glibc_probe')" >&2
@@ -234,7 +234,8 @@ run_check() {
   step record
   say "kernel: $(uname -r)"
   say "driver: $(head -n1 /proc/driver/nvidia/version 2>/dev/null || echo '/proc/driver/nvidia/version missing')"
-  say "GPUs on the PCI bus (address driver): $(pci_gpus | paste -sd, -)"
+  line=$(pci_gpus | paste -sd, -)
+  say "GPUs on the PCI bus (address driver): ${line:-none seen in /sys/bus/pci/devices}"
   # shellcheck disable=SC2012 # a listing for people
   { ls -l /dev/nvidia* /dev/dri 2>/dev/null || true; } | indent
   say "loader cache: $(ldconfig -p | grep -cE 'libnvidia|libcuda') NVIDIA entries"
@@ -289,8 +290,8 @@ EOF
 
   step binds
   # what nspawn sets up before any bind: the API file systems
-  mnt proc proc /proc
-  mnt sysfs ro /sys
+  mnt proc nosuid,nodev,noexec /proc
+  mnt sysfs ro,nosuid,nodev,noexec /sys
   mnt tmpfs mode=0755,nosuid /dev
   for n in null zero full random urandom tty; do bind "/dev/$n" "/dev/$n" rw; done
   mnt tmpfs mode=1777,nosuid,nodev /dev/shm
