@@ -808,6 +808,26 @@ fn driver_lines(nspawn: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Renders `scenario` on a host with GPUs and the fake driver installed:
+/// the invariants, the driver's lines in the `.nspawn` file (`want`) and
+/// the golden files; returns the facts.
+fn driver_layout_golden(host: &Host, scenario: &str, want: &[&str]) -> HostFacts {
+    let config = load_scenario(scenario);
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    assert_eq!(driver_lines(nspawn), want, "{nspawn}");
+    for line in [
+        "Bind=/dev/nvidia-caps",
+        "Bind=/dev/nvidia-caps-imex-channels",
+    ] {
+        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
+    }
+    check_golden(scenario, &files);
+    facts
+}
+
 #[test]
 fn golden_gpu_driver_distro() {
     require_x86_64();
@@ -822,37 +842,17 @@ fn golden_gpu_driver_distro() {
                 .contains("libnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1"),
         "{listing}"
     );
-    let config = load_scenario("gpu-driver-distro");
-    let facts = render::gather(&host.root, &config).unwrap();
-    assert_eq!(
-        facts.gpu.library_dirs,
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib/x86_64-linux-gnu/vdpau"
-        ]
-    );
-    assert_eq!(facts.gpu.library_dirs_32, ["/usr/lib/i386-linux-gnu"]);
-    let files = render::render(&config, Slot::Kube1, &facts);
-    check_invariants(&files, "kube1");
-    let nspawn = file(&files, ".nspawn");
     // /usr/bin is the host's: only the driver's tool in it is bound
-    assert_eq!(
-        driver_lines(nspawn),
-        [
+    driver_layout_golden(
+        &host,
+        "gpu-driver-distro",
+        &[
             "BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
             "BindReadOnly=/usr/lib/x86_64-linux-gnu/vdpau:/run/host-nvidia/1",
             "BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0",
             "BindReadOnly=/usr/bin/nvidia-smi:/run/host-nvidia-bin/nvidia-smi",
         ],
-        "{nspawn}"
     );
-    for line in [
-        "Bind=/dev/nvidia-caps",
-        "Bind=/dev/nvidia-caps-imex-channels",
-    ] {
-        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
-    }
-    check_golden("gpu-driver-distro", &files);
 }
 
 #[test]
@@ -866,25 +866,19 @@ fn golden_gpu_driver_usr_local_nvidia() {
             .contains("libcuda.so.1 (libc6,x86-64) => /usr/local/nvidia/lib64/libcuda.so.1"),
         "lib64 is in the loader cache through ld.so.conf.d"
     );
-    let config = load_scenario("gpu-driver-usr-local-nvidia");
-    let facts = render::gather(&host.root, &config).unwrap();
-    let files = render::render(&config, Slot::Kube1, &facts);
-    check_invariants(&files, "kube1");
-    let nspawn = file(&files, ".nspawn");
     // the driver's own bin holds only its tools: bound whole, so the
     // wrapper's target is what the node runs; the stale wrapper is named
-    assert_eq!(
-        driver_lines(nspawn),
-        [
+    driver_layout_golden(
+        &host,
+        "gpu-driver-usr-local-nvidia",
+        &[
             "BindReadOnly=/usr/local/nvidia/lib64:/run/host-nvidia/0",
             "BindReadOnly=/usr/local/nvidia/bin:/run/host-nvidia-bin",
             "# not bound: \"/usr/bin/nvidia-imex\" is a script that runs \
              /opt/nvidia-imex/bin/nvidia-imex, which is not a driver tool beside the \
              driver's libraries or in /usr/bin",
         ],
-        "{nspawn}"
     );
-    check_golden("gpu-driver-usr-local-nvidia", &files);
 }
 
 #[test]
@@ -897,26 +891,21 @@ fn golden_gpu_driver_operator() {
         !host_cache(&host).contains("libcuda"),
         "the host's loader cache knows nothing of the driver container's libraries"
     );
-    // the config names the driver root (the object form of "gpu")
+    // the config names the driver root (the object form of "gpu"); the
+    // container's /usr/bin is a system dir too: each tool alone
     let config = load_scenario("gpu-driver-operator");
     assert_eq!(
         config.gpu.driver_root.as_deref(),
         Some(Path::new("/run/nvidia/driver"))
     );
-    let facts = render::gather(&host.root, &config).unwrap();
-    let files = render::render(&config, Slot::Kube1, &facts);
-    check_invariants(&files, "kube1");
-    let nspawn = file(&files, ".nspawn");
-    // the container's /usr/bin is a system dir too: each tool alone
-    assert_eq!(
-        driver_lines(nspawn),
-        [
+    let facts = driver_layout_golden(
+        &host,
+        "gpu-driver-operator",
+        &[
             "BindReadOnly=/run/nvidia/driver/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
             "BindReadOnly=/run/nvidia/driver/usr/bin/nvidia-smi:/run/host-nvidia-bin/nvidia-smi",
         ],
-        "{nspawn}"
     );
-    check_golden("gpu-driver-operator", &files);
     // without gpu.driver_root the same driver is found: the operator's
     // root holds one
     let mut detected = config.clone();

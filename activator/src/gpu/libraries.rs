@@ -392,25 +392,7 @@ pub fn run_ldconfig(root: &Root) -> Result<String, GpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> String {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../testdata/gpu")
-            .join(name);
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-    }
-
-    /// Every path a listing names, as an empty file under the root (the
-    /// recorded host's driver files, without their bytes).
-    fn materialize(root: &Root, listing: &str) {
-        for line in listing.lines() {
-            if let Some((_, path)) = line.split_once(" => ") {
-                let p = root.join(path.trim());
-                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-                std::fs::write(p, b"").unwrap();
-            }
-        }
-    }
+    use crate::gpu::tests::{fixture, materialize};
 
     fn dirs_of(listing: &str, arch: Arch) -> (Vec<String>, Vec<String>) {
         let d = tempfile::tempdir().unwrap();

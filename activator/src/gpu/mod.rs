@@ -377,7 +377,8 @@ pub fn mknod_char(path: &Path, major: u32, minor: u32) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> String {
+    /// A recorded `ldconfig -p` listing of `testdata/gpu`.
+    pub(super) fn fixture(name: &str) -> String {
         let p = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../testdata/gpu")
             .join(name);
@@ -386,7 +387,7 @@ mod tests {
 
     /// Every path a listing names, as an empty file under the root (the
     /// recorded host's driver files, without their bytes).
-    fn materialize(root: &Root, listing: &str) {
+    pub(super) fn materialize(root: &Root, listing: &str) {
         for line in listing.lines() {
             if let Some((_, path)) = line.split_once(" => ") {
                 let p = root.join(path.trim());

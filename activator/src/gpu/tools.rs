@@ -218,20 +218,17 @@ pub fn find(
     }
     let tools: Vec<Tool> = found.values().map(|(t, _)| t.clone()).collect();
     let from: BTreeSet<&str> = found.values().map(|(_, d)| d.as_str()).collect();
-    let whole = match from.iter().collect::<Vec<_>>()[..] {
-        // the directory's bind carries every tool under its own name
-        [dir]
+    let only_dir = if from.len() == 1 { from.first() } else { None };
+    let bind = match only_dir {
+        _ if tools.is_empty() => ToolBind::None,
+        // the directory's bind must carry every tool under its own name
+        Some(dir)
             if tools.iter().all(|t| root.join(dir).join(&t.name).exists())
                 && holds_only_tools(root, source, dir) =>
         {
-            Some(dir.to_string())
+            ToolBind::Dir(dir.to_string())
         }
-        _ => None,
-    };
-    let bind = match whole {
-        _ if tools.is_empty() => ToolBind::None,
-        Some(dir) => ToolBind::Dir(dir),
-        None => ToolBind::Files(tools.clone()),
+        _ => ToolBind::Files(tools.clone()),
     };
     DriverTools {
         bind,
