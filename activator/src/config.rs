@@ -9,7 +9,7 @@
 //! (labels, taints, node name, mirrors) by [`node::check`].
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
@@ -35,9 +35,11 @@ pub struct Config {
     pub trust: Trust,
     /// Node settings rendered into the kubelet's host-side files.
     pub kubelet: Kubelet,
-    /// GPU binding.
+    /// GPU binding: a mode (`"gpu": "auto"`), or a mode and where the
+    /// host's driver lives (`"gpu": {"mode": "auto", "driver_root":
+    /// "/run/nvidia/driver"}`).
     #[serde(default)]
-    pub gpu: GpuMode,
+    pub gpu: Gpu,
     /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
@@ -351,6 +353,71 @@ fn default_exec_api_version() -> String {
     "client.authentication.k8s.io/v1".into()
 }
 
+/// The `"gpu"` setting. Written as a mode alone (`"auto"`, the form every
+/// earlier config uses, and the one it is written back in when no driver
+/// root is set) or as an object with the mode and the driver root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gpu {
+    pub mode: GpuMode,
+    /// The root of the tree that holds the host's NVIDIA driver, when it is
+    /// not the host's own (the NVIDIA GPU operator's driver container is
+    /// mounted at `/run/nvidia/driver`): its libraries are found there,
+    /// not through the host's loader cache. `/` means the host's own driver
+    /// (and turns the detection of `/run/nvidia/driver` off). Unset: the
+    /// operator's root when it holds a driver, else the host's own.
+    pub driver_root: Option<PathBuf>,
+}
+
+/// The object form of [`Gpu`].
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct GpuTable {
+    #[serde(default)]
+    mode: GpuMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    driver_root: Option<PathBuf>,
+}
+
+impl Serialize for Gpu {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.driver_root {
+            None => self.mode.serialize(s),
+            Some(root) => GpuTable {
+                mode: self.mode,
+                driver_root: Some(root.clone()),
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Gpu {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Gpu, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Gpu;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#""auto", "on", "off" or {"mode": ..., "driver_root": ...}"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Gpu, E> {
+                let mode = GpuMode::deserialize(serde::de::value::StrDeserializer::<E>::new(v))?;
+                Ok(Gpu {
+                    mode,
+                    driver_root: None,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Gpu, A::Error> {
+                let t = GpuTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Gpu {
+                    mode: t.mode,
+                    driver_root: t.driver_root,
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuMode {
@@ -483,6 +550,18 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(root) = &self.gpu.driver_root {
+            let plain = root.is_absolute()
+                && root
+                    .components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+            if !plain {
+                return Err(invalid(
+                    "gpu.driver_root",
+                    "must be an absolute path without '.' or '..' (the directory the driver's tree is mounted at, e.g. /run/nvidia/driver)",
+                ));
+            }
+        }
         if let Some(identity) = &self.trust.identity {
             if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
                 return Err(invalid("trust.identity", e.reason));
@@ -683,7 +762,8 @@ mod tests {
     #[test]
     fn minimal_config_parses_with_defaults() {
         let c = parse(&minimal("")).unwrap();
-        assert_eq!(c.gpu, GpuMode::Auto);
+        assert_eq!(c.gpu, Gpu::default());
+        assert_eq!(c.gpu.mode, GpuMode::Auto);
         assert!(!c.trust.allow_unsigned);
         assert_eq!(c.network, NetworkMode::Host);
         assert_eq!(c.download.deadline_secs, 1200);
@@ -705,6 +785,60 @@ mod tests {
             e.contains("download.deadline_secs: must be positive"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gpu_is_a_mode_or_a_mode_and_a_driver_root() {
+        let with =
+            |gpu: &str| minimal("").replace(r#"{"image""#, &format!(r#"{{"gpu":{gpu},"image""#));
+        // the string form every earlier config uses
+        let c = parse(&with(r#""on""#)).unwrap();
+        assert_eq!(
+            c.gpu,
+            Gpu {
+                mode: GpuMode::On,
+                driver_root: None
+            }
+        );
+        // and it is written back as it was read
+        assert_eq!(
+            serde_json::to_value(&c.gpu).unwrap(),
+            serde_json::json!("on")
+        );
+        let c = parse(&with(r#"{"driver_root":"/run/nvidia/driver"}"#)).unwrap();
+        assert_eq!(c.gpu.mode, GpuMode::Auto);
+        assert_eq!(
+            c.gpu.driver_root.as_deref(),
+            Some(Path::new("/run/nvidia/driver"))
+        );
+        assert_eq!(
+            serde_json::to_value(&c.gpu).unwrap(),
+            serde_json::json!({"mode": "auto", "driver_root": "/run/nvidia/driver"})
+        );
+        let c = parse(&with(r#"{"mode":"off"}"#)).unwrap();
+        assert_eq!(
+            serde_json::to_value(&c.gpu).unwrap(),
+            serde_json::json!("off")
+        );
+        for (gpu, want) in [
+            (r#""sometimes""#, "unknown variant `sometimes`"),
+            (r#"{"mode":"on","root":"/x"}"#, "unknown field `root`"),
+            (r#"1"#, r#"expected "auto", "on", "off" or {"mode""#),
+            (
+                r#"{"driver_root":"run/nvidia/driver"}"#,
+                "gpu.driver_root: must be an absolute path",
+            ),
+            (
+                r#"{"driver_root":"/run/../etc"}"#,
+                "gpu.driver_root: must be an absolute path",
+            ),
+        ] {
+            let e = parse(&with(gpu)).unwrap_err().to_string();
+            assert!(
+                e.contains(want) && e.contains("activator.json"),
+                "{gpu}: {e}"
+            );
+        }
     }
 
     #[test]
