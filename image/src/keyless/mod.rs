@@ -7,8 +7,10 @@
 //! cosign layer's certificate, signature and Rekor bundle), it checks, for
 //! one log entry:
 //!
-//! 1. nothing it cannot check yet: RFC 3161 timestamps and Rekor v2
-//!    entries are refused as not supported yet (fail closed);
+//! 1. nothing it cannot check yet: Rekor v2 entries, and material whose
+//!    only time is an RFC 3161 timestamp, are refused as not supported yet
+//!    (fail closed); RFC 3161 timestamps beside a Rekor SET (what cosign 3
+//!    writes) are neither checked nor used: the SET's time decides;
 //! 2. the Rekor SET with the key of a transparency log of the trusted root,
 //!    valid at the entry's integrated time; the inclusion proof and its
 //!    signed checkpoint (required from bundle v0.2 on);
@@ -139,9 +141,13 @@ impl KeylessPolicy {
             Unsupported::Malformed(why) => refuse(why),
             Unsupported::Later(what) => KeylessError::Unsupported { what },
         })?;
-        if m.timestamps {
+        // The SET's integrated time is the time every check uses. A bundle
+        // whose only time is an RFC 3161 timestamp cannot be checked yet;
+        // one that also has a SET is judged on the SET alone (its
+        // timestamps are neither checked nor used).
+        if m.timestamps && entry.set.is_none() {
             return Err(KeylessError::Unsupported {
-                what: "RFC 3161 timestamps".into(),
+                what: "RFC 3161 timestamps (without a Rekor signed entry timestamp)".into(),
             });
         }
         if let Some(root) = m.extra.iter().find(|c| c.is_self_issued()) {
@@ -311,6 +317,11 @@ impl KeylessPolicy {
             })
             .collect();
         let Some(rekor_bundle) = rekor_bundle else {
+            if timestamps {
+                return Err(KeylessError::Unsupported {
+                    what: "RFC 3161 timestamps (without a Rekor bundle)".into(),
+                });
+            }
             return Err(self.refused(
                 &leaf,
                 "no Rekor bundle (dev.sigstore.cosign/bundle): an unlogged keyless signature cannot be checked offline",
