@@ -8,9 +8,11 @@
 //! is resolved exactly once, later reads use the digest), read a document
 //! (manifest, index, config) by descriptor with its size, digest and media
 //! type checked and its size capped, open a blob stream (optionally from an
-//! offset, to resume), and find the cosign `.sig` artifact for a digest
+//! offset, to resume), find the cosign `.sig` artifact for a digest
 //! (`sha256-<hex>.sig` tag in a registry; the `index.json` entry of that name
-//! in a layout or archive). [`Source::select`] picks the manifest for a
+//! in a layout or archive) and the digest's referrers (the registry's
+//! referrers API, else the fallback tag `sha256-<hex>`; in a layout or
+//! archive the `index.json` entry of that name). [`Source::select`] picks the manifest for a
 //! platform from an index and checks the manifest and config: known media
 //! types only, no foreign `urls`, one `diff_id` per layer, the config's
 //! platform matches. What a registry source read once (documents, the
@@ -328,7 +330,12 @@ impl Source {
             None => index
                 .manifests
                 .iter()
-                .filter(|d| ref_name(d).is_none_or(|n| Digest::parse_attachment_tag(&n).is_none()))
+                .filter(|d| {
+                    ref_name(d).is_none_or(|n| {
+                        Digest::parse_attachment_tag(&n).is_none()
+                            && Digest::parse_referrers_tag(&n).is_none()
+                    })
+                })
                 .collect(),
         };
         match candidates.as_slice() {
@@ -550,6 +557,46 @@ impl Source {
                 format!("signature artifact {tag}: invalid manifest: {e}"),
             )
         })
+    }
+
+    /// The referrers of `digest` (descriptors of manifests whose `subject`
+    /// it is; the caller checks each manifest's subject): the registry's
+    /// referrers API, else its fallback tag `sha256-<hex>`; in a layout or
+    /// archive the `index.json` entry of that name. Empty when there are
+    /// none.
+    pub fn referrers(&self, digest: &Digest) -> Result<Vec<Descriptor>, SourceError> {
+        let tag = digest.referrers_tag();
+        let bytes = match self {
+            Source::Registry { client, image, .. } => {
+                let found = match client
+                    .referrers(image, digest)
+                    .map_err(|e| self.registry_err(e))?
+                {
+                    Some(doc) => Some(doc),
+                    None => client
+                        .manifest_or_missing(image, &tag)
+                        .map_err(|e| self.registry_err(e))?,
+                };
+                match found {
+                    Some(doc) => doc.bytes,
+                    None => return Ok(Vec::new()),
+                }
+            }
+            _ => {
+                let (layout, _) = self.local().expect("local source");
+                let index = layout.index().map_err(|e| self.layout_err(e))?;
+                let Some(desc) = index.manifests.iter().find(|d| {
+                    d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag.as_str())
+                }) else {
+                    return Ok(Vec::new());
+                };
+                self.read_blob(desc, MAX_DOCUMENT_BYTES)?
+            }
+        };
+        let index: Index = serde_json::from_slice(&bytes).map_err(|e| {
+            self.doc_err(*digest, format!("referrers {tag}: invalid index: {e}"))
+        })?;
+        Ok(index.manifests)
     }
 
     /// Picks the manifest for `platform` (from an index, or the manifest

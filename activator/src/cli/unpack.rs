@@ -161,6 +161,15 @@ fn print_summary(image: &ImageSource, s: &Staged) {
     println!("  manifest {}", s.manifest_digest);
     match &s.verdict {
         Verdict::Signed { digest } => println!("  signature valid (signed digest {digest})"),
+        Verdict::Keyless {
+            digest,
+            san,
+            issuer,
+            integrated_time,
+        } => println!(
+            "  keyless signature valid (signed digest {digest}, identity {san}, issuer {issuer}, logged {})",
+            kubeslot_image::time::rfc3339_seconds((*integrated_time).max(0) as u64)
+        ),
         Verdict::AllowedUnsigned { reasons } => println!(
             "  signature NOT verified, accepted by trust.allow_unsigned: {}",
             reasons.join("; ")
