@@ -599,13 +599,14 @@ impl Source {
         Ok(index.manifests)
     }
 
-    /// Picks the manifest for `platform` (from an index, or the manifest
-    /// itself), reads it and its config, and checks both.
-    pub fn select(
+    /// The platform manifest's descriptor for `platform`: `top` itself, or
+    /// the matching entry of the index `top` (only the index is read, so a
+    /// signature can be checked before the manifest and config are).
+    pub fn select_manifest(
         &self,
         top: &Descriptor,
         platform: &Platform,
-    ) -> Result<SelectedImage, SourceError> {
+    ) -> Result<Descriptor, SourceError> {
         let manifest_descriptor = if is_index_type(&top.media_type) {
             let index: Index = self.read_json(top)?;
             let mut available = Vec::new();
@@ -638,6 +639,17 @@ impl Source {
                 ),
             ));
         };
+        Ok(manifest_descriptor)
+    }
+
+    /// Picks the manifest for `platform` (from an index, or the manifest
+    /// itself), reads it and its config, and checks both.
+    pub fn select(
+        &self,
+        top: &Descriptor,
+        platform: &Platform,
+    ) -> Result<SelectedImage, SourceError> {
+        let manifest_descriptor = self.select_manifest(top, platform)?;
         let md = manifest_descriptor.digest;
         let manifest: Manifest = self.read_json(&manifest_descriptor)?;
         let config_mt = manifest.config.media_type.as_str();

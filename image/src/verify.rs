@@ -151,13 +151,24 @@ pub fn check(
     image: &SelectedImage,
     policy: &Policy,
 ) -> Result<Verdict, VerifyError> {
-    let top = image.image_digest();
+    check_digests(source, image.image_digest(), image.manifest_digest(), policy)
+}
+
+/// [`check`] given the two digests alone (`top`, what the reference
+/// resolved to, and the platform `manifest`), so that a host decides trust
+/// before it reads the manifest's config.
+pub fn check_digests(
+    source: &Source,
+    top: Digest,
+    manifest: Digest,
+    policy: &Policy,
+) -> Result<Verdict, VerifyError> {
     if policy.keys.is_empty() && policy.keyless.is_none() && !policy.allow_unsigned {
         return Err(VerifyError::NoKeys);
     }
     let mut digests = vec![top];
-    if image.manifest_digest() != top {
-        digests.push(image.manifest_digest());
+    if manifest != top {
+        digests.push(manifest);
     }
     let mut reasons = Vec::new();
     for digest in digests {

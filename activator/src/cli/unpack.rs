@@ -82,11 +82,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     // The library refuses this too, but only the command line knows where
     // the policy came from: name it, so the operator knows what to edit.
-    if settings.trust.public_keys.is_empty() && !settings.trust.allow_unsigned {
+    if settings.trust.public_keys.is_empty()
+        && settings.trust.keyless.is_none()
+        && !settings.trust.allow_unsigned
+    {
         match &args.config {
             Some(p) => anyhow::bail!(
-                "config {}: trust.public_keys is empty and trust.allow_unsigned is false: \
-                 every image would be refused; list a public key",
+                "config {}: trust.public_keys is empty, there is no trust.keyless and \
+                 trust.allow_unsigned is false: every image would be refused; list a public key",
                 p.display()
             ),
             None => anyhow::bail!(
