@@ -59,12 +59,10 @@ pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy,
 fn keyless(k: &Keyless, root: &Root) -> Result<KeylessPolicy, VerifyError> {
     let rules = k.rules().map_err(VerifyError::Keyless)?;
     let path = root.join(&k.trusted_root.to_string_lossy());
-    let bytes = std::fs::read(&path).map_err(|e| {
-        VerifyError::Keyless(format!("trusted_root {}: {e}", path.display()))
-    })?;
-    let root = TrustedRoot::parse(&bytes).map_err(|e| {
-        VerifyError::Keyless(format!("trusted_root {}: {e}", path.display()))
-    })?;
+    let bytes = std::fs::read(&path)
+        .map_err(|e| VerifyError::Keyless(format!("trusted_root {}: {e}", path.display())))?;
+    let root = TrustedRoot::parse(&bytes)
+        .map_err(|e| VerifyError::Keyless(format!("trusted_root {}: {e}", path.display())))?;
     Ok(KeylessPolicy { root, rules })
 }
 

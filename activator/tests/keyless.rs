@@ -44,7 +44,11 @@ impl Host {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         fs::create_dir_all(root.join("etc/kubeslot")).unwrap();
-        fs::copy(production_root(), root.join("etc/kubeslot/trusted_root.json")).unwrap();
+        fs::copy(
+            production_root(),
+            root.join("etc/kubeslot/trusted_root.json"),
+        )
+        .unwrap();
         Host { dir, root }
     }
 
@@ -66,7 +70,11 @@ impl Host {
 
     fn unpack(&self, image: &str, trust: &Value) -> Output {
         let config = self.dir.path().join("activator.json");
-        fs::write(&config, serde_json::to_vec(&json!({"trust": trust})).unwrap()).unwrap();
+        fs::write(
+            &config,
+            serde_json::to_vec(&json!({"trust": trust})).unwrap(),
+        )
+        .unwrap();
         let target = self.root.join("unpacked");
         let _ = fs::remove_dir_all(&target);
         let out = Command::new(BIN)
@@ -148,7 +156,11 @@ fn cosign_bundle_from_a_registry_a_layout_and_an_archive() {
                 integrated_time,
             }) => {
                 assert_eq!(digest.to_string(), COSIGN_SUBJECT, "{src}");
-                assert_eq!((san.as_str(), issuer.as_str()), (COSIGN_SAN, COSIGN_ISSUER), "{src}");
+                assert_eq!(
+                    (san.as_str(), issuer.as_str()),
+                    (COSIGN_SAN, COSIGN_ISSUER),
+                    "{src}"
+                );
                 assert_eq!(integrated_time, 1740770291, "{src}");
             }
             other => panic!("{src}: {other:?}"),
@@ -156,7 +168,10 @@ fn cosign_bundle_from_a_registry_a_layout_and_an_archive() {
         // The binary: the signature is accepted, then the image is refused
         // for what it is (no OS, no architecture), never for its signature.
         let e = stderr(&host.unpack(&src, &trust));
-        assert!(e.contains("image is for /, this host is linux/"), "{src}: {e}");
+        assert!(
+            e.contains("image is for /, this host is linux/"),
+            "{src}: {e}"
+        );
         assert!(!e.contains("trust policy"), "{src}: {e}");
         // Without the keyless policy the same image is refused as unsigned.
         let e = stderr(&host.unpack(&src, &json!({"identity": COSIGN_SUBJECT_NAME})));
@@ -180,14 +195,19 @@ fn each_mutation_is_refused_naming_why() {
                 "{}: {src}: {e}",
                 m.name
             );
-            assert!(e.contains("issuer https://"), "{}: names the issuer: {e}", m.name);
+            assert!(
+                e.contains("issuer https://"),
+                "{}: names the issuer: {e}",
+                m.name
+            );
         }
     }
 
     // Another image digest: the real bundle attached to another image.
     let dir = work.path().join("other-image");
     let layout = Layout::create(&dir).unwrap();
-    let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
     let cd = layout.blobs().put_bytes(config).unwrap();
     let manifest = format!(
         r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST}","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","size":{},"digest":"{cd}"}},"layers":[]}}"#,
@@ -218,16 +238,25 @@ fn each_mutation_is_refused_naming_why() {
     let issuer = host.trust(json!({"issuer": "https://token.actions.githubusercontent.com"}));
     for src in &srcs {
         let e = stderr(&host.unpack(src, &regexp));
-        assert!(e.contains("anchored at both ends") && e.contains(COSIGN_SAN), "{src}: {e}");
+        assert!(
+            e.contains("anchored at both ends") && e.contains(COSIGN_SAN),
+            "{src}: {e}"
+        );
         let e = stderr(&host.unpack(src, &other_repo));
-        assert!(e.contains("names repository 127.0.0.1:60943/repo, not ghcr.io/org/node"), "{src}: {e}");
+        assert!(
+            e.contains("names repository 127.0.0.1:60943/repo, not ghcr.io/org/node"),
+            "{src}: {e}"
+        );
         let e = stderr(&host.unpack(src, &issuer));
         assert!(e.contains("is not trust.keyless.issuer"), "{src}: {e}");
     }
     // A trusted root the host does not have is a config error, found first.
     let missing = host.trust(json!({"trusted_root": "/etc/kubeslot/missing.json"}));
     let e = stderr(&host.unpack(&srcs[0], &missing));
-    assert!(e.contains("trust.keyless") && e.contains("missing.json"), "{e}");
+    assert!(
+        e.contains("trust.keyless") && e.contains("missing.json"),
+        "{e}"
+    );
 }
 
 /// The sigstore-rs legacy keyless layer as a `.sig` artifact, for the image
@@ -246,7 +275,11 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
     let layout = Layout::create(&dir).unwrap();
     let pd = layout.blobs().put_bytes(&payload).unwrap();
     let cd = layout.blobs().put_bytes(b"{}").unwrap();
-    let mut layer = Descriptor::new(kubeslot_image::oci::MEDIA_TYPE_SIMPLE_SIGNING, pd, payload.len() as u64);
+    let mut layer = Descriptor::new(
+        kubeslot_image::oci::MEDIA_TYPE_SIMPLE_SIGNING,
+        pd,
+        payload.len() as u64,
+    );
     layer.annotations = annotations;
     let manifest = kubeslot_image::oci::Manifest {
         schema_version: 2,
@@ -263,12 +296,29 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
     kubeslot_test_support::image::tag_entry(
         &layout,
         &tag,
-        Descriptor::new(kubeslot_image::oci::MEDIA_TYPE_MANIFEST, md, bytes.len() as u64),
+        Descriptor::new(
+            kubeslot_image::oci::MEDIA_TYPE_MANIFEST,
+            md,
+            bytes.len() as u64,
+        ),
     );
     let reg = Registry::start();
-    push_raw(&dir, &tag, &reg.host(), "kubewarden/disallow-service-nodeport");
+    push_raw(
+        &dir,
+        &tag,
+        &reg.host(),
+        "kubewarden/disallow-service-nodeport",
+    );
     let archive = work.path().join("legacy.tar");
-    assert!(Command::new("tar").arg("-C").arg(&dir).arg("-cf").arg(&archive).arg(".").status().unwrap().success());
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(&dir)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
     let host = Host::new();
     let trust: Trust = serde_json::from_value(json!({
         "identity": "registry-testing.svc.lan/kubewarden/disallow-service-nodeport",
@@ -291,9 +341,12 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
         // Read from the .sig tag, checked through SET, chain (the 2021
         // Fulcio root, at the log's time) and the entry's body; the 2021
         // certificate names no issuer, which the policy refuses by name.
-        let e = verify::check_digests(&source, image, image, &policy).unwrap_err().to_string();
+        let e = verify::check_digests(&source, image, image, &policy)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("certificate flavio@castelli.me (issuer none)") && e.contains("names no OIDC issuer"),
+            e.contains("certificate flavio@castelli.me (issuer none)")
+                && e.contains("names no OIDC issuer"),
             "{src}: {e}"
         );
     }

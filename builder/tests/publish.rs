@@ -876,10 +876,22 @@ fn copy_carries_referrers_bundles() {
     let archive = tmp.path().join("node.tar");
     let copied = tmp.path().join("copied");
     let steps = [
-        (format!("oci:{}:v1", p(&src)), format!("{}/keyless/node:v1", reg.host())),
-        (format!("{}/keyless/node:v1", reg.host()), format!("oci-archive:{}:v1", p(&archive))),
-        (format!("oci-archive:{}:v1", p(&archive)), format!("{}/airgap/node:v1", reg.host())),
-        (format!("{}/airgap/node:v1", reg.host()), format!("oci:{}:v1", p(&copied))),
+        (
+            format!("oci:{}:v1", p(&src)),
+            format!("{}/keyless/node:v1", reg.host()),
+        ),
+        (
+            format!("{}/keyless/node:v1", reg.host()),
+            format!("oci-archive:{}:v1", p(&archive)),
+        ),
+        (
+            format!("oci-archive:{}:v1", p(&archive)),
+            format!("{}/airgap/node:v1", reg.host()),
+        ),
+        (
+            format!("{}/airgap/node:v1", reg.host()),
+            format!("oci:{}:v1", p(&copied)),
+        ),
     ];
     for (from, to) in &steps {
         let out = run_json(&["copy", from, to]);

@@ -458,12 +458,20 @@ impl Client {
             }
         }
         Err(RegistryError::AllFailed {
-            what: format!("referrers of {digest} in {}/{}", image.registry, image.repository),
+            what: format!(
+                "referrers of {digest} in {}/{}",
+                image.registry, image.repository
+            ),
             attempts,
         })
     }
 
-    fn referrers_at(&self, ep: &Endpoint, repo: &str, digest: &Digest) -> Attempt<Option<Document>> {
+    fn referrers_at(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        digest: &Digest,
+    ) -> Attempt<Option<Document>> {
         let path = format!("/v2/{repo}/referrers/{digest}");
         let resp = self.get(ep, repo, &path, &[("Accept", crate::oci::MEDIA_TYPE_INDEX)])?;
         match resp.status().as_u16() {

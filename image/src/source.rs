@@ -593,9 +593,8 @@ impl Source {
                 self.read_blob(desc, MAX_DOCUMENT_BYTES)?
             }
         };
-        let index: Index = serde_json::from_slice(&bytes).map_err(|e| {
-            self.doc_err(*digest, format!("referrers {tag}: invalid index: {e}"))
-        })?;
+        let index: Index = serde_json::from_slice(&bytes)
+            .map_err(|e| self.doc_err(*digest, format!("referrers {tag}: invalid index: {e}")))?;
         Ok(index.manifests)
     }
 

@@ -151,7 +151,12 @@ pub fn check(
     image: &SelectedImage,
     policy: &Policy,
 ) -> Result<Verdict, VerifyError> {
-    check_digests(source, image.image_digest(), image.manifest_digest(), policy)
+    check_digests(
+        source,
+        image.image_digest(),
+        image.manifest_digest(),
+        policy,
+    )
 }
 
 /// [`check`] given the two digests alone (`top`, what the reference
@@ -187,8 +192,13 @@ pub fn check_digests(
             None if policy.keyless.is_none() => reasons.push(format!("no signature on {digest}")),
             None => {}
             Some(sig) if !policy.keys.is_empty() => {
-                let result =
-                    signature::verify(&policy.keys, digest, policy.identity.as_ref(), sig, read_payload);
+                let result = signature::verify(
+                    &policy.keys,
+                    digest,
+                    policy.identity.as_ref(),
+                    sig,
+                    read_payload,
+                );
                 match result {
                     Ok(()) => return Ok(Verdict::Signed { digest }),
                     // keyless layers are reported by the keyless check
@@ -199,7 +209,14 @@ pub fn check_digests(
             Some(_) => {}
         }
         if let Some(k) = &policy.keyless {
-            match check_keyless(source, k, policy.identity.as_ref(), digest, sig.as_ref(), top)? {
+            match check_keyless(
+                source,
+                k,
+                policy.identity.as_ref(),
+                digest,
+                sig.as_ref(),
+                top,
+            )? {
                 Ok(v) => {
                     return Ok(Verdict::Keyless {
                         digest,

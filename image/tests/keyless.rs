@@ -6,7 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kubeslot_image::keyless::{GithubRule, IdentityRule, KeylessPolicy, Rules, Target, TrustedRoot};
+use kubeslot_image::keyless::{
+    GithubRule, IdentityRule, KeylessPolicy, Rules, Target, TrustedRoot,
+};
 use sha2::Digest as _;
 
 fn data() -> PathBuf {
@@ -58,7 +60,10 @@ const CASES: &[(&str, Expect)] = &[
     ("bundle-negative-log-index_fail", Expect::Fail),
     ("bundle-unknown-version_fail", Expect::Fail),
     ("bundle-with-root-cert_fail", Expect::Fail),
-    ("bundle-with-sct-with-extensions", Expect::Refused("Rekor v2 log entries")),
+    (
+        "bundle-with-sct-with-extensions",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
     ("checkpoint-bad-keyhint_fail", Expect::Fail),
     ("checkpoint-wrong-roothash_fail", Expect::Fail),
     ("dsse-invalid-sig_fail", Expect::Fail),
@@ -72,52 +77,160 @@ const CASES: &[(&str, Expect)] = &[
     ("inclusion-proof-corrupted-hash_fail", Expect::Fail),
     ("incorrect-public-key_fail", Expect::Fail),
     ("integrated-time-in-future_fail", Expect::Fail),
-    ("intoto-expired-certificate_fail", Expect::Refused("intoto 0.0.2")),
-    ("intoto-log-entry-mismatch_fail", Expect::Refused("intoto 0.0.2")),
-    ("intoto-missing-inclusion-proof_fail", Expect::Refused("intoto 0.0.2")),
-    ("intoto-set-outside-signing-cert-validity_fail", Expect::Refused("intoto 0.0.2")),
-    ("intoto-tsa-timestamp-outside-cert-validity_fail", Expect::Refused("intoto 0.0.2")),
-    ("intoto-with-custom-trust-root", Expect::Refused("intoto 0.0.2")),
+    (
+        "intoto-expired-certificate_fail",
+        Expect::Refused("intoto 0.0.2"),
+    ),
+    (
+        "intoto-log-entry-mismatch_fail",
+        Expect::Refused("intoto 0.0.2"),
+    ),
+    (
+        "intoto-missing-inclusion-proof_fail",
+        Expect::Refused("intoto 0.0.2"),
+    ),
+    (
+        "intoto-set-outside-signing-cert-validity_fail",
+        Expect::Refused("intoto 0.0.2"),
+    ),
+    (
+        "intoto-tsa-timestamp-outside-cert-validity_fail",
+        Expect::Refused("intoto 0.0.2"),
+    ),
+    (
+        "intoto-with-custom-trust-root",
+        Expect::Refused("intoto 0.0.2"),
+    ),
     ("invalid-checkpoint-signature_fail", Expect::Fail),
     ("invalid-ct-key_fail", Expect::Fail),
     ("invalid-inclusion-proof_fail", Expect::Fail),
-    ("managed-key-and-trusted-root", Expect::Refused("signed with a key, not keylessly")),
-    ("managed-key-happy-path", Expect::Refused("signed with a key, not keylessly")),
-    ("managed-key-no-key_fail", Expect::Refused("signed with a key, not keylessly")),
-    ("managed-key-wrong-key_fail", Expect::Refused("signed with a key, not keylessly")),
+    (
+        "managed-key-and-trusted-root",
+        Expect::Refused("signed with a key, not keylessly"),
+    ),
+    (
+        "managed-key-happy-path",
+        Expect::Refused("signed with a key, not keylessly"),
+    ),
+    (
+        "managed-key-no-key_fail",
+        Expect::Refused("signed with a key, not keylessly"),
+    ),
+    (
+        "managed-key-wrong-key_fail",
+        Expect::Refused("signed with a key, not keylessly"),
+    ),
     ("message-digest-mismatch_fail", Expect::Fail),
-    ("rekor2-checkpoint-cosigned", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-missing-log-signature_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-missing-origin_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-missing-root-hash_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-missing-size_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-multiple-cosigs", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-no-matching-signature_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-origin-not-first", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-two-sigs-cosigned", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-checkpoint-two-sigs-from-origin", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-dsse-happy-path", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-dsse-invalid-sig_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-dsse-mismatch-envelope_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-dsse-mismatch-sig_fail", Expect::Refused("Rekor v2 log entries")),
+    (
+        "rekor2-checkpoint-cosigned",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-missing-log-signature_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-missing-origin_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-missing-root-hash_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-missing-size_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-multiple-cosigs",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-no-matching-signature_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-origin-not-first",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-two-sigs-cosigned",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-checkpoint-two-sigs-from-origin",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-dsse-happy-path",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-dsse-invalid-sig_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-dsse-mismatch-envelope_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-dsse-mismatch-sig_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
     ("rekor2-happy-path", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-no-inclusion-proof_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-no-timestamp_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-outside-trust-root-tsa-validity_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-outside-tsa-cert-validity_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-payload-mismatch_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-untrusted-tsa-with-embedded-cert_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-untrusted-tsa-without-embedded-cert_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-with-embedded-cert", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-with-expired-cert-chain", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-with-incorrect-time_fail", Expect::Refused("Rekor v2 log entries")),
-    ("rekor2-timestamp-without-embedded-cert", Expect::Refused("Rekor v2 log entries")),
+    (
+        "rekor2-no-inclusion-proof_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-no-timestamp_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-outside-trust-root-tsa-validity_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-outside-tsa-cert-validity_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-payload-mismatch_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-untrusted-tsa-with-embedded-cert_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-untrusted-tsa-without-embedded-cert_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-with-embedded-cert",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-with-expired-cert-chain",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-with-incorrect-time_fail",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
+    (
+        "rekor2-timestamp-without-embedded-cert",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
     ("set-invalid-signature_fail", Expect::Fail),
     ("signature-mismatch_fail", Expect::Fail),
     // The malformed root (no validFor start) is refused before the bundle is read.
     ("trust-root-tlog-missing-validity-start_fail", Expect::Fail),
     ("trust-root-tlog-validity-end-inclusive", Expect::Pass),
-    ("trust-root-tsa-validity-end-inclusive", Expect::Refused("Rekor v2 log entries")),
+    (
+        "trust-root-tsa-validity-end-inclusive",
+        Expect::Refused("Rekor v2 log entries"),
+    ),
     ("wrong-hashedrekord-artifact_fail", Expect::Fail),
     ("wrong-hashedrekord-cert-and-sig_fail", Expect::Fail),
     ("wrong-hashedrekord-entry_fail", Expect::Fail),
@@ -142,7 +255,10 @@ fn run_case(dir: &Path) -> Result<kubeslot_image::keyless::Verified, String> {
         rules: rules(&issuer, IdentityRule::Exact(identity)),
     };
     policy
-        .verify_bundle(&read(dir.join("bundle.sigstore.json")), Target(sha256(&artifact)))
+        .verify_bundle(
+            &read(dir.join("bundle.sigstore.json")),
+            Target(sha256(&artifact)),
+        )
         .map_err(|e| e.to_string())
 }
 
@@ -171,8 +287,10 @@ fn every_conformance_case_as_a_table() {
         let ok = match (expect, &result) {
             (Expect::Pass, Ok(_)) => true,
             (Expect::Fail, Err(e)) => !e.contains("not supported yet"),
-            (Expect::Refused(text), Err(e)) => e.contains(text) && e.contains("not supported yet")
-                || (text.contains("key") && e.contains(text)),
+            (Expect::Refused(text), Err(e)) => {
+                e.contains(text) && e.contains("not supported yet")
+                    || (text.contains("key") && e.contains(text))
+            }
             _ => false,
         };
         if std::env::var_os("KEYLESS_SHOW").is_some() {
@@ -211,7 +329,8 @@ fn empty_image_manifest() -> String {
     )
 }
 
-const COSIGN_SUBJECT: &str = "sha256:732112270d7e59418a8c080b134b24cabd67d250d0d0147a97ed95ba5c280aa4";
+const COSIGN_SUBJECT: &str =
+    "sha256:732112270d7e59418a8c080b134b24cabd67d250d0d0147a97ed95ba5c280aa4";
 const KUBEWARDEN_SUBJECT: &str =
     "sha256:c811d58de79c92f03214e63aa339484e488d694ae8a6283b5f3f17a9faf50172";
 const KUBEWARDEN_WORKFLOW: &str = "https://github.com/kubewarden/kubewarden-controller/.github/workflows/release.yml@refs/tags/v1.34.0";
@@ -255,9 +374,15 @@ fn refused(r: Result<kubeslot_image::keyless::Verified, KeylessError>) -> String
 #[test]
 fn cosign_oci_bundle_signs_the_exact_empty_image() {
     // The reconstruction is right only if it hashes to the statement's subject.
-    assert_eq!(Digest::of(empty_image_manifest().as_bytes()).to_string(), COSIGN_SUBJECT);
+    assert_eq!(
+        Digest::of(empty_image_manifest().as_bytes()).to_string(),
+        COSIGN_SUBJECT
+    );
     let v = cosign_policy()
-        .verify_bundle(&read(data().join("cosign/oci-attestation.sigstore.json")), target(COSIGN_SUBJECT))
+        .verify_bundle(
+            &read(data().join("cosign/oci-attestation.sigstore.json")),
+            target(COSIGN_SUBJECT),
+        )
         .unwrap();
     assert_eq!(v.san, "cody@soyland.com");
     assert_eq!(v.subject_name.as_deref(), Some("127.0.0.1:60943/repo"));
@@ -268,16 +393,29 @@ fn cosign_oci_bundle_signs_the_exact_empty_image() {
 fn cosign_v3_sign_bundle_from_github_actions() {
     let bundle = read(data().join("sigstore-rs/bundle_v03.json"));
     let exact = kubewarden_policy(IdentityRule::Exact(KUBEWARDEN_WORKFLOW.into()));
-    let v = exact.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT)).unwrap();
+    let v = exact
+        .verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT))
+        .unwrap();
     assert_eq!(v.issuer, GITHUB);
     assert_eq!(v.subject_name, None, "cosign 3's sign names no repository");
     // It carries an RFC 3161 timestamp beside the SET; without the SET it
     // would have no time this verifier can check.
     let mut b = json("sigstore-rs/bundle_v03.json");
-    assert!(b["verificationMaterial"]["timestampVerificationData"]["rfc3161Timestamps"][0].is_object());
-    b["verificationMaterial"]["tlogEntries"][0].as_object_mut().unwrap().remove("inclusionPromise");
-    let e = refused(exact.verify_bundle(&serde_json::to_vec(&b).unwrap(), target(KUBEWARDEN_SUBJECT)));
-    assert!(e.contains("RFC 3161 timestamps (without a Rekor signed entry timestamp) are not supported yet"), "{e}");
+    assert!(
+        b["verificationMaterial"]["timestampVerificationData"]["rfc3161Timestamps"][0].is_object()
+    );
+    b["verificationMaterial"]["tlogEntries"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("inclusionPromise");
+    let e =
+        refused(exact.verify_bundle(&serde_json::to_vec(&b).unwrap(), target(KUBEWARDEN_SUBJECT)));
+    assert!(
+        e.contains(
+            "RFC 3161 timestamps (without a Rekor signed entry timestamp) are not supported yet"
+        ),
+        "{e}"
+    );
     // tag-triggered runs: a regexp over the tags of one workflow
     let tags = kubewarden_policy(
         IdentityRule::regexp(
@@ -285,16 +423,21 @@ fn cosign_v3_sign_bundle_from_github_actions() {
         )
         .unwrap(),
     );
-    tags.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT)).unwrap();
+    tags.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT))
+        .unwrap();
 }
 
 #[test]
 fn an_unanchored_looking_regexp_matches_nothing_more() {
     let bundle = read(data().join("sigstore-rs/bundle_v03.json"));
-    let p = kubewarden_policy(IdentityRule::regexp("github.com/kubewarden/kubewarden-controller").unwrap());
+    let p = kubewarden_policy(
+        IdentityRule::regexp("github.com/kubewarden/kubewarden-controller").unwrap(),
+    );
     let e = refused(p.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT)));
     assert!(
-        e.contains(KUBEWARDEN_WORKFLOW) && e.contains(GITHUB) && e.contains("anchored at both ends"),
+        e.contains(KUBEWARDEN_WORKFLOW)
+            && e.contains(GITHUB)
+            && e.contains("anchored at both ends"),
         "{e}"
     );
 }
@@ -305,7 +448,10 @@ fn github_claims_are_exact() {
     let mut p = kubewarden_policy(IdentityRule::Exact(KUBEWARDEN_WORKFLOW.into()));
     p.rules.github.source_ref = Some("refs/tags/v1.35.0".into());
     let e = refused(p.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT)));
-    assert!(e.contains("1.3.6.1.4.1.57264.1.14") && e.contains("refs/tags/v1.34.0"), "{e}");
+    assert!(
+        e.contains("1.3.6.1.4.1.57264.1.14") && e.contains("refs/tags/v1.34.0"),
+        "{e}"
+    );
     let mut p = kubewarden_policy(IdentityRule::Exact(KUBEWARDEN_WORKFLOW.into()));
     p.rules.github.source_repository = Some("https://github.com/kubewarden/other".into());
     let e = refused(p.verify_bundle(&bundle, target(KUBEWARDEN_SUBJECT)));
@@ -319,11 +465,14 @@ fn github_claims_are_exact() {
 #[test]
 fn another_image_digest_is_refused() {
     let other = Digest::of(b"another image").to_string();
-    let e = refused(
-        cosign_policy()
-            .verify_bundle(&read(data().join("cosign/oci-attestation.sigstore.json")), target(&other)),
+    let e = refused(cosign_policy().verify_bundle(
+        &read(data().join("cosign/oci-attestation.sigstore.json")),
+        target(&other),
+    ));
+    assert!(
+        e.contains("cody@soyland.com") && e.contains("do not include") && e.contains(&other),
+        "{e}"
     );
-    assert!(e.contains("cody@soyland.com") && e.contains("do not include") && e.contains(&other), "{e}");
 }
 
 fn flip_b64(text: &str, at: usize) -> String {
@@ -335,9 +484,12 @@ fn flip_b64(text: &str, at: usize) -> String {
 #[test]
 fn a_flipped_set_byte_is_refused() {
     let mut b = json("cosign/oci-attestation.sigstore.json");
-    let set = &mut b["verificationMaterial"]["tlogEntries"][0]["inclusionPromise"]["signedEntryTimestamp"];
+    let set = &mut b["verificationMaterial"]["tlogEntries"][0]["inclusionPromise"]
+        ["signedEntryTimestamp"];
     *set = Value::String(flip_b64(set.as_str().unwrap(), 12));
-    let e = refused(cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)));
+    let e = refused(
+        cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)),
+    );
     assert!(e.contains("signed entry timestamp does not verify"), "{e}");
 }
 
@@ -364,8 +516,11 @@ fn a_swapped_certificate_is_refused() {
 fn a_time_outside_the_certificate_is_refused() {
     // The integrated time is signed: moving it breaks the SET...
     let mut b = json("cosign/oci-attestation.sigstore.json");
-    b["verificationMaterial"]["tlogEntries"][0]["integratedTime"] = Value::String("1740771291".into());
-    let e = refused(cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)));
+    b["verificationMaterial"]["tlogEntries"][0]["integratedTime"] =
+        Value::String("1740771291".into());
+    let e = refused(
+        cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)),
+    );
     assert!(e.contains("signed entry timestamp does not verify"), "{e}");
     // ...and a log that signed a time outside the certificate is refused on
     // the certificate (sigstore-conformance's real vector).
@@ -373,12 +528,16 @@ fn a_time_outside_the_certificate_is_refused() {
     assert!(e.contains("outside the certificate's validity"), "{e}");
     // A CA of the root not valid at the log's time does not count either.
     let mut root = json("cosign/trusted_root_pgi.json");
-    root["certificateAuthorities"][1]["validFor"]["end"] = Value::String("2024-01-01T00:00:00Z".into());
+    root["certificateAuthorities"][1]["validFor"]["end"] =
+        Value::String("2024-01-01T00:00:00Z".into());
     let p = KeylessPolicy {
         root: TrustedRoot::parse(&serde_json::to_vec(&root).unwrap()).unwrap(),
         rules: cosign_policy().rules,
     };
-    let e = refused(p.verify_bundle(&read(data().join("cosign/oci-attestation.sigstore.json")), target(COSIGN_SUBJECT)));
+    let e = refused(p.verify_bundle(
+        &read(data().join("cosign/oci-attestation.sigstore.json")),
+        target(COSIGN_SUBJECT),
+    ));
     assert!(e.contains("not one valid at the log's time"), "{e}");
 }
 
@@ -394,7 +553,9 @@ fn a_root_supplied_by_the_bundle_is_refused() {
         "x509CertificateChain".into(),
         serde_json::json!({"certificates": [leaf, chain[0], chain[1]]}),
     );
-    let e = refused(cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)));
+    let e = refused(
+        cosign_policy().verify_bundle(&serde_json::to_vec(&b).unwrap(), target(COSIGN_SUBJECT)),
+    );
     assert!(e.contains("supplies its own root certificate"), "{e}");
 }
 
@@ -406,7 +567,9 @@ fn the_issuer_only_in_the_deprecated_extension() {
     let cert_pem = B64.decode(b["cert"].as_str().unwrap()).unwrap();
     let sig = B64.decode(b["base64Signature"].as_str().unwrap()).unwrap();
     let rekor = b["rekorBundle"].to_string();
-    let blob: Digest = "sha256:4bc453b53cb3d914b45f4b250294236adba2c0e09ff6f03793949e7e39fd4cc1".parse().unwrap();
+    let blob: Digest = "sha256:4bc453b53cb3d914b45f4b250294236adba2c0e09ff6f03793949e7e39fd4cc1"
+        .parse()
+        .unwrap();
     let mut p = KeylessPolicy {
         root: production_root(),
         rules: rules(
@@ -414,7 +577,9 @@ fn the_issuer_only_in_the_deprecated_extension() {
             IdentityRule::Exact("daniel.bevenius@gmail.com".into()),
         ),
     };
-    let verify = |p: &KeylessPolicy| p.verify_legacy(*blob.as_bytes(), &sig, &cert_pem, None, Some(&rekor), false);
+    let verify = |p: &KeylessPolicy| {
+        p.verify_legacy(*blob.as_bytes(), &sig, &cert_pem, None, Some(&rekor), false)
+    };
     let e = refused(verify(&p));
     assert!(
         e.contains("daniel.bevenius@gmail.com")
@@ -432,7 +597,11 @@ fn legacy_sig() -> (Manifest, Vec<u8>) {
     let payload = read(dir.join("payload.json"));
     let annotations: std::collections::BTreeMap<String, String> =
         serde_json::from_slice(&read(dir.join("annotations.json"))).unwrap();
-    let mut layer = Descriptor::new(MEDIA_TYPE_SIMPLE_SIGNING, Digest::of(&payload), payload.len() as u64);
+    let mut layer = Descriptor::new(
+        MEDIA_TYPE_SIMPLE_SIGNING,
+        Digest::of(&payload),
+        payload.len() as u64,
+    );
     layer.annotations = annotations;
     assert!(layer.annotations.contains_key(ANNOTATION_COSIGN_SIGNATURE));
     let m = Manifest {
@@ -447,25 +616,38 @@ fn legacy_sig() -> (Manifest, Vec<u8>) {
     (m, payload)
 }
 
-const LEGACY_IMAGE: &str = "sha256:5f481572d088dc4023afb35fced9530ced3d9b03bf7299c6f492163cb9f0452e";
+const LEGACY_IMAGE: &str =
+    "sha256:5f481572d088dc4023afb35fced9530ced3d9b03bf7299c6f492163cb9f0452e";
 
 #[test]
 fn legacy_keyless_layer_through_the_sig_path() {
     let (sig, payload) = legacy_sig();
     let image: Digest = LEGACY_IMAGE.parse().unwrap();
-    let identity = Identity::repository("registry-testing.svc.lan/kubewarden/disallow-service-nodeport").unwrap();
+    let identity =
+        Identity::repository("registry-testing.svc.lan/kubewarden/disallow-service-nodeport")
+            .unwrap();
     let mut p = KeylessPolicy {
         root: production_root(),
-        rules: rules("https://github.com/login/oauth", IdentityRule::Exact("flavio@castelli.me".into())),
+        rules: rules(
+            "https://github.com/login/oauth",
+            IdentityRule::Exact("flavio@castelli.me".into()),
+        ),
     };
     // 2021: no SCT yet, and no issuer extension at all. Every cryptographic
     // check (SET, chain to the 2021 Fulcio root at the log's time, body
     // binding, signature) passes; the policy cannot be met, and says why.
     p.rules.require_sct = false;
-    let e = check_sig_layers(&p, image, Some(&identity), &sig, |_| Ok(payload.clone())).unwrap_err().join("; ");
-    assert!(e.contains("flavio@castelli.me") && e.contains("names no OIDC issuer"), "{e}");
+    let e = check_sig_layers(&p, image, Some(&identity), &sig, |_| Ok(payload.clone()))
+        .unwrap_err()
+        .join("; ");
+    assert!(
+        e.contains("flavio@castelli.me") && e.contains("names no OIDC issuer"),
+        "{e}"
+    );
     p.rules.require_sct = true;
-    let e = check_sig_layers(&p, image, Some(&identity), &sig, |_| Ok(payload.clone())).unwrap_err().join("; ");
+    let e = check_sig_layers(&p, image, Some(&identity), &sig, |_| Ok(payload.clone()))
+        .unwrap_err()
+        .join("; ");
     assert!(e.contains("carries no SCT"), "{e}");
 }
 
@@ -475,23 +657,35 @@ fn legacy_mutations() {
     let image: Digest = LEGACY_IMAGE.parse().unwrap();
     let mut p = KeylessPolicy {
         root: production_root(),
-        rules: rules("https://github.com/login/oauth", IdentityRule::Exact("flavio@castelli.me".into())),
+        rules: rules(
+            "https://github.com/login/oauth",
+            IdentityRule::Exact("flavio@castelli.me".into()),
+        ),
     };
     p.rules.require_sct = false;
     let run = |m: &Manifest, d: Digest| {
-        check_sig_layers(&p, d, None, m, |_| Ok(payload.clone())).unwrap_err().join("; ")
+        check_sig_layers(&p, d, None, m, |_| Ok(payload.clone()))
+            .unwrap_err()
+            .join("; ")
     };
     // a flipped SET byte
     let mut m = sig.clone();
-    let bundle = m.layers[0].annotations.get_mut("dev.sigstore.cosign/bundle").unwrap();
+    let bundle = m.layers[0]
+        .annotations
+        .get_mut("dev.sigstore.cosign/bundle")
+        .unwrap();
     let mut v: Value = serde_json::from_str(bundle).unwrap();
-    v["SignedEntryTimestamp"] = Value::String(flip_b64(v["SignedEntryTimestamp"].as_str().unwrap(), 10));
+    v["SignedEntryTimestamp"] =
+        Value::String(flip_b64(v["SignedEntryTimestamp"].as_str().unwrap(), 10));
     *bundle = v.to_string();
     let e = run(&m, image);
     assert!(e.contains("signed entry timestamp does not verify"), "{e}");
     // a swapped certificate (the 2022 sign-blob one)
     let mut m = sig.clone();
-    let other = json("sigstore-rs/sign-blob.bundle")["cert"].as_str().unwrap().to_string();
+    let other = json("sigstore-rs/sign-blob.bundle")["cert"]
+        .as_str()
+        .unwrap()
+        .to_string();
     m.layers[0].annotations.insert(
         "dev.sigstore.cosign/certificate".into(),
         String::from_utf8(B64.decode(other).unwrap()).unwrap(),
@@ -500,25 +694,44 @@ fn legacy_mutations() {
     assert!(e.contains("daniel.bevenius@gmail.com"), "{e}");
     // another image digest
     let e = run(&sig, Digest::of(b"another image"));
-    assert!(e.contains("payload names digest") && e.contains(LEGACY_IMAGE), "{e}");
+    assert!(
+        e.contains("payload names digest") && e.contains(LEGACY_IMAGE),
+        "{e}"
+    );
     // a root the layer supplies itself in its chain
     let custom = json("conformance/intoto-with-custom-trust-root/trusted_root.json");
     let der = B64
-        .decode(custom["certificateAuthorities"][0]["certChain"]["certificates"][0]["rawBytes"].as_str().unwrap())
+        .decode(
+            custom["certificateAuthorities"][0]["certChain"]["certificates"][0]["rawBytes"]
+                .as_str()
+                .unwrap(),
+        )
         .unwrap();
-    let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", B64.encode(der));
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        B64.encode(der)
+    );
     let mut m = sig.clone();
-    m.layers[0].annotations.insert("dev.sigstore.cosign/chain".into(), pem);
+    m.layers[0]
+        .annotations
+        .insert("dev.sigstore.cosign/chain".into(), pem);
     let e = run(&m, image);
     assert!(e.contains("supplies its own root certificate"), "{e}");
     // time from an RFC 3161 timestamp alone: not supported yet
     let mut m = sig.clone();
     m.layers[0].annotations.remove("dev.sigstore.cosign/bundle");
-    m.layers[0].annotations.insert("dev.sigstore.cosign/rfc3161timestamp".into(), "{}".into());
+    m.layers[0]
+        .annotations
+        .insert("dev.sigstore.cosign/rfc3161timestamp".into(), "{}".into());
     let e = run(&m, image);
-    assert!(e.contains("RFC 3161 timestamps (without a Rekor bundle) are not supported yet"), "{e}");
+    assert!(
+        e.contains("RFC 3161 timestamps (without a Rekor bundle) are not supported yet"),
+        "{e}"
+    );
     // no log entry at all
-    m.layers[0].annotations.remove("dev.sigstore.cosign/rfc3161timestamp");
+    m.layers[0]
+        .annotations
+        .remove("dev.sigstore.cosign/rfc3161timestamp");
     let e = run(&m, image);
     assert!(e.contains("no Rekor bundle"), "{e}");
 }
@@ -542,15 +755,38 @@ fn bundles_among_referrers() {
         )),
         annotations: Default::default(),
     };
-    let mut referrer = Descriptor::new("application/vnd.oci.image.manifest.v1+json", Digest::of(b"m"), 1);
+    let mut referrer = Descriptor::new(
+        "application/vnd.oci.image.manifest.v1+json",
+        Digest::of(b"m"),
+        1,
+    );
     referrer.artifact_type = Some(media.into());
     let run = |identity: Option<&Identity>, d: Digest| {
-        check_referrers(&cosign_policy(), d, identity, std::slice::from_ref(&referrer), |_| Ok(manifest.clone()), |_, _| Ok(bundle.clone()))
+        check_referrers(
+            &cosign_policy(),
+            d,
+            identity,
+            std::slice::from_ref(&referrer),
+            |_| Ok(manifest.clone()),
+            |_, _| Ok(bundle.clone()),
+        )
     };
-    run(Some(&Identity::repository("127.0.0.1:60943/repo").unwrap()), image).unwrap();
+    run(
+        Some(&Identity::repository("127.0.0.1:60943/repo").unwrap()),
+        image,
+    )
+    .unwrap();
     // the statement names its repository: another one does not count
-    let e = run(Some(&Identity::repository("ghcr.io/org/node").unwrap()), image).unwrap_err().join("; ");
-    assert!(e.contains("names repository 127.0.0.1:60943/repo, not ghcr.io/org/node"), "{e}");
+    let e = run(
+        Some(&Identity::repository("ghcr.io/org/node").unwrap()),
+        image,
+    )
+    .unwrap_err()
+    .join("; ");
+    assert!(
+        e.contains("names repository 127.0.0.1:60943/repo, not ghcr.io/org/node"),
+        "{e}"
+    );
     // a referrer whose subject is another image is not this image's
     let e = run(None, Digest::of(b"other")).unwrap_err().join("; ");
     assert!(e.contains("its subject is not"), "{e}");

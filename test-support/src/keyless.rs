@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use kubeslot_image::layout::Layout;
-use kubeslot_image::oci::{Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST};
+use kubeslot_image::oci::{
+    Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
+};
 use kubeslot_image::Digest;
 use serde_json::Value;
 
@@ -79,7 +81,8 @@ pub fn mutations() -> Vec<Mutation> {
     let mut out = Vec::new();
     let mut b = cosign_bundle();
     flip_b64(
-        &mut b["verificationMaterial"]["tlogEntries"][0]["inclusionPromise"]["signedEntryTimestamp"],
+        &mut b["verificationMaterial"]["tlogEntries"][0]["inclusionPromise"]
+            ["signedEntryTimestamp"],
         12,
     );
     out.push(Mutation {
@@ -100,14 +103,14 @@ pub fn mutations() -> Vec<Mutation> {
     });
     let mut b = cosign_bundle();
     // an hour after the certificate expired: the SET no longer covers it
-    b["verificationMaterial"]["tlogEntries"][0]["integratedTime"] = Value::String("1740774491".into());
+    b["verificationMaterial"]["tlogEntries"][0]["integratedTime"] =
+        Value::String("1740774491".into());
     out.push(Mutation {
         name: "time-outside-certificate",
         bundle: b,
         says: "signed entry timestamp does not verify",
     });
-    let root: Value =
-        serde_json::from_slice(&std::fs::read(production_root()).unwrap()).unwrap();
+    let root: Value = serde_json::from_slice(&std::fs::read(production_root()).unwrap()).unwrap();
     let chain = root["certificateAuthorities"][1]["certChain"]["certificates"].clone();
     let mut b = cosign_bundle();
     let leaf = b["verificationMaterial"]["certificate"].clone();
@@ -129,7 +132,10 @@ pub fn mutations() -> Vec<Mutation> {
 /// manifest descriptor.
 pub fn write_empty_image(layout: &Layout, tag: &str) -> Descriptor {
     let manifest = empty_image_manifest();
-    layout.blobs().put_bytes(EMPTY_IMAGE_CONFIG.as_bytes()).unwrap();
+    layout
+        .blobs()
+        .put_bytes(EMPTY_IMAGE_CONFIG.as_bytes())
+        .unwrap();
     let digest = layout.blobs().put_bytes(manifest.as_bytes()).unwrap();
     let desc = Descriptor::new(DOCKER_MANIFEST, digest, manifest.len() as u64);
     tag_entry(layout, tag, desc.clone());
@@ -164,12 +170,21 @@ pub fn attach_bundle(layout: &Layout, subject: &Descriptor, bundle: &Value) {
         .manifests
         .into_iter()
         .find(|d| d.annotations.get(ANNOTATION_REF_NAME) == Some(&tag))
-        .map(|d| layout.read_json::<Index>(&d.digest, Some(d.size)).unwrap().manifests)
+        .map(|d| {
+            layout
+                .read_json::<Index>(&d.digest, Some(d.size))
+                .unwrap()
+                .manifests
+        })
         .unwrap_or_default();
     referrers.push(entry);
     let ibytes = serde_json::to_vec(&Index::new(referrers)).unwrap();
     let idigest = layout.blobs().put_bytes(&ibytes).unwrap();
-    tag_entry(layout, &tag, Descriptor::new(MEDIA_TYPE_INDEX, idigest, ibytes.len() as u64));
+    tag_entry(
+        layout,
+        &tag,
+        Descriptor::new(MEDIA_TYPE_INDEX, idigest, ibytes.len() as u64),
+    );
 }
 
 /// Pushes the `index.json` entry `tag` of `layout` (and everything it
@@ -188,7 +203,14 @@ pub fn push_raw(layout: &Path, tag: &str, host: &str, repo: &str) {
     push_doc(&agent, &layout, &entry, tag, host, repo);
 }
 
-fn push_doc(agent: &ureq::Agent, layout: &Layout, d: &Descriptor, reference: &str, host: &str, repo: &str) {
+fn push_doc(
+    agent: &ureq::Agent,
+    layout: &Layout,
+    d: &Descriptor,
+    reference: &str,
+    host: &str,
+    repo: &str,
+) {
     let bytes = std::fs::read(layout.blobs().path(&d.digest)).unwrap();
     let doc: Value = serde_json::from_slice(&bytes).unwrap();
     if let Some(children) = doc["manifests"].as_array() {
@@ -210,7 +232,13 @@ fn push_doc(agent: &ureq::Agent, layout: &Layout, d: &Descriptor, reference: &st
             .post(format!("http://{host}/v2/{repo}/blobs/uploads/"))
             .send_empty()
             .unwrap();
-        let location = resp.headers().get("location").unwrap().to_str().unwrap().to_string();
+        let location = resp
+            .headers()
+            .get("location")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
         let url = if location.starts_with("http") {
             location
         } else {

@@ -242,7 +242,9 @@ impl Bundle {
         })
         .collect::<Result<Vec<_>, _>>()?;
         if certs.is_empty() {
-            return Err(ParseError::Malformed("the bundle's certificate chain is empty".into()));
+            return Err(ParseError::Malformed(
+                "the bundle's certificate chain is empty".into(),
+            ));
         }
         let leaf = certs.remove(0);
         let mut entries = Vec::new();
@@ -250,8 +252,10 @@ impl Bundle {
             let proof = match e.inclusion_proof {
                 None => None,
                 Some(p) => Some(InclusionProof {
-                    log_index: non_negative(p.log_index.get("inclusion proof logIndex")?, "inclusion proof logIndex")?
-                        as u64,
+                    log_index: non_negative(
+                        p.log_index.get("inclusion proof logIndex")?,
+                        "inclusion proof logIndex",
+                    )? as u64,
                     tree_size: non_negative(p.tree_size.get("treeSize")?, "treeSize")? as u64,
                     root_hash: b64(&p.root_hash).map_err(malformed("rootHash"))?,
                     hashes: p
@@ -271,7 +275,10 @@ impl Bundle {
                 },
                 body: b64(&e.canonicalized_body).map_err(malformed("canonicalizedBody"))?,
                 set: match e.inclusion_promise {
-                    Some(p) => Some(b64(&p.signed_entry_timestamp).map_err(malformed("signedEntryTimestamp"))?),
+                    Some(p) => Some(
+                        b64(&p.signed_entry_timestamp)
+                            .map_err(malformed("signedEntryTimestamp"))?,
+                    ),
                     None => None,
                 },
                 proof,
@@ -305,8 +312,7 @@ impl Bundle {
             }
             _ => {
                 return Err(ParseError::Malformed(
-                    "the bundle must carry exactly one of messageSignature and dsseEnvelope"
-                        .into(),
+                    "the bundle must carry exactly one of messageSignature and dsseEnvelope".into(),
                 ))
             }
         };
@@ -363,7 +369,8 @@ pub fn parse_rekor_bundle(json: &str) -> Result<Entry, ParseError> {
     let b: RekorBundleJson = serde_json::from_str(json)
         .map_err(|e| ParseError::Malformed(format!("Rekor bundle: {e}")))?;
     Ok(Entry {
-        log_id: hex::decode(&b.payload.log_id).map_err(|e| malformed("Rekor bundle logID")(e.to_string()))?,
+        log_id: hex::decode(&b.payload.log_id)
+            .map_err(|e| malformed("Rekor bundle logID")(e.to_string()))?,
         log_index: non_negative(b.payload.log_index.get("logIndex")?, "logIndex")?,
         integrated_time: b.payload.integrated_time.get("integratedTime")?,
         body: b64(&b.payload.body).map_err(malformed("Rekor bundle body"))?,

@@ -34,8 +34,7 @@ pub const OID_ISSUER_V2: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.
 pub const OID_SOURCE_REPOSITORY: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.12");
 /// Source Repository Ref (e.g. `refs/tags/v1.2.3`).
-pub const OID_SOURCE_REF: ObjectIdentifier =
-    ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.14");
+pub const OID_SOURCE_REF: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.14");
 /// Build Config URI: the workflow file that ran, at its ref.
 pub const OID_BUILD_CONFIG: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.18");
@@ -208,7 +207,8 @@ impl Cert {
         let eku = self
             .extension(OID_EKU)
             .ok_or("the certificate has no extended key usage (code signing required)")?;
-        let eku = ExtendedKeyUsage::from_der(eku).map_err(|e| format!("extended key usage: {e}"))?;
+        let eku =
+            ExtendedKeyUsage::from_der(eku).map_err(|e| format!("extended key usage: {e}"))?;
         if !eku.0.contains(&OID_CODE_SIGNING) {
             return Err("the certificate's extended key usage lacks code signing".into());
         }

@@ -271,11 +271,13 @@ impl KeylessPolicy {
                 if payload_type != IN_TOTO_PAYLOAD_TYPE {
                     return Err(self.refused(
                         &b.leaf,
-                        format!("the DSSE payload type {payload_type:?} is not an in-toto statement"),
+                        format!(
+                            "the DSSE payload type {payload_type:?} is not an in-toto statement"
+                        ),
                     ));
                 }
-                verified.subject_name = statement_subject(payload, target)
-                    .map_err(|why| self.refused(&b.leaf, why))?;
+                verified.subject_name =
+                    statement_subject(payload, target).map_err(|why| self.refused(&b.leaf, why))?;
                 Ok(verified)
             }
         }
@@ -328,9 +330,7 @@ impl KeylessPolicy {
             ));
         };
         let entry = bundle::parse_rekor_bundle(rekor_bundle).map_err(|e| match e {
-            ParseError::Malformed(why) | ParseError::Unsupported(why) => {
-                self.refused(&leaf, why)
-            }
+            ParseError::Malformed(why) | ParseError::Unsupported(why) => self.refused(&leaf, why),
             ParseError::KeyBased => KeylessError::KeyBased,
         })?;
         self.verify_material(&Material {
@@ -370,10 +370,11 @@ fn statement_subject(payload: &[u8], target: Target) -> Result<Option<String>, S
         return Err(format!("the statement type {:?} is not in-toto's", s.kind));
     }
     let want = hex::encode(target.0);
-    let found = s
-        .subject
-        .iter()
-        .find(|sub| sub.digest.get("sha256").is_some_and(|d| d.eq_ignore_ascii_case(&want)));
+    let found = s.subject.iter().find(|sub| {
+        sub.digest
+            .get("sha256")
+            .is_some_and(|d| d.eq_ignore_ascii_case(&want))
+    });
     match found {
         Some(sub) => Ok((!sub.name.is_empty()).then(|| sub.name.clone())),
         None => Err(format!(

@@ -19,7 +19,9 @@
 
 use base64::Engine as _;
 
-use super::bundle::{ANNOTATION_BUNDLE, ANNOTATION_CERTIFICATE, ANNOTATION_CHAIN, ANNOTATION_RFC3161};
+use super::bundle::{
+    ANNOTATION_BUNDLE, ANNOTATION_CERTIFICATE, ANNOTATION_CHAIN, ANNOTATION_RFC3161,
+};
 use super::{KeylessPolicy, Target, Verified};
 use crate::digest::Digest;
 use crate::oci::{Descriptor, Manifest, ANNOTATION_COSIGN_SIGNATURE, MEDIA_TYPE_SIMPLE_SIGNING};
@@ -67,7 +69,10 @@ pub fn check_sig_layers(
         .filter(|l| l.annotations.contains_key(ANNOTATION_CERTIFICATE))
         .collect();
     if keyless.is_empty() {
-        return Err(vec![format!("no keyless signature layer in {}", digest.attachment_tag("sig"))]);
+        return Err(vec![format!(
+            "no keyless signature layer in {}",
+            digest.attachment_tag("sig")
+        )]);
     }
     if sig.layers.len() > MAX_SIGNATURE_LAYERS {
         return Err(vec![format!(
@@ -103,7 +108,10 @@ pub fn check_sig_layers(
             }
         };
         if parsed.critical.kind != COSIGN_TYPE {
-            fail(format!("payload type {:?} is not {COSIGN_TYPE:?}", parsed.critical.kind));
+            fail(format!(
+                "payload type {:?} is not {COSIGN_TYPE:?}",
+                parsed.critical.kind
+            ));
             continue;
         }
         if parsed.critical.image.docker_manifest_digest != digest {
@@ -114,9 +122,11 @@ pub fn check_sig_layers(
             continue;
         }
         let get = |k: &str| layer.annotations.get(k).map(String::as_str);
-        let Some(signature) = get(ANNOTATION_COSIGN_SIGNATURE)
-            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s.trim()).ok())
-        else {
+        let Some(signature) = get(ANNOTATION_COSIGN_SIGNATURE).and_then(|s| {
+            base64::engine::general_purpose::STANDARD
+                .decode(s.trim())
+                .ok()
+        }) else {
             fail("no base64 signature annotation".into());
             continue;
         };
@@ -169,7 +179,9 @@ pub fn check_referrers(
         .take(MAX_REFERRERS)
         .collect();
     if bundles.is_empty() {
-        return Err(vec![format!("no Sigstore bundle among the referrers of {digest}")]);
+        return Err(vec![format!(
+            "no Sigstore bundle among the referrers of {digest}"
+        )]);
     }
     for d in bundles {
         let at = format!("bundle referrer {}", d.digest);
@@ -232,7 +244,9 @@ pub fn check_referrers(
         return Ok(verified);
     }
     if reasons.is_empty() {
-        reasons.push(format!("no Sigstore bundle among the referrers of {digest}"));
+        reasons.push(format!(
+            "no Sigstore bundle among the referrers of {digest}"
+        ));
     }
     Err(reasons)
 }

@@ -132,8 +132,18 @@ impl Rules {
                 &self.github.source_repository,
                 OID_SOURCE_REPOSITORY,
             ),
-            ("ref", "1.3.6.1.4.1.57264.1.14", &self.github.source_ref, OID_SOURCE_REF),
-            ("workflow", "1.3.6.1.4.1.57264.1.18", &self.github.workflow, OID_BUILD_CONFIG),
+            (
+                "ref",
+                "1.3.6.1.4.1.57264.1.14",
+                &self.github.source_ref,
+                OID_SOURCE_REF,
+            ),
+            (
+                "workflow",
+                "1.3.6.1.4.1.57264.1.18",
+                &self.github.workflow,
+                OID_BUILD_CONFIG,
+            ),
         ];
         for (field, oid, want, ext) in github {
             let Some(want) = want else { continue };

@@ -76,10 +76,12 @@ impl Entry {
             ("hashedrekord", "0.0.1") => Ok(Kind::HashedRekord),
             ("rekord", "0.0.1") => Ok(Kind::Rekord),
             ("dsse", "0.0.1") => Ok(Kind::Dsse),
-            (k, "0.0.2") if k == "hashedrekord" || k == "dsse" => Err(Unsupported::Later(
-                format!("Rekor v2 log entries ({k} 0.0.2)"),
-            )),
-            (k, v) => Err(Unsupported::Later(format!("Rekor log entries of kind {k} {v}"))),
+            (k, "0.0.2") if k == "hashedrekord" || k == "dsse" => Err(Unsupported::Later(format!(
+                "Rekor v2 log entries ({k} 0.0.2)"
+            ))),
+            (k, v) => Err(Unsupported::Later(format!(
+                "Rekor log entries of kind {k} {v}"
+            ))),
         }
     }
 
@@ -184,7 +186,9 @@ impl Entry {
                     && same_sig(sigs[0].get("signature").and_then(|v| v.as_str()))
                     && same_cert(sigs[0].get("verifier").and_then(|v| v.as_str()));
                 if !ours {
-                    return Err("the log entry records another DSSE signature or certificate".into());
+                    return Err(
+                        "the log entry records another DSSE signature or certificate".into(),
+                    );
                 }
             }
         }
@@ -243,7 +247,10 @@ fn verify_checkpoint(text: &str, log: &LogKey, root: &[u8], size: u64) -> Result
         .ok_or("the checkpoint has no signature block")?;
     let (note, sigs) = (&text[..=split], &text[split + 2..]);
     let mut lines = note.lines();
-    let _origin = lines.next().filter(|l| !l.is_empty()).ok_or("the checkpoint has no origin")?;
+    let _origin = lines
+        .next()
+        .filter(|l| !l.is_empty())
+        .ok_or("the checkpoint has no origin")?;
     let tree_size: u64 = lines
         .next()
         .and_then(|l| l.parse().ok())
