@@ -285,7 +285,7 @@ pub struct Trust {
     pub allow_downgrade: bool,
     /// Keyless (Sigstore) signatures, verified offline against a trusted
     /// root; beside `public_keys`, either kind of signature is enough.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keyless: Option<Keyless>,
 }
 
@@ -820,6 +820,46 @@ mod tests {
         assert!(e.contains("mirror 2") && !e.contains("pw-9"), "{e}");
         // An '@' in a path is not user info.
         assert!(!has_user_info("https://mirror.example/a@b"));
+    }
+
+    #[test]
+    fn keyless_needs_one_identity_rule_and_a_valid_regexp() {
+        let keyless = |k: &str| {
+            with_top(
+                "ghcr.io/org/node:v1",
+                &format!(
+                    r#","trust":{{"keyless":{{"trusted_root":"/etc/kubeslot/root.json","issuer":"https://token.actions.githubusercontent.com"{k}}}}}"#
+                ),
+            )
+        };
+        let c = parse(&keyless(
+            r#","identity":"https://github.com/org/node/.github/workflows/p.yml@refs/heads/main""#,
+        ))
+        .unwrap();
+        let k = c.trust.keyless.unwrap();
+        assert!(
+            k.require_sct,
+            "SCTs are required unless the config says otherwise"
+        );
+        assert!(!k.accept_deprecated_issuer_extension);
+        for (bad, says) in [
+            ("", "exactly one of identity and identity_regexp"),
+            (r#","identity":"a","identity_regexp":"b""#, "exactly one"),
+            (
+                r#","identity_regexp":"(unclosed""#,
+                "invalid regular expression",
+            ),
+        ] {
+            let e = parse(&keyless(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("trust.keyless") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&keyless(r#","identity":"x","github":{"branch":"main"}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field") && e.contains("branch"), "{e}");
     }
 
     #[test]
