@@ -293,14 +293,6 @@ impl Staged {
         Ok(out)
     }
 
-    fn bad(&self, manifest: Digest, reason: String) -> TransferError {
-        TransferError::Manifest {
-            source_name: self.name.clone(),
-            manifest,
-            reason,
-        }
-    }
-
     fn read(&self, d: &Descriptor) -> Result<Vec<u8>, TransferError> {
         Ok(self
             .layout

@@ -239,7 +239,7 @@ pub fn verify_chain<'r>(leaf: &Cert, root: &'r TrustedRoot, t: i64) -> Result<&'
         }
         let links_hold = ca.chain.windows(2).all(|w| w[0].issued_by(&w[1]));
         let last = ca.chain.last().expect("non-empty chain");
-        if !links_hold || !(last.is_self_issued() && last.issued_by(last)) {
+        if !(links_hold && last.is_self_issued() && last.issued_by(last)) {
             continue;
         }
         if !ca.valid.contains(t) || !ca.chain.iter().all(|c| c.valid_at(t)) {

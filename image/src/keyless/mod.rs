@@ -204,9 +204,7 @@ impl KeylessPolicy {
                 },
             )
             .map_err(|why| refuse(format!("{why} (the entry is not this signature's)")))?;
-        self.rules
-            .check(m.leaf)
-            .map_err(|why| refuse(format!("{why}")))?;
+        self.rules.check(m.leaf).map_err(refuse)?;
         let c = claims(m.leaf);
         Ok(Verified {
             san: c.san,
