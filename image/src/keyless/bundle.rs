@@ -14,8 +14,9 @@
 use serde::Deserialize;
 
 use super::cert::Cert;
+use super::crypto::b64;
 use super::rekor::{Entry, InclusionProof};
-use super::root::{b64, ChainJson, RawBytesJson};
+use super::root::{ChainJson, RawBytesJson};
 
 /// cosign's annotation holding the PEM leaf certificate of a keyless layer.
 pub const ANNOTATION_CERTIFICATE: &str = "dev.sigstore.cosign/certificate";

@@ -1,4 +1,4 @@
-//! The public-key operations keyless verification needs, and nothing else:
+//! The public-key operations keyless verification needs (and base64), nothing else:
 //! ECDSA over P-256 and P-384 with SHA-256 or SHA-384 (what Fulcio, Rekor
 //! and the CT log of Sigstore's public instance use), keys given as DER
 //! `SubjectPublicKeyInfo`. Any other algorithm is refused by name, never
@@ -83,6 +83,14 @@ impl Key {
                 .is_ok_and(|s| k.verify_prehash(digest, &s).is_ok()),
         }
     }
+}
+
+/// Standard base64 (what Sigstore's JSON and cosign's annotations use).
+pub fn b64(text: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| format!("invalid base64 ({e})"))
 }
 
 /// SHA-256, the hash of log IDs, Merkle trees and payload digests.

@@ -35,6 +35,7 @@
 
 pub mod bundle;
 pub mod cert;
+pub mod chain;
 pub mod crypto;
 pub mod oci;
 pub mod policy;
@@ -179,10 +180,10 @@ impl KeylessPolicy {
         if m.need_proof || entry.proof.is_some() {
             entry.verify_inclusion(log, m.need_proof).map_err(refuse)?;
         }
-        let issuer = cert::verify_chain(m.leaf, &self.root, t).map_err(refuse)?;
+        let issuer = chain::verify_chain(m.leaf, &self.root, t).map_err(refuse)?;
         m.leaf.check_leaf_usage().map_err(refuse)?;
         if self.rules.require_sct {
-            cert::verify_sct(m.leaf, issuer, &self.root).map_err(refuse)?;
+            chain::verify_sct(m.leaf, issuer, &self.root).map_err(refuse)?;
         }
         let key = m.leaf.key().map_err(refuse)?;
         let valid = match &m.signed {

@@ -16,8 +16,9 @@ use base64::Engine as _;
 use serde::Deserialize;
 
 use super::cert::Cert;
+use super::crypto::b64;
 use super::crypto::sha256;
-use super::root::{b64, LogKey};
+use super::root::LogKey;
 
 /// One log entry, from a bundle or a legacy `dev.sigstore.cosign/bundle`.
 #[derive(Clone, Debug)]

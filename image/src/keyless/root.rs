@@ -10,11 +10,10 @@
 //! one. Timestamp authorities are not read (RFC 3161 timestamps are refused
 //! by [`crate::keyless`] until they are supported).
 
-use base64::Engine as _;
 use serde::Deserialize;
 
 use super::cert::Cert;
-use super::crypto::Key;
+use super::crypto::{b64, Key};
 use crate::time::parse_rfc3339;
 
 /// A validity interval in Unix seconds, both ends inclusive.
@@ -128,12 +127,6 @@ const MEDIA_TYPES: [&str; 2] = [
     "application/vnd.dev.sigstore.trustedroot+json;version=0.1",
     "application/vnd.dev.sigstore.trustedroot.v0.2+json",
 ];
-
-pub(crate) fn b64(text: &str) -> Result<Vec<u8>, String> {
-    base64::engine::general_purpose::STANDARD
-        .decode(text.trim())
-        .map_err(|e| format!("invalid base64 ({e})"))
-}
 
 fn validity(what: &str, v: Option<&ValidForJson>) -> Result<Validity, String> {
     let v = v.ok_or_else(|| format!("{what}: no validFor"))?;
