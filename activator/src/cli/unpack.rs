@@ -21,8 +21,8 @@ use serde::Deserialize;
 /// The trust policy comes from the config's "trust" section. Without
 /// --config the policy is the default one: unsigned images are refused and no
 /// key is trusted, so every image is refused; pass a config with
-/// "trust.public_keys" (or "trust.allow_unsigned": true). There is no flag
-/// that bypasses the policy.
+/// "trust.public_keys" or "trust.keyless" (or "trust.allow_unsigned": true).
+/// There is no flag that bypasses the policy.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Activator config (JSON); its "registries" (mirrors, credentials,
@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
             None => anyhow::bail!(
                 "no --config: the default trust policy has no keys and trust.allow_unsigned \
-                 is false, so it refuses every image; pass --config with trust.public_keys"
+                 is false, so it refuses every image; pass --config with trust.public_keys or trust.keyless"
             ),
         }
     }
