@@ -8,10 +8,7 @@
 //! ten minutes, the log's signed time is what proves the signature was made
 //! inside them.
 
-use x509_cert::der::asn1::OctetString;
-use x509_cert::der::{Decode as _, Encode as _};
-
-use super::cert::{Cert, OID_SCT_LIST};
+use super::cert::{octet_string, Cert, OID_SCT_LIST};
 use super::crypto::{sha256, Hash};
 use super::root::TrustedRoot;
 
@@ -61,20 +58,10 @@ pub fn verify_sct(leaf: &Cert, issuer: &Cert, root: &TrustedRoot) -> Result<(), 
     let ext = leaf
         .extension(OID_SCT_LIST)
         .ok_or("the certificate carries no SCT (trust.keyless.require_sct)")?;
-    let list = OctetString::from_der(ext).map_err(|e| format!("SCT list: {e}"))?;
-    let scts = parse_sct_list(list.as_bytes()).ok_or("SCT list: malformed")?;
-    let mut tbs = leaf.parsed.tbs_certificate.clone();
-    if let Some(exts) = tbs.extensions.as_mut() {
-        exts.retain(|e| e.extn_id != OID_SCT_LIST);
-    }
-    let precert = tbs.to_der().map_err(|e| format!("precertificate: {e}"))?;
-    let issuer_spki = issuer
-        .parsed
-        .tbs_certificate
-        .subject_public_key_info
-        .to_der()
-        .map_err(|e| e.to_string())?;
-    let key_hash = sha256(&issuer_spki);
+    let list = octet_string(ext).ok_or("SCT list: not an OCTET STRING")?;
+    let scts = parse_sct_list(list).ok_or("SCT list: malformed")?;
+    let precert = leaf.precert_tbs();
+    let key_hash = sha256(issuer.spki_der());
     let mut reasons = Vec::new();
     for sct in &scts {
         let Some(log) = root.ctlog(&sct.log_id) else {

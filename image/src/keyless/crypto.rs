@@ -5,9 +5,9 @@
 //! treated as a pass.
 
 use p256::ecdsa::signature::hazmat::PrehashVerifier as _;
+use p256::pkcs8::der::asn1::ObjectIdentifier;
 use p256::pkcs8::DecodePublicKey as _;
 use sha2::{Digest as _, Sha256, Sha384};
-use x509_cert::der::asn1::ObjectIdentifier;
 
 /// ecdsa-with-SHA256 (RFC 5758).
 pub const ECDSA_SHA256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.4.3.2");

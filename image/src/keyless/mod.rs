@@ -154,7 +154,7 @@ impl KeylessPolicy {
         if let Some(root) = m.extra.iter().find(|c| c.is_self_issued()) {
             return Err(refuse(format!(
                 "the signature material supplies its own root certificate ({}): only the CAs of trust.keyless.trusted_root are trusted",
-                root.parsed.tbs_certificate.subject
+                root.subject_summary()
             )));
         }
         if !m.kinds.contains(&kind) {
