@@ -171,11 +171,33 @@ struct DsseSigJson {
 }
 
 /// An int64 as protobuf JSON writes it (a string) or as a number.
-#[derive(Deserialize)]
-#[serde(untagged)]
 enum Int {
     Number(i64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Int, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer or a string")
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Int, E> {
+                Ok(Int::Number(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Int, E> {
+                i64::try_from(v)
+                    .map(Int::Number)
+                    .map_err(|_| E::custom("integer out of range"))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Int, E> {
+                Ok(Int::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl Int {

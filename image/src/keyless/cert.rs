@@ -7,10 +7,10 @@
 //! and SCTs are [`crate::keyless::chain`]; whether the claims are
 //! acceptable is [`crate::keyless::policy`].
 //!
-//! The DER is walked by hand (a strict TLV reader: definite lengths, no
-//! trailing bytes), reading only the fields verification needs; a
-//! general X.509 crate cost the activator more than the rest of keyless
-//! verification together (ci/bench/activator-size.sh).
+//! The DER is walked by hand (a strict TLV reader: one-byte tags, definite
+//! minimal lengths, nothing after the certificate), reading only the
+//! fields verification needs: a general X.509 crate put the activator over
+//! its size budget (ARCHITECTURE.md, "Keyless verification").
 
 use std::ops::Range;
 

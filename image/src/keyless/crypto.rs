@@ -1,13 +1,17 @@
-//! The public-key operations keyless verification needs (and base64), nothing else:
-//! ECDSA over P-256 and P-384 with SHA-256 or SHA-384 (what Fulcio, Rekor
-//! and the CT log of Sigstore's public instance use), keys given as DER
-//! `SubjectPublicKeyInfo`. Any other algorithm is refused by name, never
-//! treated as a pass.
+//! The public-key operations keyless verification needs (and base64),
+//! nothing else: ECDSA over P-256 and P-384 with SHA-256 or SHA-384 (what
+//! Fulcio, Rekor and the CT log of Sigstore's public instance use), keys
+//! given as DER `SubjectPublicKeyInfo`. Any other algorithm is refused by
+//! name, never treated as a pass.
+//!
+//! P-256 goes through `p256` (the crate key-based signatures use), P-384
+//! and SHA-384 through `ring` (already linked for TLS): no curve or hash
+//! code is added to the activator for keyless verification.
 
 use p256::ecdsa::signature::hazmat::PrehashVerifier as _;
 use p256::pkcs8::der::asn1::ObjectIdentifier;
 use p256::pkcs8::DecodePublicKey as _;
-use sha2::{Digest as _, Sha256, Sha384};
+use sha2::{Digest as _, Sha256};
 
 /// ecdsa-with-SHA256 (RFC 5758).
 pub const ECDSA_SHA256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.4.3.2");
@@ -36,7 +40,9 @@ impl Hash {
     pub fn digest(self, message: &[u8]) -> Vec<u8> {
         match self {
             Hash::Sha256 => Sha256::digest(message).to_vec(),
-            Hash::Sha384 => Sha384::digest(message).to_vec(),
+            Hash::Sha384 => ring::digest::digest(&ring::digest::SHA384, message)
+                .as_ref()
+                .to_vec(),
         }
     }
 }
@@ -45,7 +51,24 @@ impl Hash {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Key {
     P256(p256::ecdsa::VerifyingKey),
-    P384(p384::ecdsa::VerifyingKey),
+    /// The uncompressed point of a P-384 key.
+    P384(Vec<u8>),
+}
+
+/// id-ecPublicKey and the P-384 curve.
+const EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+const SECP384R1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
+
+/// The point of a P-384 `SubjectPublicKeyInfo`.
+fn p384_point(der: &[u8]) -> Option<Vec<u8>> {
+    use p256::pkcs8::der::Decode as _;
+    let spki = p256::pkcs8::spki::SubjectPublicKeyInfoRef::from_der(der).ok()?;
+    let curve: ObjectIdentifier = spki.algorithm.parameters?.decode_as().ok()?;
+    if spki.algorithm.oid != EC_PUBLIC_KEY || curve != SECP384R1 {
+        return None;
+    }
+    let point = spki.subject_public_key.as_bytes()?;
+    (point.len() == 97 && point[0] == 4).then(|| point.to_vec())
 }
 
 impl Key {
@@ -54,14 +77,14 @@ impl Key {
         if let Ok(k) = p256::ecdsa::VerifyingKey::from_public_key_der(der) {
             return Ok(Key::P256(k));
         }
-        if let Ok(k) = p384::ecdsa::VerifyingKey::from_public_key_der(der) {
-            return Ok(Key::P384(k));
+        if let Some(point) = p384_point(der) {
+            return Ok(Key::P384(point));
         }
         Err("not an ECDSA P-256 or P-384 public key (the only kinds supported)".into())
     }
 
     /// The hash this key's signatures use when the format does not say
-    /// (Rekor and CT log keys, Fulcio leaf keys).
+    /// (DSSE envelopes).
     pub fn default_hash(&self) -> Hash {
         match self {
             Key::P256(_) => Hash::Sha256,
@@ -71,16 +94,28 @@ impl Key {
 
     /// Checks a DER ECDSA signature over `message` hashed with `hash`.
     pub fn verify(&self, hash: Hash, message: &[u8], signature_der: &[u8]) -> bool {
-        self.verify_prehashed(&hash.digest(message), signature_der)
+        match self {
+            Key::P256(_) => self.verify_prehashed(&hash.digest(message), signature_der),
+            Key::P384(point) => {
+                let alg = match hash {
+                    Hash::Sha256 => &ring::signature::ECDSA_P384_SHA256_ASN1,
+                    Hash::Sha384 => &ring::signature::ECDSA_P384_SHA384_ASN1,
+                };
+                ring::signature::UnparsedPublicKey::new(alg, point)
+                    .verify(message, signature_der)
+                    .is_ok()
+            }
+        }
     }
 
-    /// Checks a DER ECDSA signature over an already computed digest.
+    /// Checks a DER ECDSA signature over an already computed digest (P-256
+    /// keys: what Fulcio issues to signers; a P-384 key's signature is
+    /// checked over its message only).
     pub fn verify_prehashed(&self, digest: &[u8], signature_der: &[u8]) -> bool {
         match self {
             Key::P256(k) => p256::ecdsa::Signature::from_der(signature_der)
                 .is_ok_and(|s| k.verify_prehash(digest, &s).is_ok()),
-            Key::P384(k) => p384::ecdsa::Signature::from_der(signature_der)
-                .is_ok_and(|s| k.verify_prehash(digest, &s).is_ok()),
+            Key::P384(_) => false,
         }
     }
 }
@@ -118,5 +153,13 @@ mod tests {
         bad[last] ^= 1;
         assert!(!key.verify(Hash::Sha256, b"message", &bad));
         assert!(Key::from_spki_der(b"junk").is_err());
+    }
+
+    #[test]
+    fn sha384_is_sha384() {
+        assert_eq!(
+            hex::encode(Hash::Sha384.digest(b"abc")),
+            "cb00753f45a35e8bb5a03d699ac65007272c32ab0eded1631a8b605a43ff5bed8086072ba1e7cc2358baeca134c825a7"
+        );
     }
 }
