@@ -479,17 +479,7 @@ impl Client {
             400 | 404 | 405 => return Ok(None),
             status => return Err(format!("HTTP {status} for {path}")),
         }
-        let mut bytes = Vec::new();
-        resp.into_body()
-            .into_reader()
-            .take(MAX_DOCUMENT_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("reading {path}: {e}"))?;
-        if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
-            return Err(format!(
-                "{path}: referrers index larger than the {MAX_DOCUMENT_BYTES}-byte limit"
-            ));
-        }
+        let bytes = read_document(resp, &path)?;
         Ok(Some(Document {
             media_type: crate::oci::MEDIA_TYPE_INDEX.to_string(),
             digest: Digest::of(&bytes),
@@ -523,17 +513,7 @@ impl Client {
         };
         let content_type = header("content-type").unwrap_or_default();
         let header_digest = header("docker-content-digest");
-        let mut bytes = Vec::new();
-        resp.into_body()
-            .into_reader()
-            .take(MAX_DOCUMENT_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("reading {path}: {e}"))?;
-        if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
-            return Err(format!(
-                "{path}: manifest larger than the {MAX_DOCUMENT_BYTES}-byte limit"
-            ));
-        }
+        let bytes = read_document(resp, &path)?;
         let digest = Digest::of(&bytes);
         if let Some(w) = wanted {
             if w != digest {
@@ -849,6 +829,22 @@ fn describe(e: &ureq::Error) -> String {
 /// The media type of a served manifest: from `Content-Type`, else the
 /// body's `mediaType`; both must agree when both are set, and it must be a
 /// known manifest or index type.
+/// A document's body, capped at [`MAX_DOCUMENT_BYTES`].
+fn read_document(resp: ureq::http::Response<ureq::Body>, path: &str) -> Attempt<Vec<u8>> {
+    let mut bytes = Vec::new();
+    resp.into_body()
+        .into_reader()
+        .take(MAX_DOCUMENT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading {path}: {e}"))?;
+    if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
+        return Err(format!(
+            "{path}: document larger than the {MAX_DOCUMENT_BYTES}-byte limit"
+        ));
+    }
+    Ok(bytes)
+}
+
 pub fn document_media_type(content_type: &str, bytes: &[u8]) -> Result<String, String> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]

@@ -527,6 +527,21 @@ impl Source {
         }
     }
 
+    /// In a layout or archive: the document `index.json` names `tag`
+    /// (an attachment's tag), if there is one.
+    fn local_tagged(&self, tag: &str) -> Result<Option<Vec<u8>>, SourceError> {
+        let (layout, _) = self.local().expect("local source");
+        let index = layout.index().map_err(|e| self.layout_err(e))?;
+        let Some(desc) = index
+            .manifests
+            .iter()
+            .find(|d| d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag))
+        else {
+            return Ok(None);
+        };
+        self.read_blob(desc, MAX_DOCUMENT_BYTES).map(Some)
+    }
+
     /// The cosign `.sig` artifact attached to `digest`, if there is one.
     pub fn signature(&self, digest: &Digest) -> Result<Option<Manifest>, SourceError> {
         let tag = digest.attachment_tag("sig");
@@ -540,16 +555,10 @@ impl Source {
                     None => return Ok(None),
                 }
             }
-            _ => {
-                let (layout, _) = self.local().expect("local source");
-                let index = layout.index().map_err(|e| self.layout_err(e))?;
-                let Some(desc) = index.manifests.iter().find(|d| {
-                    d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag.as_str())
-                }) else {
-                    return Ok(None);
-                };
-                self.read_blob(desc, MAX_DOCUMENT_BYTES)?
-            }
+            _ => match self.local_tagged(&tag)? {
+                Some(bytes) => bytes,
+                None => return Ok(None),
+            },
         };
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             self.doc_err(
@@ -582,16 +591,10 @@ impl Source {
                     None => return Ok(Vec::new()),
                 }
             }
-            _ => {
-                let (layout, _) = self.local().expect("local source");
-                let index = layout.index().map_err(|e| self.layout_err(e))?;
-                let Some(desc) = index.manifests.iter().find(|d| {
-                    d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag.as_str())
-                }) else {
-                    return Ok(Vec::new());
-                };
-                self.read_blob(desc, MAX_DOCUMENT_BYTES)?
-            }
+            _ => match self.local_tagged(&tag)? {
+                Some(bytes) => bytes,
+                None => return Ok(Vec::new()),
+            },
         };
         let index: Index = serde_json::from_slice(&bytes)
             .map_err(|e| self.doc_err(*digest, format!("referrers {tag}: invalid index: {e}")))?;
