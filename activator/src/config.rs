@@ -288,6 +288,86 @@ pub struct Trust {
     /// the identity (`activate --allow-downgrade` for one run).
     #[serde(default)]
     pub allow_downgrade: bool,
+    /// Keyless (Sigstore) signatures, verified offline against a trusted
+    /// root; beside `public_keys`, either kind of signature is enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyless: Option<Keyless>,
+}
+
+/// `trust.keyless`: which Fulcio certificates a host accepts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Keyless {
+    /// Sigstore's `trusted_root.json` (a host path), shipped with the
+    /// config and refreshed out of band: the only source of CAs and log
+    /// keys.
+    pub trusted_root: PathBuf,
+    /// The OIDC issuer, exactly (GitHub Actions:
+    /// `https://token.actions.githubusercontent.com`).
+    pub issuer: String,
+    /// The certificate identity (SAN), exactly.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// A regular expression the whole identity must match (anchored at
+    /// both ends whether or not it says so).
+    #[serde(default)]
+    pub identity_regexp: Option<String>,
+    /// Optional exact matches on Fulcio's GitHub claims.
+    #[serde(default)]
+    pub github: KeylessGithub,
+    /// Require an SCT from a CT log of the trusted root (default true).
+    #[serde(default = "default_true")]
+    pub require_sct: bool,
+    /// Accept a certificate that names its issuer only in the deprecated
+    /// 1.3.6.1.4.1.57264.1.1 extension (Fulcio before late 2022).
+    #[serde(default)]
+    pub accept_deprecated_issuer_extension: bool,
+}
+
+/// `trust.keyless.github`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeylessGithub {
+    /// Source Repository URI, e.g. `https://github.com/org/repo`.
+    #[serde(default)]
+    pub source_repository: Option<String>,
+    /// Source Repository Ref, e.g. `refs/tags/v1.2.3`.
+    #[serde(default, rename = "ref")]
+    pub source_ref: Option<String>,
+    /// Build Config URI: the workflow that ran, e.g.
+    /// `https://github.com/org/repo/.github/workflows/publish.yml@refs/tags/v1.2.3`.
+    #[serde(default)]
+    pub workflow: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Keyless {
+    /// The certificate rules, or what is wrong with the section.
+    pub fn rules(&self) -> Result<kubeslot_image::keyless::Rules, String> {
+        use kubeslot_image::keyless::{GithubRule, IdentityRule, Rules};
+        if self.issuer.is_empty() {
+            return Err("issuer is empty".into());
+        }
+        let identity = match (&self.identity, &self.identity_regexp) {
+            (Some(id), None) if !id.is_empty() => IdentityRule::Exact(id.clone()),
+            (None, Some(re)) if !re.is_empty() => IdentityRule::regexp(re)?,
+            _ => return Err("name exactly one of identity and identity_regexp".into()),
+        };
+        Ok(Rules {
+            issuer: self.issuer.clone(),
+            identity,
+            github: GithubRule {
+                source_repository: self.github.source_repository.clone(),
+                source_ref: self.github.source_ref.clone(),
+                workflow: self.github.workflow.clone(),
+            },
+            require_sct: self.require_sct,
+            accept_deprecated_issuer: self.accept_deprecated_issuer_extension,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -560,6 +640,15 @@ impl Config {
                     "gpu.driver_root",
                     "must be an absolute path without '.' or '..' (the directory the driver's tree is mounted at, e.g. /run/nvidia/driver)",
                 ));
+            }
+        }
+        if let Some(k) = &self.trust.keyless {
+            if let Err(reason) = k.rules() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: "trust.keyless",
+                    reason,
+                });
             }
         }
         if let Some(identity) = &self.trust.identity {
@@ -884,6 +973,46 @@ mod tests {
         assert!(e.contains("mirror 2") && !e.contains("pw-9"), "{e}");
         // An '@' in a path is not user info.
         assert!(!has_user_info("https://mirror.example/a@b"));
+    }
+
+    #[test]
+    fn keyless_needs_one_identity_rule_and_a_valid_regexp() {
+        let keyless = |k: &str| {
+            with_top(
+                "ghcr.io/org/node:v1",
+                &format!(
+                    r#","trust":{{"keyless":{{"trusted_root":"/etc/kubeslot/root.json","issuer":"https://token.actions.githubusercontent.com"{k}}}}}"#
+                ),
+            )
+        };
+        let c = parse(&keyless(
+            r#","identity":"https://github.com/org/node/.github/workflows/p.yml@refs/heads/main""#,
+        ))
+        .unwrap();
+        let k = c.trust.keyless.unwrap();
+        assert!(
+            k.require_sct,
+            "SCTs are required unless the config says otherwise"
+        );
+        assert!(!k.accept_deprecated_issuer_extension);
+        for (bad, says) in [
+            ("", "exactly one of identity and identity_regexp"),
+            (r#","identity":"a","identity_regexp":"b""#, "exactly one"),
+            (
+                r#","identity_regexp":"(unclosed""#,
+                "invalid regular expression",
+            ),
+        ] {
+            let e = parse(&keyless(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("trust.keyless") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&keyless(r#","identity":"x","github":{"branch":"main"}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field") && e.contains("branch"), "{e}");
     }
 
     #[test]
