@@ -288,12 +288,7 @@ pub fn runtime_conditions(info: &str) -> Result<(), (Check, String)> {
                     ),
                 ))
             }
-            None => {
-                return Err((
-                    *check,
-                    format!("the runtime reports no {kind} condition"),
-                ))
-            }
+            None => return Err((*check, format!("the runtime reports no {kind} condition"))),
         }
     }
     Ok(())
@@ -780,7 +775,8 @@ mod tests {
         let e = wait_healthy(&sd, Slot::Kube2, &g, &[]).unwrap_err();
         assert_eq!(e.check, Check::CriNetworkReady);
         assert!(
-            e.to_string().contains("health check cri-network-ready failed: NetworkReady is false"),
+            e.to_string()
+                .contains("health check cri-network-ready failed: NetworkReady is false"),
             "{e}"
         );
 

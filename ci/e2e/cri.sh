@@ -163,11 +163,11 @@ spec:
     image: $POD_REGISTRY_NAME/e2e/hello:1
     command: [sh, -c, "echo run; exit 1"]
 EOF2
-  cri_manifest kube1 done <<EOF2
+  cri_manifest kube1 exits <<EOF2
 apiVersion: v1
 kind: Pod
 metadata:
-  name: done
+  name: exits
 spec:
   restartPolicy: OnFailure
   containers:
@@ -176,9 +176,9 @@ spec:
     command: [sh, -c, "echo run; exit 0"]
 EOF2
   cri_wait_log kube1 again once 1 '^run$' 60 >/dev/null || return 1
-  cri_wait_log kube1 done once 0 '^run$' 60 >/dev/null || return 1
+  cri_wait_log kube1 exits once 0 '^run$' 60 >/dev/null || return 1
   sleep 3
-  out=$(in_machine kube1 crictl ps -a -o json | jq -r '.containers[] | select(.labels["io.kubernetes.pod.name"] == "done-e2e-node") | .metadata.attempt' | sort -u | paste -sd' ')
+  out=$(in_machine kube1 crictl ps -a -o json | jq -r '.containers[] | select(.labels["io.kubernetes.pod.name"] == "exits-e2e-node") | .metadata.attempt' | sort -u | paste -sd' ')
   check_eq "attempts of the OnFailure container that exited 0" "$out" 0 || return 1
   # a manifest with a field outside the subset is refused, naming it
   cri_manifest kube1 bad <<EOF2
@@ -198,7 +198,7 @@ EOF2
     sleep 0.5
   done
   log "  ok: bad.yaml refused naming spec.containers[0].ports"
-  in_machine kube1 rm -f /etc/kubernetes/manifests/again.yaml /etc/kubernetes/manifests/done.yaml /etc/kubernetes/manifests/bad.yaml
+  in_machine kube1 rm -f /etc/kubernetes/manifests/again.yaml /etc/kubernetes/manifests/exits.yaml /etc/kubernetes/manifests/bad.yaml
 }
 
 # The hello pod's image came by CRI PullImage through the rendered
