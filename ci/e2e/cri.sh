@@ -80,15 +80,21 @@ version_at_least() {
 # systemd cgroup driver for runc.
 cri_expect_production_runtime() {
   local m=$1 v dump got
-  v=$(in_machine "$m" containerd --version | grep -o ' v\?[0-9][0-9.]*' | head -n1 | tr -d ' v')
+  # (`containerd github.com/containerd/containerd/v2 2.1.9+unknown`)
+  v=$(in_machine "$m" containerd --version | awk '{ print $3 }' | sed 's/[^0-9.].*//')
   check "containerd $v >= 2.1" version_at_least "$v" 2.1 || return 1
   v=$(in_machine "$m" runc --version | sed -n 's/^runc version \([0-9.]*\).*/\1/p')
   check "runc $v >= 1.3" version_at_least "$v" 1.3 || return 1
-  v=$(in_machine "$m" /opt/cni/bin/bridge 2>&1 | sed -n 's/^CNI bridge plugin v\([0-9.]*\).*/\1/p')
+  # (Debian's CNI plugins print "version unknown": the package's version,
+  # and /opt/cni/bin's plugins are that package's files)
+  # shellcheck disable=SC2016 # a dpkg-query format, not a shell expansion
+  v=$(in_machine "$m" dpkg-query -W -f '${Version}' containernetworking-plugins | sed 's/[^0-9.].*//')
   check "CNI plugins $v >= 1.9" version_at_least "$v" 1.9 || return 1
+  check "/opt/cni/bin/bridge is the package's" in_machine "$m" cmp -s /opt/cni/bin/bridge /usr/lib/cni/bridge || return 1
   check "/etc/containerd/config.toml is recipes/files/containerd-config.toml" \
     cmp -s <(in_machine "$m" cat /etc/containerd/config.toml) "$REPO/recipes/files/containerd-config.toml" || return 1
-  dump=$(in_machine "$m" containerd config dump) || { fail "containerd config dump in $m"; return 1; }
+  # (containerd 2 writes TOML strings in single quotes)
+  dump=$(in_machine "$m" containerd config dump | tr "'" '"') || { fail "containerd config dump in $m"; return 1; }
   got=$(grep -E '^\s*(sandbox|config_path|enable_cdi|cdi_spec_dirs|SystemdCgroup|default_runtime_name) = ' <<<"$dump" |
     sed 's/^[[:space:]]*//' | sort -u | paste -sd';')
   check_eq "containerd config dump in $m" "$got" \

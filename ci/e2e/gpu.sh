@@ -199,7 +199,8 @@ scenario_gpu_setup() {
   check_eq "the setup finished before containerd started" "$got" before || return 1
   # containerd's own view of its merged config (the import of conf.d)
   local dump
-  dump=$(gpu_in "$m" 'containerd config dump') || { fail "containerd config dump in $m"; return 1; }
+  # (containerd 2 writes TOML strings in single quotes)
+  dump=$(gpu_in "$m" 'containerd config dump' | tr "'" '"') || { fail "containerd config dump in $m"; return 1; }
   got=$(grep -E '^\s*(enable_cdi|cdi_spec_dirs|default_runtime_name) = ' <<<"$dump" | sed 's/^[[:space:]]*//' | sort | paste -sd';')
   want='cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"];default_runtime_name = "nvidia";enable_cdi = true'
   check_eq "containerd config dump in $m: CDI and the default runtime" "$got" "$want" || { echo "$dump" >&2; return 1; }
@@ -267,7 +268,8 @@ scenario_gpu_cdi_injection() {
   local m archive=/var/tmp/e2e-pause.oci.tar out
   m=$(running_machine) || return 1
   gpu_devices add
-  hybrid_cgroup_dropin "systemd-nspawn@$m.service" || return 1
+  # (on the template: the render owns the machine's own drop-in dir)
+  hybrid_cgroup_dropin systemd-nspawn@.service || return 1
   # (TEST-ONLY, as hand_nspawn's: the kubelet on that cgroup v1 layout)
   gpu_in "$m" 'printf "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n" >/etc/kubernetes/kubelet/config.d/40-allow-cgroup-v1.conf' || return 1
   gpu_restart "$m" || return 1
