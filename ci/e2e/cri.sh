@@ -87,8 +87,8 @@ cri_expect_production_runtime() {
   check "runc $v >= 1.3" version_at_least "$v" 1.3 || return 1
   # (Debian's CNI plugins print "version unknown": the package's version,
   # and /opt/cni/bin's plugins are that package's files)
-  # shellcheck disable=SC2016 # a dpkg-query format, not a shell expansion
-  v=$(in_machine "$m" dpkg-query -W -f '${Version}' containernetworking-plugins | sed 's/[^0-9.].*//')
+  # (no ${...} format: the machine's systemd would expand it in the command)
+  v=$(in_machine "$m" dpkg-query -W containernetworking-plugins | awk '{ print $2 }' | sed 's/[^0-9.].*//')
   check "CNI plugins $v >= 1.9" version_at_least "$v" 1.9 || return 1
   check "/opt/cni/bin/bridge is the package's" in_machine "$m" cmp -s /opt/cni/bin/bridge /usr/lib/cni/bridge || return 1
   check "/etc/containerd/config.toml is recipes/files/containerd-config.toml" \

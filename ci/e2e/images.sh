@@ -93,8 +93,7 @@ images_stage() {
   install -m 0755 "$files/import-images" "$stage/config/usr/libexec/kubeslot/import-images"
   mkdir -p "$stage/config/usr/local/sbin" "$stage/config/etc/cni/net.d"
   # the TEST-ONLY parts node.toml.in adds (runc's path, the CNI config)
-  printf '#!/bin/sh\nexec /usr/sbin/runc "$@"\n' >"$stage/config/usr/local/sbin/runc"
-  chmod 0755 "$stage/config/usr/local/sbin/runc"
+  install -m 0755 "$E2E_TESTDATA/node/runc" "$stage/config/usr/local/sbin/runc"
   install -m 0644 "$E2E_TESTDATA/node/10-e2e-bridge.conflist" "$stage/config/etc/cni/net.d/"
   tar -C "$stage/config/opt/cni/bin" -xzf "$CNI_TGZ"
   for v in "${E2E_VERSIONS[@]}"; do
