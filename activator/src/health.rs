@@ -379,8 +379,11 @@ pub fn wait_healthy(
             return Err(fail(
                 check,
                 format!(
-                    "{why} ({streak} of {} consecutive healthy probes of {} within {:?})",
-                    gate.successes, gate.url, gate.timeout
+                    "{why} ({} of {} consecutive healthy probes of {} within {:?})",
+                    streak.min(gate.successes),
+                    gate.successes,
+                    gate.url,
+                    gate.timeout
                 ),
             ));
         }

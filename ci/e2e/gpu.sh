@@ -292,7 +292,7 @@ spec:
   - name: cuda
     image: registry.k8s.io/pause:3.10.2
     command: [sh, -c]
-    args: ["ls -l /dev/nvidia0 /dev/nvidiactl; ls $GPU_LIBDIR; echo gpu-pod-done; exec sleep 3600"]
+    args: ["ls -l /dev/nvidia0 /dev/nvidiactl; ls $GPU_LIBDIR; echo gpu-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
     resources:
       limits:
         nvidia.com/gpu: 1
@@ -308,7 +308,7 @@ spec:
   containers:
   - name: plain
     image: registry.k8s.io/pause:3.10.2
-    command: [sh, -c, "ls /dev/nvidia0 2>/dev/null || echo no-gpu-device; ls $GPU_LIBDIR 2>/dev/null | grep -c nvidia || true; echo plain-pod-done; exec sleep 3600"]
+    command: [sh, -c, "ls /dev/nvidia0 2>/dev/null || echo no-gpu-device; ls $GPU_LIBDIR 2>/dev/null | grep -c nvidia || true; echo plain-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
 EOF2
   out=$(cri_wait_log "$m" gpu cuda 0 '^gpu-pod-done$' 90) || return 1
   check "the GPU pod sees /dev/nvidia0 (a character device)" grep -Eq '^c.* /dev/nvidia0$' <<<"$out" || { echo "$out" >&2; return 1; }

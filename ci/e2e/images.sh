@@ -34,7 +34,8 @@ export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED REF_nocni DIGEST_n
 declare -A PLATFORM_DIGEST=()
 
 # The small container images pods run (a busybox-static rootfs, built here):
-# REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps) and
+# REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps
+# until SIGTERM) and
 # REGISTRY/e2e/hello:1 (prints a line). Set by test_images_build.
 PAUSE_DIGEST="" HELLO_DIGEST=""
 
@@ -53,8 +54,11 @@ test_images_build() {
   umoci init --layout "$layout"
   umoci new --image "$layout:empty"
   umoci raw add-layer --image "$layout:empty" --tag busybox "$dir/rootfs.tar"
+  # (it ends on SIGTERM as the real pause does: a sandbox's PID 1 that
+  # ignored it held every node machine's shutdown for systemd's 90 s)
   umoci config --image "$layout:busybox" --tag pause \
-    --config.entrypoint /bin/sleep --config.cmd 2147483647
+    --config.entrypoint /bin/sh --config.entrypoint -c \
+    --config.entrypoint 'trap "exit 0" TERM INT; sleep 2147483647 & wait'
   umoci config --image "$layout:busybox" --tag hello \
     --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from an e2e pod'
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/e2e/pause:3.10.2"
