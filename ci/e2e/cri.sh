@@ -56,6 +56,17 @@ cri_wait_log() {
   return 1
 }
 
+# kubelet_log_wait MACHINE PATTERN TIMEOUT_S: until the machine's kubelet
+# journal has a line matching PATTERN (journald may lag a loaded machine).
+kubelet_log_wait() {
+  local deadline=$((SECONDS + $3))
+  while [ $SECONDS -lt $deadline ]; do
+    in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep -Eq "$2" && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
 # cri_timings MACHINE POD: the kubelet's "CRI timing" lines for POD, one
 # summary line appended to WORK/cri-timings.txt (printed at the end).
 cri_timings() {
@@ -228,8 +239,7 @@ scenario_cri_pull_through_mirror() {
   check "$POD_REGISTRY_NAME resolves nowhere in kube1" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M kube1 --quiet --wait --pipe getent hosts $POD_REGISTRY_NAME </dev/null" || return 1
   check_eq "default route in the node's network namespace" \
     "$(nsenter -t "$OUTER_LEADER" -n ip -4 route show default)" "" || return 1
-  check "the kubelet pulled the image (PullImage)" grep -q "CRI timing: image pulled.*image=\"$POD_REGISTRY_NAME/e2e/hello:1\"" \
-    <<<"$(in_machine kube1 journalctl -u kubelet --no-pager -o cat)" || return 1
+  check "the kubelet pulled the image (PullImage)" kubelet_log_wait kube1 "CRI timing: image pulled.*image=\"$POD_REGISTRY_NAME/e2e/hello:1\"" 10 || return 1
   # (containerd resolves the tag with HEAD, then fetches by digest)
   check "the mirror was asked for the manifest on behalf of $POD_REGISTRY_NAME" \
     grep -Eq "\"(HEAD|GET) /v2/e2e/hello/manifests/[^ ]*[?&]ns=$POD_REGISTRY_NAME" "$WORK/logs/registry-pods-mirror.log" ||

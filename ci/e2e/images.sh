@@ -176,6 +176,7 @@ images_push() {
   push_one "oci:$IMAGE_LAYOUT:nocni" "$REGISTRY/$IMAGE_REPO:nocni"
   REF_nocni=$REGISTRY/$IMAGE_REPO:nocni
   DIGEST_nocni=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REF_nocni" | sha256sum | cut -d' ' -f1)
+  PLATFORM_DIGEST[$DIGEST_nocni]=$(platform_digest "$REF_nocni")
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
 

@@ -243,9 +243,9 @@ spec:
   - name: hello
     image: $POD_REGISTRY_NAME/e2e/hello:1
 EOF2
-  cri_wait_log kube2 cached hello 0 'hello from an e2e pod' 60 || return 1
-  check "the kubelet found the image present (no pull)" grep -q 'Container image already present on machine.*pod="default/cached-e2e-node"' \
-    <<<"$(in_machine kube2 journalctl -u kubelet --no-pager -o cat)" || return 1
+  cri_wait_log kube2 cached hello 0 'hello from an e2e pod' 60 >/dev/null || return 1
+  check "the kubelet found the image present (no pull)" \
+    kubelet_log_wait kube2 'Container image already present on machine.*pod="default/cached-e2e-node"' 10 || return 1
 }
 
 # The baked pause image: in kube2 its import was skipped (already there from
