@@ -71,10 +71,11 @@ kubelet_log_wait() {
 # summary line appended to WORK/cri-timings.txt (printed at the end).
 cri_timings() {
   local lines sandbox pulled started
+  kubelet_log_wait "$1" "CRI timing: container started.*pod=\"default/$2-e2e-node\"" 10 || true
   lines=$(in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep "CRI timing" | grep "pod=\"default/$2-e2e-node\"" || true)
-  sandbox=$(grep 'sandbox ready' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9)
-  pulled=$(grep 'image pulled' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9)
-  started=$(grep 'container started' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9)
+  sandbox=$(grep 'sandbox ready' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
+  pulled=$(grep 'image pulled' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
+  started=$(grep 'container started' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
   echo "CRI TIMINGS ($1, pod $2): sandbox ready ${sandbox:-?} ms, image pulled ${pulled:-not pulled (present)}${pulled:+ ms}, container started ${started:-?} ms" |
     tee -a "$WORK/cri-timings.txt" >&2
 }
