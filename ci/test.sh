@@ -32,6 +32,9 @@ if ! KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"
 fi
 rm -f "$demo_log"
 echo "ci/demo.sh: ok"
+# Every benchmark once at its smoke size, with the binaries the tests just
+# built: a bench that fails fails the test command (timings not asserted).
+KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
 if [ -x ci/e2e/run.sh ]; then
   # Both slot modes pass the same scenarios: the default (overlay where the
   # outer host can, which it can here) and copied trees (about 7 more
