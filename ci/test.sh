@@ -37,6 +37,9 @@ echo "ci/demo.sh: ok"
 # 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
 # stand-in driver), and the check itself exits 77 here.
 ci/gpu/node-root-check-test.sh
+# Every benchmark once at its smoke size, with the binaries the tests just
+# built: a bench that fails fails the test command (timings not asserted).
+KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
 if [ -x ci/e2e/run.sh ]; then
   # Both slot modes: every scenario in the default (overlay where the outer
   # host can, which it can here), and again on copied trees the scenarios
