@@ -293,16 +293,10 @@ impl Unpacker {
             return Ok(()); // nothing below to hide
         };
         let target = ImagePath::from_normalised(dir).join(name);
-        let key = self.path_key(target.as_bytes());
-        if state.written.contains(&key) || state.ancestors.contains(&key) {
+        if state.wrote(self.path_key(target.as_bytes())) {
             // This layer's own non-directory stays as it is; a directory
             // keeps this layer's entries and loses lower layers' ones.
-            if let Ok(fd) = rfs::openat(
-                &parent,
-                name,
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            if let Some(fd) = own_dir(&parent, name) {
                 self.prune(&fd, &target, state)?;
             }
             return Ok(());
@@ -340,13 +334,8 @@ impl Unpacker {
         let target = ImagePath::from_normalised(dir).join(name);
         let key = self.path_key(target.as_bytes());
         let parent = self.parent(dir, state)?;
-        if state.written.contains(&key) || state.ancestors.contains(&key) {
-            if let Ok(fd) = rfs::openat(
-                &parent,
-                name,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+        if state.wrote(key) {
+            if let Some(fd) = own_dir(&parent, name) {
                 set_opaque(&fd, target.as_bytes())?;
             }
             return Ok(());
@@ -517,6 +506,18 @@ fn root_entry() -> Step {
         Rule::RootEntry,
         "the root of the tree can only be a directory".into(),
     )
+}
+
+/// `parent/name` as an `O_PATH` handle if it is a directory (a symlink
+/// there is not followed): a directory this layer wrote.
+fn own_dir(parent: &OwnedFd, name: &[u8]) -> Option<OwnedFd> {
+    rfs::openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
 }
 
 /// Whether regular file `parent/name` carries file capabilities.

@@ -215,6 +215,11 @@ struct LayerState {
 }
 
 impl LayerState {
+    /// Whether this layer wrote the path of `key`, or something under it.
+    fn wrote(&self, key: u128) -> bool {
+        self.written.contains(&key) || self.ancestors.contains(&key)
+    }
+
     fn new(index: usize) -> LayerState {
         LayerState {
             written: HashSet::new(),
