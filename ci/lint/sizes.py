@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""The size rules (ARCHITECTURE.md, "Invariants"): where a mistake costs
+most, code is read in pieces a reviewer can hold.
+
+* no file under the product source trees over 1,000 lines (tests in it
+  counted: a file is read whole);
+* no function over 120 lines, from its `fn` line to its closing brace;
+  functions in `#[cfg(test)]` items and `#[test]` functions are not
+  counted.
+
+    ci/lint/sizes.py                          (activator/src, image/src, builder/src)
+    ci/lint/sizes.py --paths image/src builder/src
+
+Every offender is printed as `FILE:LINE: ...` with its length; the exit
+status is 1 when there is any. Comments, strings and character literals
+are blanked before braces are counted, so a brace in a message or a
+`'{'` never ends a function early.
+"""
+
+import argparse
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_PATHS = ["activator/src", "image/src", "builder/src"]
+MAX_FILE_LINES = 1000
+MAX_FN_LINES = 120
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FN_NAME = re.compile(r"\s+([A-Za-z_][A-Za-z0-9_]*)")
+TEST_ATTR = re.compile(r"^#\[\s*((tokio::)?test\b|cfg\s*\(\s*(all\s*\(\s*)?test\b)")
+
+
+def blank(text: str) -> str:
+    """`text` with comments, string, byte-string, raw-string and character
+    literals replaced by spaces (newlines kept, so line numbers hold)."""
+    out = []
+    i, n = 0, len(text)
+
+    def keep_newlines(s: str) -> str:
+        return "".join("\n" if c == "\n" else " " for c in s)
+
+    while i < n:
+        c = text[i]
+        nxt = text[i + 1] if i + 1 < n else ""
+        if c == "/" and nxt == "/":
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c == "/" and nxt == "*":
+            depth, j = 1, i + 2
+            while j < n and depth:
+                if text.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif text.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            out.append(keep_newlines(text[i:j]))
+            i = j
+        elif c in "rb" and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = re.compile(r"b?r(#*)\"").match(text, i)
+            if m:
+                end = text.find('"' + m.group(1), m.end())
+                j = n if end < 0 else end + 1 + len(m.group(1))
+                out.append(keep_newlines(text[i:j]))
+                i = j
+            elif c == "b" and nxt in "\"'":
+                out.append(" ")
+                i += 1
+            else:
+                m = IDENT.match(text, i)
+                out.append(m.group(0))
+                i = m.end()
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(keep_newlines(text[i : j + 1]))
+            i = j + 1
+        elif c == "'":
+            # a character literal ('a', '\n', '\u{7f}', '\''), or a lifetime
+            if nxt == "\\":
+                j = text.find("'", i + 3)
+                j = n if j < 0 else j + 1
+            elif i + 2 < n and text[i + 2] == "'":
+                j = i + 3
+            else:
+                out.append(c)
+                i += 1
+                continue
+            out.append(" " * (j - i))
+            i = j
+        elif c.isalpha() or c == "_":
+            m = IDENT.match(text, i)
+            out.append(m.group(0))
+            i = m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+class Frame:
+    def __init__(self, test: bool, fn=None):
+        self.test = test
+        self.fn = fn  # (name, start line) for a function body
+
+
+def long_functions(path: pathlib.Path):
+    """(line, name, length) of every non-test function over the limit."""
+    code = blank(path.read_text())
+    line_starts = [0]
+    for m in re.finditer("\n", code):
+        line_starts.append(m.end())
+
+    def line_of(pos: int) -> int:
+        lo, hi = 0, len(line_starts)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if line_starts[mid] <= pos:
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
+    found = []
+    stack = [Frame(test=False)]
+    parens = 0
+    pending_test = None  # paren depth at which a test attribute was seen
+    pending_fn = None  # (name, line, paren depth) of a signature being read
+    token = re.compile(r"#!?\[|[A-Za-z_][A-Za-z0-9_]*|[{}();,\[\]]")
+    pos = 0
+    while True:
+        m = token.search(code, pos)
+        if not m:
+            break
+        tok, pos = m.group(0), m.end()
+        if tok in ("#[", "#!["):
+            depth, j = 1, pos
+            while j < len(code) and depth:
+                depth += {"[": 1, "]": -1}.get(code[j], 0)
+                j += 1
+            attr = "#[" + code[pos:j]
+            if tok == "#[" and TEST_ATTR.match(attr):
+                pending_test = parens
+            pos = j
+        elif tok == "fn":
+            name = FN_NAME.match(code, pos)
+            if name:  # `fn(u32) -> u32` is a type, not an item
+                pending_fn = (name.group(1), line_of(m.start()), parens)
+        elif tok in ("(", "["):
+            parens += 1
+        elif tok in (")", "]"):
+            parens -= 1
+        elif tok in (";", ","):
+            if pending_test is not None and parens <= pending_test:
+                pending_test = None
+            if tok == ";" and pending_fn and parens <= pending_fn[2]:
+                pending_fn = None  # a declaration without a body
+        elif tok == "{":
+            test = stack[-1].test or pending_test is not None
+            pending_test = None
+            fn = None
+            if pending_fn and parens <= pending_fn[2]:
+                fn, pending_fn = pending_fn[:2], None
+            stack.append(Frame(test=test, fn=fn))
+        elif tok == "}":
+            frame = stack.pop() if len(stack) > 1 else stack[0]
+            if frame.fn and not frame.test:
+                name, start = frame.fn
+                length = line_of(m.start()) - start + 1
+                if length > MAX_FN_LINES:
+                    found.append((start, name, length))
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        default=DEFAULT_PATHS,
+        help="source trees to check, relative to the repository root",
+    )
+    args = ap.parse_args()
+    offenders = 0
+    files = 0
+    for tree in args.paths:
+        base = ROOT / tree
+        if not base.is_dir():
+            print(f"{tree}: no such directory", file=sys.stderr)
+            return 2
+        for path in sorted(base.rglob("*.rs")):
+            files += 1
+            rel = path.relative_to(ROOT)
+            lines = path.read_text().count("\n")
+            if lines > MAX_FILE_LINES:
+                offenders += 1
+                print(f"{rel}:1: file is {lines} lines (limit {MAX_FILE_LINES})")
+            for line, name, length in long_functions(path):
+                offenders += 1
+                print(f"{rel}:{line}: fn {name} is {length} lines (limit {MAX_FN_LINES})")
+    if offenders:
+        print(f"sizes: {offenders} over the limits in {' '.join(args.paths)}", file=sys.stderr)
+        return 1
+    print(f"sizes: ok ({files} files in {' '.join(args.paths)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
