@@ -5,7 +5,7 @@
 //! hardlink, a FIFO or socket. Device nodes never get here (`header.rs`
 //! refuses them).
 //!
-//! Every create goes through the [`Tree`](super::apply::Tree) (handles,
+//! Every create goes through the `Tree` of `apply.rs` (handles,
 //! never following a symlink). Parents an entry needs but its layer does
 //! not list are created in one place, [`Unpacker::implicit_parents`].
 //! Ownership, mode, xattrs and times are set in the order that keeps them
