@@ -127,6 +127,7 @@ async fn build_platform(
     let platform = input.platform;
     let work = work.join(&platform.architecture);
     let writer = LayerWriter {
+        recipe: &recipe.path,
         blob_dir: blobs.root().join("sha256"),
         compression: match recipe.file.compression {
             LayerCompression::Gzip => Compression::Gzip,

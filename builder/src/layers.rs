@@ -59,6 +59,8 @@ pub fn layer_desc(
 /// compressed, the epoch every entry and history carries, and where their
 /// progress is shown.
 pub struct LayerWriter<'a> {
+    /// The recipe file (named when a layer does not fit the base).
+    pub recipe: &'a Path,
     /// The staging blob dir's `sha256/`.
     pub blob_dir: PathBuf,
     pub compression: Compression,
@@ -81,8 +83,13 @@ impl LayerWriter<'_> {
         comment: String,
     ) -> anyhow::Result<LayerDesc> {
         if let Some(shape) = shape {
-            tree.fit_onto(shape)
-                .with_context(|| format!("layer {group} ({})", self.platform))?;
+            tree.fit_onto(shape).with_context(|| {
+                format!(
+                    "{}: layer {group} ({})",
+                    self.recipe.display(),
+                    self.platform
+                )
+            })?;
         }
         let blob = self.blob(tree, group).await?;
         Ok(layer_desc(&blob, group, self.epoch, created_by, comment))
