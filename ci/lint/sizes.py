@@ -5,8 +5,9 @@ most, code is read in pieces a reviewer can hold.
 * no file under the product source trees over 1,000 lines (tests in it
   counted: a file is read whole);
 * no function over 120 lines, from its `fn` line to its closing brace;
-  functions in `#[cfg(test)]` items and `#[test]` functions are not
-  counted.
+  functions in `#[cfg(test)]` (or `cfg(any(test, ...))`) items, in the
+  files of modules so declared (`#[cfg(test)] mod tests;`), and `#[test]`
+  functions are not counted.
 
     ci/lint/sizes.py                          (activator/src, image/src, builder/src)
     ci/lint/sizes.py --paths image/src builder/src
@@ -29,7 +30,8 @@ MAX_FN_LINES = 120
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FN_NAME = re.compile(r"\s+([A-Za-z_][A-Za-z0-9_]*)")
-TEST_ATTR = re.compile(r"^#\[\s*((tokio::)?test\b|cfg\s*\(\s*(all\s*\(\s*)?test\b)")
+MOD_DECL = re.compile(r"\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
+TEST_ATTR = re.compile(r"^#\[\s*((tokio::)?test\b|cfg\s*\(\s*((all|any)\s*\(\s*)?test\b)")
 
 
 def blank(text: str) -> str:
@@ -111,6 +113,13 @@ class Frame:
 
 def long_functions(path: pathlib.Path):
     """(line, name, length) of every non-test function over the limit."""
+    return scan(path)[0]
+
+
+def scan(path: pathlib.Path):
+    """The non-test functions over the limit, as (line, name, length), and
+    the names of the modules `path` declares out of line (`mod x;`) under a
+    test attribute or inside test code."""
     code = blank(path.read_text())
     line_starts = [0]
     for m in re.finditer("\n", code):
@@ -127,6 +136,7 @@ def long_functions(path: pathlib.Path):
         return lo + 1
 
     found = []
+    test_mods = []
     stack = [Frame(test=False)]
     parens = 0
     pending_test = None  # paren depth at which a test attribute was seen
@@ -147,6 +157,10 @@ def long_functions(path: pathlib.Path):
             if tok == "#[" and TEST_ATTR.match(attr):
                 pending_test = parens
             pos = j
+        elif tok == "mod":
+            decl = MOD_DECL.match(code, pos)
+            if decl and (pending_test is not None or stack[-1].test):
+                test_mods.append(decl.group(1))
         elif tok == "fn":
             name = FN_NAME.match(code, pos)
             if name:  # `fn(u32) -> u32` is a type, not an item
@@ -174,7 +188,26 @@ def long_functions(path: pathlib.Path):
                 length = line_of(m.start()) - start + 1
                 if length > MAX_FN_LINES:
                     found.append((start, name, length))
-    return found
+    return found, test_mods
+
+
+def test_only_dirs(files) -> set:
+    """Where the modules declared as test-only (`#[cfg(test)] mod x;`, or
+    under `cfg(any(test, ...))`) live: `x.rs` beside a `mod.rs`/`lib.rs`/
+    `main.rs`, else in the declaring file's own directory, as a file or a
+    directory with `mod.rs`. Returned as paths without `.rs`: a file is
+    test-only when it or one of its directories is in the set."""
+    out = set()
+    for path in files:
+        own = path.parent if path.name in ("mod.rs", "lib.rs", "main.rs") else path.with_suffix("")
+        for name in scan(path)[1]:
+            out.add(own / name)
+    return out
+
+
+def is_test_only(path: pathlib.Path, dirs: set) -> bool:
+    stem = path.parent if path.name == "mod.rs" else path.with_suffix("")
+    return stem in dirs or any(d in dirs for d in stem.parents)
 
 
 def main() -> int:
@@ -193,13 +226,17 @@ def main() -> int:
         if not base.is_dir():
             print(f"{tree}: no such directory", file=sys.stderr)
             return 2
-        for path in sorted(base.rglob("*.rs")):
+        paths = sorted(base.rglob("*.rs"))
+        test_dirs = test_only_dirs(paths)
+        for path in paths:
             files += 1
             rel = path.relative_to(ROOT)
             lines = path.read_text().count("\n")
             if lines > MAX_FILE_LINES:
                 offenders += 1
                 print(f"{rel}:1: file is {lines} lines (limit {MAX_FILE_LINES})")
+            if is_test_only(path, test_dirs):
+                continue
             for line, name, length in long_functions(path):
                 offenders += 1
                 print(f"{rel}:{line}: fn {name} is {length} lines (limit {MAX_FN_LINES})")
