@@ -237,7 +237,8 @@ fn oid_ok(c: &[u8]) -> bool {
 
 /// An OID's dotted form, for messages.
 fn dotted(oid: &[u8]) -> String {
-    ObjectIdentifier::from_bytes(oid).map_or_else(|_| format!("(OID {})", hex::encode(oid)), |o| o.to_string())
+    ObjectIdentifier::from_bytes(oid)
+        .map_or_else(|_| format!("(OID {})", hex::encode(oid)), |o| o.to_string())
 }
 
 /// A DER BOOLEAN TRUE (`0xff`); DER never encodes a FALSE default.
@@ -493,7 +494,10 @@ fn parse(der: &[u8]) -> Result<Cert, String> {
             extensions.push(ext);
         }
     }
-    check(t.done(), "unexpected data after the subject public key info")?;
+    check(
+        t.done(),
+        "unexpected data after the subject public key info",
+    )?;
 
     let mut cert = Cert {
         der: der.to_vec(),
@@ -522,7 +526,10 @@ fn parse(der: &[u8]) -> Result<Cert, String> {
 fn extension(der: &[u8], e: Tlv) -> Result<Extension, String> {
     let mut r = Reader::new(der, e.content.clone());
     let oid = need(r.expect(OID), "an extension's OID")?;
-    check(oid_ok(&der[oid.content.clone()]), "an extension's OID is not DER")?;
+    check(
+        oid_ok(&der[oid.content.clone()]),
+        "an extension's OID is not DER",
+    )?;
     let oid = der[oid.content].to_vec();
     let mut value = need(r.next(), "an extension")?;
     let mut critical = false;
@@ -631,7 +638,8 @@ fn general_names(v: &[u8]) -> Option<Vec<GeneralName>> {
 
 impl Cert {
     pub fn from_der(der: Vec<u8>) -> Result<Cert, String> {
-        parse(&der).map_err(|why| format!("not a DER X.509 certificate this verifier reads ({why})"))
+        parse(&der)
+            .map_err(|why| format!("not a DER X.509 certificate this verifier reads ({why})"))
     }
 
     /// Decodes the extensions verification uses; refuses a malformed one
@@ -849,7 +857,10 @@ impl Cert {
             [GeneralName::Uri(s) | GeneralName::Email(s) | GeneralName::Username(s)] => {
                 Ok(s.clone())
             }
-            [_] => Err("its subject alternative name is not a URI, an e-mail address or a Fulcio username".into()),
+            [_] => Err(
+                "its subject alternative name is not a URI, an e-mail address or a Fulcio username"
+                    .into(),
+            ),
             _ => Err(format!(
                 "its subject alternative name lists {} names, not the one identity Fulcio writes",
                 names.len()
@@ -881,16 +892,12 @@ impl Cert {
         if self.basic_constraints.is_some_and(|bc| bc.ca) {
             return Err("the signing certificate is a CA certificate".into());
         }
-        let ku = self
-            .key_usage
-            .ok_or("the certificate has no key usage")?;
+        let ku = self.key_usage.ok_or("the certificate has no key usage")?;
         if ku & KU_DIGITAL_SIGNATURE == 0 {
             return Err("the certificate's key usage lacks digital signature".into());
         }
         if self.eku.is_none() {
-            return Err(
-                "the certificate has no extended key usage (code signing required)".into(),
-            );
+            return Err("the certificate has no extended key usage (code signing required)".into());
         }
         if !self.has_eku(OID_CODE_SIGNING) {
             return Err("the certificate's extended key usage lacks code signing".into());
@@ -954,7 +961,10 @@ mod tests {
             &[0x04, 0x82, 0x00, 0x80],
             &[0x1f, 0x01, 0x00],
         ] {
-            assert!(Reader::new(bad, 0..bad.len()).next().is_none(), "{bad:02x?}");
+            assert!(
+                Reader::new(bad, 0..bad.len()).next().is_none(),
+                "{bad:02x?}"
+            );
         }
         assert!(Cert::from_der(vec![0x30, 0x00]).is_err());
         // a reader never reads past its end, even when the buffer goes on
@@ -1011,10 +1021,19 @@ mod tests {
     #[test]
     fn basic_constraints_are_der() {
         let bc = |b: &[u8]| basic_constraints(b);
-        assert_eq!(bc(&[0x30, 0x00]), Some(BasicConstraints { ca: false, path_len: None }));
+        assert_eq!(
+            bc(&[0x30, 0x00]),
+            Some(BasicConstraints {
+                ca: false,
+                path_len: None
+            })
+        );
         assert_eq!(
             bc(&[0x30, 0x06, 0x01, 0x01, 0xff, 0x02, 0x01, 0x00]),
-            Some(BasicConstraints { ca: true, path_len: Some(0) })
+            Some(BasicConstraints {
+                ca: true,
+                path_len: Some(0)
+            })
         );
         // cA FALSE encoded, cA not 0xff, a path length without cA, a
         // negative path length, trailing data
