@@ -629,7 +629,7 @@ fn general_names(v: &[u8]) -> Option<Vec<GeneralName>> {
             0x87 if b.len() == 4 || b.len() == 16 => GeneralName::Other(n.tag),
             0x88 if oid_ok(b) => GeneralName::Other(n.tag),
             // x400Address, directoryName, ediPartyName
-            0xa3 | 0xa4 | 0xa5 => GeneralName::Other(n.tag),
+            0xa3..=0xa5 => GeneralName::Other(n.tag),
             _ => return None,
         });
     }
@@ -708,6 +708,12 @@ impl Cert {
     /// The serial number's content octets.
     pub fn serial(&self) -> &[u8] {
         &self.der[self.serial.clone()]
+    }
+
+    /// The signature algorithm (dotted OID): ECDSA with SHA-256 or SHA-384
+    /// is what [`Cert::issued_by`] verifies, anything else is refused.
+    pub fn signature_algorithm(&self) -> String {
+        dotted(&self.sig_alg)
     }
 
     /// The DER `SubjectPublicKeyInfo`.
