@@ -35,6 +35,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/gpu.sh"
 # shellcheck source=ci/e2e/pods.sh
 . "$REPO/ci/e2e/pods.sh"
+# shellcheck source=ci/e2e/keyless.sh
+. "$REPO/ci/e2e/keyless.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -251,6 +253,7 @@ SCENARIOS=(
   image_cache_survives_flip
   preloaded_pause
   airgap_archive
+  keyless_verified_offline
   gpu_setup
 )
 
