@@ -51,10 +51,10 @@ if ! step demo env KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kub
 fi
 rm -f "$demo_log"
 echo "ci/demo.sh: ok"
-# The real-GPU check without a GPU: --prepare writes a complete dir under
-# 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
+# The real-GPU check without a GPU (with the binaries the tests just built):
+# --prepare writes a complete dir under 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
 # stand-in driver), and the check itself exits 77 here.
-step gpu-check-dry ci/gpu/node-root-check-test.sh
+step gpu-check-dry env KUBESLOT_BIN_DIR=target/debug ci/gpu/node-root-check-test.sh
 # Every benchmark once at its smoke size, with the binaries the tests just
 # built: a bench that fails fails the test command (timings not asserted).
 step bench-smoke env KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
