@@ -246,7 +246,9 @@ pub struct UnpackSettings {
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Mirrors tried in order before the registry itself (`host[:port]`).
-    #[serde(default)]
+    /// A URL with user info is refused while the config is read, by every
+    /// command that reads `registries` (`unpack --config` included).
+    #[serde(default, deserialize_with = "mirror_urls")]
     pub mirrors: Vec<String>,
     /// Plain HTTP. Loopback hosts may always use it; others only when set.
     #[serde(default)]
@@ -661,17 +663,6 @@ impl Config {
                 "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/org/node), unless trust.allow_unsigned",
             ));
         }
-        for (host, r) in &self.registries {
-            for (i, url) in r.mirrors.iter().enumerate() {
-                if has_user_info(url) {
-                    return Err(ConfigError::Invalid {
-                        path: path.to_path_buf(),
-                        field: "registries",
-                        reason: format!("{host:?} mirror {}: {USER_INFO_REFUSED}", i + 1),
-                    });
-                }
-            }
-        }
         if let Some(m) = &self.containerd.registry_mirrors {
             for (host, mirror) in m {
                 if let Some(i) = mirror.mirrors.iter().position(|u| has_user_info(u)) {
@@ -799,6 +790,19 @@ impl Config {
 /// Why a mirror URL with `user:pass@` is refused (the URL is not echoed:
 /// it holds the password).
 const USER_INFO_REFUSED: &str = "a URL with user info (user:password@) is refused: it would show the password in plans, reports and logs; use registries.<host>.credentials with a password_file";
+
+/// `registries.<host>.mirrors`, none with user info (the error names the
+/// mirror by its position, never its text).
+fn mirror_urls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let urls = Vec::<String>::deserialize(d)?;
+    if let Some(i) = urls.iter().position(|u| has_user_info(u)) {
+        return Err(serde::de::Error::custom(format!(
+            "registries: mirror {}: {USER_INFO_REFUSED}",
+            i + 1
+        )));
+    }
+    Ok(urls)
+}
 
 /// Whether `url`'s authority (before the first `/` after any scheme)
 /// carries `user[:password]@`.
