@@ -109,14 +109,15 @@ impl NodePaths {
     /// below a mount point, or (an entry the image lacks) a parent nspawn
     /// made for a mount point.
     pub fn excuses(&self, path: &[u8], added: bool) -> bool {
-        NODE_PATHS.iter().any(|(p, _)| under(path, p.as_bytes()))
-            || self.mounts.iter().any(|m| under(path, m))
-            || (added && self.mounts.iter().any(|m| under(m, path)))
+        self.skips(path)
+            || (added
+                && (self.mounts.iter().any(|m| under(m, path))
+                    || NODE_PATHS.iter().any(|(p, _)| under(p.as_bytes(), path))))
     }
 
-    /// Whether the walk need not look below `path` (everything there is
-    /// excused).
-    fn skips(&self, path: &[u8]) -> bool {
+    /// Whether everything at and below `path` is the node's (the walk
+    /// need not look there).
+    pub fn skips(&self, path: &[u8]) -> bool {
         NODE_PATHS.iter().any(|(p, _)| under(path, p.as_bytes()))
             || self.mounts.iter().any(|m| under(path, m))
     }
@@ -176,7 +177,7 @@ pub fn copy_slot(root: &Root, slot: Slot) -> io::Result<Option<Vec<Change>>> {
     let node = NodePaths::of(root, slot);
     let tree = root.machine_tree(slot.machine());
     Ok(Some(
-        integrity::check(&tree, &record)?
+        integrity::check_except(&tree, &record, &|p| node.skips(p))?
             .iter()
             .filter(|m| !node.excuses(&m.bytes, m.is_addition()))
             .map(change)

@@ -147,20 +147,38 @@ const ADDED: &str = "added";
 
 /// Records the tree at `dir` (not following links), made under `policy`.
 pub fn record(dir: &Path, policy: Option<String>) -> io::Result<Record> {
-    let mut r = Recorder(BTreeMap::new());
+    recorded(dir, policy, &|_| false)
+}
+
+fn recorded(
+    dir: &Path,
+    policy: Option<String>,
+    skip: &dyn Fn(&[u8]) -> bool,
+) -> io::Result<Record> {
+    let mut r = Recorder {
+        entries: BTreeMap::new(),
+        skip,
+    };
     walk::walk(dir, &mut r).map_err(walk::WalkError::into_io)?;
     Ok(Record {
         version: VERSION,
         policy,
-        entries: r.0,
+        entries: r.entries,
     })
 }
 
-struct Recorder(BTreeMap<String, Entry>);
+struct Recorder<'a> {
+    entries: BTreeMap<String, Entry>,
+    /// Paths neither recorded nor walked into.
+    skip: &'a dyn Fn(&[u8]) -> bool,
+}
 
-impl Visit for Recorder {
+impl Visit for Recorder<'_> {
     fn entry(&mut self, e: &walk::Entry) -> io::Result<bool> {
-        self.0.insert(hex::encode(e.rel), entry_of(e)?);
+        if (self.skip)(e.rel) {
+            return Ok(false);
+        }
+        self.entries.insert(hex::encode(e.rel), entry_of(e)?);
         Ok(true)
     }
 }
@@ -297,6 +315,23 @@ pub fn load(path: &Path) -> io::Result<Record> {
 pub fn check(dir: &Path, record: &Record) -> io::Result<Vec<Mismatch>> {
     let now = self::record(dir, None)?;
     Ok(compare(&record.entries, &now.entries))
+}
+
+/// [`check`] of everything but what `skip` names (a path it names is
+/// neither read nor reported, nor anything below it).
+pub fn check_except(
+    dir: &Path,
+    record: &Record,
+    skip: &dyn Fn(&[u8]) -> bool,
+) -> io::Result<Vec<Mismatch>> {
+    let now = recorded(dir, None, skip)?;
+    let want: BTreeMap<String, Entry> = record
+        .entries
+        .iter()
+        .filter(|(p, _)| !hex::decode(p).is_ok_and(|b| skip(&b)))
+        .map(|(p, e)| (p.clone(), e.clone()))
+        .collect();
+    Ok(compare(&want, &now.entries))
 }
 
 /// What differs from `want` in `got` (both by hex path), sorted by path.

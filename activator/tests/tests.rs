@@ -12,5 +12,6 @@ mod identity;
 mod keyless;
 mod overlay;
 mod render;
+mod security;
 mod throttle;
 mod unpack;

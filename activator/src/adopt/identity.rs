@@ -240,34 +240,30 @@ fn client_files(
 /// API server and the cluster CA the host binds into every slot.
 fn rebuilt_kubeconfig(server: &str, cert: &str, key: Option<&str>) -> Vec<u8> {
     let quoted = serde_json::to_string(server).expect("a string");
+    let ca = crate::paths::machine::CLIENT_CA;
     let mut s = format!(
-        "# Rebuilt by kubeslot-activator adopt: the API server and CA of the config, the
-         # adopted kubelet's client certificate; nothing else of the adopted kubeconfig.
-         apiVersion: v1
-kind: Config
-clusters:
-- name: kubeslot
-  cluster:
-    server: {quoted}
-             certificate-authority: {}
-contexts:
-- name: kubeslot
-  context:
-    cluster: kubeslot
-    user: kubelet
-         current-context: kubeslot
-users:
-- name: kubelet
-  user:
-    client-certificate: {cert}
-",
-        crate::paths::machine::CLIENT_CA
+        "# Rebuilt by kubeslot-activator adopt: the API server and CA of the config,\n\
+         # the adopted kubelet's client certificate; nothing else of the adopted one.\n\
+         apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: kubeslot\n\
+         \x20 cluster:\n\
+         \x20   server: {quoted}\n\
+         \x20   certificate-authority: {ca}\n\
+         contexts:\n\
+         - name: kubeslot\n\
+         \x20 context:\n\
+         \x20   cluster: kubeslot\n\
+         \x20   user: kubelet\n\
+         current-context: kubeslot\n\
+         users:\n\
+         - name: kubelet\n\
+         \x20 user:\n\
+         \x20   client-certificate: {cert}\n"
     );
     if let Some(key) = key {
-        s.push_str(&format!(
-            "    client-key: {key}
-"
-        ));
+        s.push_str(&format!("    client-key: {key}\n"));
     }
     s.into_bytes()
 }
