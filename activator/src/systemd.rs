@@ -1,6 +1,7 @@
 //! The systemd boundary: the few things the activator asks of the host's
 //! service manager, as one small trait, and the real implementation that runs
-//! `systemctl`, `machinectl`, `systemd-run -M` found on `PATH`.
+//! `systemctl`, `machinectl`, `systemd-run -M` found on `PATH` (also to run
+//! a command inside a machine and read what it printed).
 //!
 //! Given unit and machine names (never paths). It does not decide when to
 //! start or stop anything (that is `activate`), and it does not parse unit
@@ -28,6 +29,28 @@ pub trait Systemd {
     fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError>;
     /// Runs a command inside a running machine; `Ok(true)` when it exited 0.
     fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError>;
+    /// Runs a command inside a running machine and returns what it printed.
+    /// Provided for implementations that only model exit codes (the
+    /// library's unit-test fakes, which run no machine): they answer
+    /// [`SystemdError::Unsupported`]. [`SystemCtl`] captures the output.
+    fn output_in_machine(
+        &self,
+        machine: &str,
+        argv: &[&str],
+    ) -> Result<MachineOutput, SystemdError> {
+        let _ = (machine, argv);
+        Err(SystemdError::Unsupported {
+            what: "output_in_machine",
+        })
+    }
+}
+
+/// What a command run inside a machine printed, and whether it exited 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +61,8 @@ pub enum SystemdError {
         #[source]
         source: std::io::Error,
     },
+    #[error("this systemd boundary cannot {what}")]
+    Unsupported { what: &'static str },
     #[error("{command}: exited with {status}: {stderr}")]
     Failed {
         command: String,
@@ -121,5 +146,20 @@ impl Systemd for SystemCtl {
         let mut args = vec!["-M", machine, "--wait", "--pipe", "--quiet", "--"];
         args.extend_from_slice(argv);
         Ok(run("systemd-run", &args)?.status.success())
+    }
+
+    fn output_in_machine(
+        &self,
+        machine: &str,
+        argv: &[&str],
+    ) -> Result<MachineOutput, SystemdError> {
+        let mut args = vec!["-M", machine, "--wait", "--pipe", "--quiet", "--"];
+        args.extend_from_slice(argv);
+        let out = run("systemd-run", &args)?;
+        Ok(MachineOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }

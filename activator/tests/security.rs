@@ -817,6 +817,7 @@ fn a_users_listener_in_a_cgroup_named_like_the_machine_does_not_pass_the_gate() 
         interval: Duration::from_millis(100),
         proc_dir: Some(PathBuf::from("/proc")),
         require_owner: true,
+        runtime: false,
     };
     let fake = FakeSystemd::new(&Root::new("/nonexistent"));
     use kubeslot_activator::systemd::Systemd as _;
