@@ -3112,7 +3112,7 @@ fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         err.contains("/usr/bin/kubelet-version (contents changed)")
-            && err.contains("1 image file(s) changed")
+            && err.contains("1 change(s) to its image")
             && !err.contains("var/lib/kubelet"),
         "{err}"
     );
