@@ -1010,5 +1010,11 @@ fn an_https_token_realm_cannot_redirect_to_plain_http() {
         "the token request went to plain HTTP: {}",
         String::from_utf8_lossy(&asked)
     );
-    assert!(err.contains("token realm"), "{err}");
+    // refused at the redirect itself, naming the realm and where it pointed
+    assert!(
+        err.contains("token realm")
+            && err.contains("https only")
+            && err.contains(&format!("http://127.0.0.1:{plain_port}/token")),
+        "{err}"
+    );
 }
