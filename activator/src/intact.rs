@@ -48,6 +48,10 @@ pub const NODE_PATHS: &[(&str, &str)] = &[
         "systemd writes the machine id at first boot",
     ),
     (
+        "etc/.updated",
+        "systemd-update-done stamps /etc at boot (a timestamp only)",
+    ),
+    (
         "etc/.pwd.lock",
         "systemd-sysusers locks the user database at boot",
     ),
@@ -214,8 +218,10 @@ pub fn overlay_lowers(root: &Root, slot: Slot) -> io::Result<(Vec<Record>, Vec<C
 }
 
 /// What `slot`'s machine wrote into its upper outside its own paths:
-/// every entry is a change but a directory copied up unchanged from the
-/// topmost lower that has it (`lowers`: their records, top first).
+/// every entry is a change but one equal to the topmost lower's that has
+/// it (a directory copied up unchanged, a file written again with the
+/// image's contents, mode, owner and xattrs; `lowers`: their records, top
+/// first).
 pub fn overlay_upper(root: &Root, slot: Slot, lowers: &[Record]) -> io::Result<Vec<Change>> {
     let mut v = Upper {
         node: NodePaths::of(root, slot),
@@ -261,6 +267,9 @@ impl Visit for Upper<'_> {
                 Some("replaced by the node (its image contents hidden)".into())
             }
             (Kind::Dir, Some(i)) if i.kind == Kind::Dir => copied_up(i, &got),
+            // written again exactly as the image has it (ldconfig.service
+            // regenerating /etc/ld.so.cache at first boot): no change
+            (_, Some(i)) if !absent && i.kind == got.kind && copied_up(i, &got).is_none() => None,
             (_, Some(_)) if !absent => Some("changed by the node".into()),
             _ => Some("added by the node".into()),
         };

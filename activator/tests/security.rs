@@ -505,10 +505,22 @@ fn overlay_rollback_refuses_what_the_node_changed_in_its_image() {
     )
     .unwrap();
     n.node_writes_its_own_paths(Slot::Kube1);
+    // what a booting node writes that is no change: systemd's /etc stamp,
+    // and a file written again exactly as the image has it (ldconfig's
+    // cache at first boot); the copy-up lands in the upper all the same
+    fs::write(t.join("etc/.updated"), b"# stamp\n").unwrap();
+    fs::write(t.join("etc/fixture-health"), b"healthy").unwrap();
+    assert!(overlay::upper_dir(&n.root, Slot::Kube1)
+        .join("etc/fixture-health")
+        .exists());
     n.version("v2");
     assert_eq!(n.activate().slot, Some(Slot::Kube2));
 
     let e = refused(&n.rollback(false, false));
+    assert!(
+        !e.contains("fixture-health") && !e.contains(".updated"),
+        "{e}"
+    );
     assert!(
         e.contains("/usr/local/bin/kubelet (changed by the node)")
             && e.contains("/etc/systemd/system/persist.service (added by the node)"),
