@@ -13,5 +13,6 @@ mod identity;
 mod keyless;
 mod overlay;
 mod render;
+mod security;
 mod throttle;
 mod unpack;
