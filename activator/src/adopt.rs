@@ -12,8 +12,10 @@
 //! and the adopted tree stays the rollback target until an image is staged
 //! over it. [`config_from_applied`] (pure, golden-tested) turns the applied
 //! config into an activator config: API server, cluster CA, bootstrap token
-//! or exec credential, cluster DNS, labels, taints, node name; every other
-//! field is listed with the reason it is not carried over.
+//! or exec credential, cluster DNS, labels, taints, node name, node IP and
+//! the KubeletConfiguration object (`kubelet.config`, less what kubeslot
+//! renders itself); every other field is listed with the reason it is not
+//! carried over.
 //!
 //! It also takes over what the adopted node needs to keep: the kubelet's
 //! client certificate (`/var/lib/kubelet/pki` in the adopted tree, and the
@@ -34,8 +36,8 @@
 //! `adopt` reports them and, with [`Options::disable_agent`], stops and
 //! disables them through the [`Systemd`] boundary before anything is
 //! recorded. An applied config whose dropped fields change how the node
-//! behaves (`Kubelet.NodeIP`, `Kubelet.Configuration`, an enabled
-//! `LocalDNS`, unknown fields, ...) is written only with `--force`.
+//! behaves (`Kubelet.ImageCredentialProvider`, an enabled `LocalDNS`,
+//! unknown fields, ...) is written only with `--force`.
 //!
 //! Given the root handle and the [`Systemd`] boundary (to see whether
 //! machines run, and to stop and disable the agent's units when asked). It
@@ -265,8 +267,6 @@ const KNOWN_DROPPED: &[(&str, &str, bool)] = &[
     ("Downloads", "nothing is downloaded at provisioning time", false),
     ("Attest", "TPM attestation is not supported: the bootstrap token must be in the applied config", false),
     ("HostPrefix", "kubeslot installs nothing on the host's /usr", false),
-    ("Kubelet.NodeIP", "not supported by kubeslot's kubelet settings yet: the kubelet picks the node's address itself", true),
-    ("Kubelet.Configuration", "the KubeletConfiguration is the image's: these settings are lost", true),
     ("Kubelet.ImageCredentialProvider", "not supported by kubeslot's kubelet settings yet: private images need pull secrets instead", true),
     ("LocalDNS", "not supported: pods use the cluster DNS directly", true),
     ("OfflineArtifacts", "images come from the configured source (an oci-archive for air gaps)", false),
@@ -473,6 +473,16 @@ pub fn config_from_applied(
         kubelet.insert("taints".into(), taints);
         notes.carried.push("taints".into());
     }
+    if let Some(ip) = take(&mut v, &["Kubelet", "NodeIP"])
+        .and_then(|s| s.as_str().map(str::to_string))
+        .filter(|s| !s.is_empty())
+    {
+        kubelet.insert("node_ip".into(), ip.into());
+        notes.carried.push("node_ip".into());
+    }
+    if let Some(Value::Object(c)) = take(&mut v, &["Kubelet", "Configuration"]) {
+        kubelet_configuration(c, &mut kubelet, &mut notes);
+    }
     // LocalDNS switched off changes nothing
     if v.pointer("/LocalDNS/Enabled") != Some(&Value::Bool(true))
         && take(&mut v, &["LocalDNS"]).is_some()
@@ -490,6 +500,101 @@ pub fn config_from_applied(
     Config::parse(path, &serde_json::to_vec(&config).expect("json"))
         .map_err(AdoptError::Invalid)?;
     Ok((config, notes))
+}
+
+/// `Kubelet.Configuration` fields the agent overwrites with its own value
+/// whatever the object says (its docs forbid them): dropping them changes
+/// nothing.
+const AGENT_FORCED: &[&str] = &[
+    "clusterDNS",
+    "containerRuntimeEndpoint",
+    "resolvConf",
+    "registerWithTaints",
+    "rotateCertificates",
+];
+
+/// The agent's `Kubelet.Configuration` (a KubeletConfiguration object
+/// merged over its baseline) as kubeslot's settings: `clusterDomain` and
+/// `serverTLSBootstrap` have their own keys, a field the activator renders
+/// itself is dropped (noted, as changing the node unless the agent forced
+/// it anyway), and the rest goes to `kubelet.config`, which the image's
+/// config is merged with the same way.
+fn kubelet_configuration(mut c: Map<String, Value>, kubelet: &mut Map<String, Value>, notes: &mut Notes) {
+    const FIELD: &str = "Kubelet.Configuration";
+    c.remove("apiVersion");
+    c.remove("kind");
+    if let Some(d) = c.remove("clusterDomain") {
+        kubelet.insert("cluster_domain".into(), d);
+        notes.carried.push("cluster_domain".into());
+    }
+    if let Some(b) = c.remove("serverTLSBootstrap") {
+        kubelet.insert("server_tls_bootstrap".into(), b);
+        notes.carried.push("server_tls_bootstrap".into());
+    }
+    // the cluster CA is kubeslot's (kubelet.ca_data); the rest of
+    // `authentication` is the object's
+    if let Some(Value::Object(auth)) = c.get_mut("authentication") {
+        if let Some(Value::Object(x509)) = auth.get_mut("x509") {
+            if x509.remove("clientCAFile").is_some() {
+                notes.drop(
+                    &format!("{FIELD}.authentication.x509.clientCAFile"),
+                    "the agent sets its own CA file there; kubeslot binds the cluster CA of kubelet.ca_data",
+                    false,
+                );
+            }
+            if x509.is_empty() {
+                auth.remove("x509");
+            }
+        }
+        if auth.is_empty() {
+            c.remove("authentication");
+        }
+    }
+    let mode = c
+        .get_mut("authorization")
+        .and_then(Value::as_object_mut)
+        .and_then(|a| a.remove("mode"));
+    if mode.is_some() {
+        notes.drop(
+            &format!("{FIELD}.authorization.mode"),
+            "the agent forces Webhook, as kubeslot's image",
+            false,
+        );
+        if c["authorization"].as_object().is_some_and(Map::is_empty) {
+            c.remove("authorization");
+        }
+    }
+    let owned: Vec<String> = c
+        .keys()
+        .filter(|k| {
+            AGENT_FORCED.contains(&k.as_str())
+                || crate::config::KUBELET_OWNED_FIELDS
+                    .iter()
+                    .any(|(f, _)| f == k)
+        })
+        .cloned()
+        .collect();
+    for key in owned {
+        c.remove(&key);
+        let forced = AGENT_FORCED.contains(&key.as_str());
+        let why = crate::config::KUBELET_OWNED_FIELDS
+            .iter()
+            .find(|(f, _)| *f == key)
+            .map_or("set by kubeslot's image or activator", |(_, why)| why);
+        notes.drop(
+            &format!("{FIELD}.{key}"),
+            &if forced {
+                format!("the agent overwrites it too; {why}")
+            } else {
+                format!("kubeslot renders it: {why}")
+            },
+            !forced,
+        );
+    }
+    if !c.is_empty() {
+        kubelet.insert("config".into(), Value::Object(c));
+        notes.carried.push("config".into());
+    }
 }
 
 /// Reads an applied config and checks its `.sha256` sidecar as
@@ -985,12 +1090,8 @@ mod tests {
                     let changing = notes.behaviour_changing();
                     let name = dir.file_name().unwrap().to_str().unwrap();
                     let want: &[&str] = match name {
-                        "later-schema" => &[
-                            "FutureField.Knob",
-                            "Kubelet.Configuration",
-                            "Kubelet.NodeIP",
-                            "LocalDNS",
-                        ],
+                        "later-schema" => &["FutureField.Knob", "LocalDNS"],
+                        "kubelet-configuration" => &["Kubelet.Configuration.healthzPort"],
                         _ => &[],
                     };
                     assert_eq!(changing, want, "{name}");
