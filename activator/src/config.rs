@@ -41,6 +41,14 @@ pub struct Config {
     /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
+    /// Extra host directories or files bound into the machine (the
+    /// unbounded agent's `AdditionalHostMounts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_mounts: Vec<ExtraMount>,
+    /// Container images for the node's containerd that come from the host
+    /// (an air-gapped site's bundle), not from a registry.
+    #[serde(default, skip_serializing_if = "Images::is_empty")]
+    pub images: Images,
     /// The machine's network: the host's (production) or a private veth.
     #[serde(default)]
     pub network: NetworkMode,
@@ -165,6 +173,76 @@ pub struct Containerd {
     /// `{}`: none.
     #[serde(default)]
     pub registry_mirrors: Option<BTreeMap<String, RegistryMirror>>,
+    /// The pod sandbox (pause) image instead of the one the image pins
+    /// (`pinned_images.sandbox`). Refused unless `images.bundle` carries it
+    /// or `registry_mirrors` has a mirror for its registry: a node must
+    /// never wait on a registry it cannot reach for its first pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_image: Option<String>,
+    /// `host:port` containerd serves its Prometheus metrics on (`[metrics]
+    /// address`; the unbounded agent's is `0.0.0.0:10257`). Unset: none
+    /// (the endpoint has no authentication and the node uses the host's
+    /// network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_address: Option<String>,
+}
+
+impl Containerd {
+    /// Whether anything is rendered into containerd's drop-in.
+    pub fn has_dropin(&self) -> bool {
+        self.sandbox_image.is_some() || self.metrics_address.is_some()
+    }
+}
+
+/// A host path bound into the machine.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraMount {
+    /// An absolute path on the host (it must exist when the machine starts).
+    pub host_path: PathBuf,
+    /// Where it appears inside the machine (absolute).
+    pub machine_path: PathBuf,
+    /// `BindReadOnly=` instead of `Bind=`.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Container images the host hands the node (config `images`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Images {
+    /// A host directory of OCI archives (`oci-archive` tars), bound
+    /// read-only into the machine; only the files `bundle` lists are used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_dir: Option<PathBuf>,
+    /// The images of `bundle_dir`: each archive is verified against its
+    /// digest before the machine starts, and imported into containerd's
+    /// `k8s.io` namespace before the kubelet starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundle: Vec<BundleImage>,
+}
+
+impl Images {
+    pub fn is_empty(&self) -> bool {
+        self.bundle_dir.is_none() && self.bundle.is_empty()
+    }
+}
+
+/// One image of the offline bundle.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BundleImage {
+    /// The archive's file name in `images.bundle_dir`.
+    pub file: String,
+    /// The name pods use (`registry.k8s.io/kube-proxy:v1.36.4`); the
+    /// archive's `index.json` must name the image so
+    /// (`io.containerd.image.name`, or `org.opencontainers.image.ref.name`
+    /// as a full reference), which is how containerd names what it imports.
+    pub name: String,
+    /// The image's digest (its manifest or index): the `index.json` entry
+    /// of that name must point at it, and every blob of the archive must
+    /// hash to its name.
+    pub digest: kubeslot_image::Digest,
 }
 
 /// One registry's mirrors for containerd.
@@ -738,6 +816,86 @@ mod tests {
         assert!(e.contains("mirror 2") && !e.contains("pw-9"), "{e}");
         // An '@' in a path is not user info.
         assert!(!has_user_info("https://mirror.example/a@b"));
+    }
+
+    #[test]
+    fn extra_mounts_are_absolute_and_stay_clear_of_what_kubeslot_binds() {
+        let with = |m: &str| parse(&with_top("ghcr.io/org/node:v1", &format!(r#","extra_mounts":[{m}]"#)));
+        let c = with(r#"{"host_path":"/srv/models","machine_path":"/var/lib/models","read_only":true}"#)
+            .unwrap();
+        assert!(c.extra_mounts[0].read_only);
+        for (m, want) in [
+            (r#"{"host_path":"srv","machine_path":"/x"}"#, "\"srv\" is not an absolute path"),
+            (r#"{"host_path":"/srv/a:b","machine_path":"/x"}"#, "\"/srv/a:b\" is not an absolute path"),
+            (r#"{"host_path":"/srv/../etc","machine_path":"/x"}"#, "is not an absolute path"),
+            (r#"{"host_path":"/srv","machine_path":"/"}"#, "\"/\" is not an absolute path"),
+            (r#"{"host_path":"/var/lib/kubeslot/blobs","machine_path":"/x"}"#, "overlaps /var/lib/kubeslot, which is kubeslot's own"),
+            (r#"{"host_path":"/var","machine_path":"/x"}"#, "overlaps /var/lib/kubeslot"),
+            (r#"{"host_path":"/srv","machine_path":"/var/lib/kubelet/plugins"}"#, "overlaps /var/lib/kubelet inside the machine"),
+            (r#"{"host_path":"/srv","machine_path":"/etc"}"#, "overlaps /etc/kubeslot inside the machine"),
+            (r#"{"host_path":"/srv","machine_path":"/sys/fs/bpf"}"#, "overlaps /sys inside the machine"),
+            (r#"{"host_path":"/srv","machine_path":"/opt/a"},{"host_path":"/srv2","machine_path":"/opt/a/b"}"#, "overlaps another extra mount's machine_path /opt/a"),
+            (r#"{"host_path":"/srv","machine_path":"/x","rw":true}"#, "unknown field `rw`"),
+        ] {
+            let e = with(m).unwrap_err().to_string();
+            assert!(e.contains(want), "{m}: {e}");
+            assert!(e.contains("activator.json"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_image_must_be_preloaded_or_mirrored() {
+        let top = |extra: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"{extra}}}"#),
+            ))
+        };
+        let e = top("").unwrap_err().to_string();
+        assert!(
+            e.contains("containerd.sandbox_image: \"registry.example/pause:3.9\" is neither preloaded (no images.bundle entry has this name) nor reachable through a mirror (containerd.registry_mirrors has no mirror for registry.example)"),
+            "{e}"
+        );
+        top(r#","registry_mirrors":{"registry.example":{"mirrors":["mirror.internal"]}}"#).unwrap();
+        // a CA alone is no mirror
+        assert!(top(r#","registry_mirrors":{"registry.example":{"ca_file":"/ca.pem"}}"#).is_err());
+        let bundled = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            &format!(
+                r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"}},"images":{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"pause.tar","name":"registry.example/pause:3.9","digest":"{}"}}]}}"#,
+                kubeslot_image::Digest::of(b"x")
+            ),
+        ));
+        let c = bundled.unwrap();
+        assert!(c.containerd.has_dropin());
+        // Docker Hub short names are docker.io's
+        assert_eq!(node::registry_of("library/pause:3"), "docker.io");
+        assert_eq!(node::registry_of("localhost:5000/p:1"), "localhost:5000");
+        let e = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            r#","containerd":{"metrics_address":"everywhere"}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("containerd.metrics_address: \"everywhere\" is not an address:port"), "{e}");
+    }
+
+    #[test]
+    fn bundle_entries_are_file_names_with_a_directory() {
+        let d = kubeslot_image::Digest::of(b"x");
+        let with = |images: String| parse(&with_top("ghcr.io/org/node:v1", &format!(r#","images":{images}"#)));
+        with(format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#)).unwrap();
+        for (images, want) in [
+            (format!(r#"{{"bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "needs images.bundle_dir"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"../a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is not a file name"),
+            (format!(r#"{{"bundle_dir":"/var/lib/kubeslot/b","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "overlaps /var/lib/kubeslot"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"a b","digest":"{d}"}}]}}"#), "is not an image reference"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}},{{"file":"b.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is listed twice"),
+            (r#"{"bundle_dir":"/srv/bundle","bundle":[{"file":"a.tar","name":"r.example/a:1","digest":"sha256:12"}]}"#.to_string(), "digest"),
+        ] {
+            let e = with(images.clone()).unwrap_err().to_string();
+            assert!(e.contains(want), "{images}: {e}");
+        }
     }
 
     #[test]

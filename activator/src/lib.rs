@@ -11,7 +11,9 @@
 
 pub mod activate;
 pub mod adopt;
+pub mod bundle;
 pub mod config;
+pub mod extra_args;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod gc;

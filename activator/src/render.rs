@@ -1,13 +1,18 @@
 //! The host files of a node machine: the `.nspawn` file, the
 //! `systemd-nspawn@<machine>.service.d/override.conf` drop-in, the render
 //! oneshot unit, and the kubelet per-host files (kubeconfig, cluster CA,
-//! kubelet unit drop-in, kubelet config drop-in, resolv.conf, hostname) and
+//! kubelet unit drop-in, kubelet config drop-in, resolv.conf, hostname, the
+//! kubelet's environment file with the host's extra arguments) and
 //! containerd's registry mirror files (`certs.d/<host>/hosts.toml`, with
-//! their CA) bound read-only into the machine.
+//! their CA) and drop-in bound read-only into the machine; the machine's
+//! private BPF filesystem (a mount unit its drop-in requires), extra host
+//! mounts and the offline image bundle's list.
 //!
 //! Three steps, each separately testable: [`gather`] reads everything the
 //! files depend on from the host once (through the root handle: CA file,
-//! upstream DNS servers, host name, GPU and extra devices); [`render`] is a
+//! upstream DNS servers, host name, GPU and extra devices, extra mount
+//! sources, the kubelet's extra arguments, the offline bundle's archives,
+//! each verified); [`render`] is a
 //! pure function of the config, the slot and those facts (golden-file
 //! tested); [`write`] puts the files in place, each atomically (temp, fsync,
 //! rename, fsync dir), rewriting only what changed and removing stale files of
@@ -29,7 +34,9 @@ use std::path::{Path, PathBuf};
 use kubeslot_image::atomic::{self, AtomicError};
 
 use crate::config::node::{self, check_node_name};
+use crate::bundle::{self, BundleError};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
+use crate::extra_args::{self, ExtraArgsError};
 
 pub use crate::config::node::registry_mirrors;
 use crate::gpu::{self, GpuBinds, GpuError};
@@ -62,6 +69,9 @@ pub struct HostFacts {
     /// The CA of each registry whose mirrors name a `ca_file`, by registry
     /// host (PEM text, read once).
     pub registry_cas: BTreeMap<String, String>,
+    /// The kubelet's extra arguments from the host's
+    /// `/etc/kubeslot/default-kubelet` (checked: no flag kubeslot owns).
+    pub kubelet_extra_args: Vec<String>,
 }
 
 /// One rendered file.
@@ -136,6 +146,16 @@ pub enum RenderError {
     NoResolv { upstream: PathBuf, etc: PathBuf },
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    ExtraArgs(#[from] ExtraArgsError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("extra_mounts: host path {path} (for {machine_path}): {reason}: nspawn refuses a bind whose source is missing")]
+    MountSource {
+        path: PathBuf,
+        machine_path: PathBuf,
+        reason: String,
+    },
     #[error("{path}: cannot write: {source}")]
     Write {
         path: PathBuf,
@@ -183,6 +203,18 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
     if let Some(d) = &gpu.bin_dir {
         check_bind_path("nvidia-smi directory", d)?;
     }
+    for m in &config.extra_mounts {
+        let path = root.join(&m.host_path.to_string_lossy());
+        if let Err(e) = std::fs::metadata(&path) {
+            return Err(RenderError::MountSource {
+                path: m.host_path.clone(),
+                machine_path: m.machine_path.clone(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let kubelet_extra_args = extra_args::read(root)?;
+    bundle::verify(root, &config.images)?;
     Ok(HostFacts {
         hostname,
         nameservers,
@@ -191,6 +223,7 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         devices,
         lib_modules: root.lib_modules().is_dir(),
         registry_cas,
+        kubelet_extra_args,
     })
 }
 
@@ -342,12 +375,7 @@ fn invalid(field: &'static str, value: &str, reason: &str) -> RenderError {
 /// Paths go into `Bind=`/`DeviceAllow=` lines unquoted: no `:` (the bind
 /// separator), whitespace, quotes or specifier characters.
 fn check_bind_path(field: &'static str, path: &str) -> Result<(), RenderError> {
-    let ok = path.starts_with('/')
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'+'))
-        && !path.split('/').any(|c| c == "..");
-    if ok {
+    if node::is_bind_path(path) {
         Ok(())
     } else {
         Err(invalid(
@@ -412,7 +440,31 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
             contents: format!("{node_name}\n"),
             mode: 0o644,
         },
+        RenderedFile {
+            path: dir.join(host_files::KUBELET_DEFAULTS),
+            contents: extra_args::render(&facts.kubelet_extra_args),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: rel.bpffs_mount_unit_file(machine),
+            contents: bpffs_mount_unit(machine),
+            mode: 0o644,
+        },
     ];
+    if config.containerd.has_dropin() {
+        files.push(RenderedFile {
+            path: dir.join(host_files::CONTAINERD_DROPIN),
+            contents: containerd_dropin(config),
+            mode: 0o644,
+        });
+    }
+    if !config.images.bundle.is_empty() {
+        files.push(RenderedFile {
+            path: dir.join(host_files::BUNDLE_LIST),
+            contents: bundle::list(&config.images),
+            mode: 0o644,
+        });
+    }
     let (name, contents) = match (
         &config.kubelet.bootstrap_token,
         &config.kubelet.exec_credential,
@@ -539,6 +591,22 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
         host_files::KUBELET_CONFIG,
         inside::KUBELET_CONFIG_DROPIN
     );
+    // over the image's (and anything the node writes there): the kubelet
+    // unit's environment holds only the host's extra arguments
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::KUBELET_DEFAULTS,
+        inside::KUBELET_DEFAULTS
+    );
+    if config.containerd.has_dropin() {
+        let _ = writeln!(
+            s,
+            "BindReadOnly={d}/{}:{}",
+            host_files::CONTAINERD_DROPIN,
+            inside::CONTAINERD_DROPIN
+        );
+    }
     if !registry_mirrors(config).is_empty() {
         let _ = writeln!(
             s,
@@ -566,6 +634,57 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
         host::NODE_CONTAINERD,
         inside::CONTAINERD_STATE
     );
+    // eBPF CNIs (Cilium) pin their maps here; mounted by the unit the
+    // drop-in requires, one instance per machine
+    let _ = writeln!(s, "Bind={}:{}", paths::bpffs_dir(machine), inside::BPFFS);
+    for m in &config.extra_mounts {
+        let _ = writeln!(
+            s,
+            "{}={}:{}",
+            if m.read_only { "BindReadOnly" } else { "Bind" },
+            m.host_path.display(),
+            m.machine_path.display()
+        );
+    }
+    if let Some(dir) = config.images.bundle_dir.as_ref().filter(|_| !config.images.bundle.is_empty()) {
+        let _ = writeln!(s, "BindReadOnly={}:{}", dir.display(), inside::BUNDLE_DIR);
+    }
+    s
+}
+
+/// The machine's private BPF filesystem (`bpf` mounted at
+/// `/run/bpffs/<machine>`): a mount unit rather than a mount the render
+/// makes, so systemd mounts it before every start of the machine (boot
+/// included: the drop-in's `RequiresMountsFor=`), creates the directory
+/// and owns the mount; a new `bpf` mount is a new instance, so each
+/// machine pins its maps apart from the host's and the other slot's.
+fn bpffs_mount_unit(machine: &str) -> String {
+    let mut s = String::from(HEADER);
+    s.push_str("[Unit]\n");
+    let _ = writeln!(s, "Description=Private BPF filesystem of node machine {machine}");
+    s.push_str("\n[Mount]\nWhat=bpf\n");
+    let _ = writeln!(s, "Where={}", paths::bpffs_dir(machine));
+    s.push_str("Type=bpf\nOptions=mode=0700\n");
+    s
+}
+
+/// containerd's drop-in for the host's settings (`version = 3`, merged key
+/// by key into the image's config).
+fn containerd_dropin(config: &Config) -> String {
+    let c = &config.containerd;
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator on the host and bound read-only into\n\
+         # /etc/containerd/conf.d: merged over the image's config.toml.\n\
+         version = 3\n",
+    );
+    if let Some(image) = &c.sandbox_image {
+        s.push_str("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n");
+        let _ = writeln!(s, "  sandbox = {}", q(image));
+    }
+    if let Some(addr) = &c.metrics_address {
+        s.push_str("\n[metrics]\n");
+        let _ = writeln!(s, "  address = {}", q(addr));
+    }
     s
 }
 
@@ -578,6 +697,7 @@ fn dropin_file(machine: &str, devices: &[&str], facts: &HostFacts) -> String {
     s.push_str("StartLimitIntervalSec=0\n");
     let _ = writeln!(s, "Requires={render_unit}");
     let _ = writeln!(s, "After={render_unit}");
+    let _ = writeln!(s, "RequiresMountsFor={}", paths::bpffs_dir(machine));
     s.push_str("\n[Service]\nRestart=on-failure\nRestartSec=10s\n");
     let _ = writeln!(s, "ExecStartPre=-{} terminate {machine}", host::MACHINECTL);
     s.push_str("Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1\n");
@@ -590,6 +710,8 @@ fn dropin_file(machine: &str, devices: &[&str], facts: &HostFacts) -> String {
     for d in &facts.gpu.device_dirs {
         let _ = writeln!(s, "DeviceAllow={} rwm", d.group);
     }
+    // macvtap/ipvtap devices a CNI creates for pods (KubeVirt, Multus)
+    s.push_str("DeviceAllow=char-ipvtap rwm\nDeviceAllow=char-macvtap rwm\n");
     s
 }
 
