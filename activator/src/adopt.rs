@@ -519,7 +519,11 @@ const AGENT_FORCED: &[&str] = &[
 /// itself is dropped (noted, as changing the node unless the agent forced
 /// it anyway), and the rest goes to `kubelet.config`, which the image's
 /// config is merged with the same way.
-fn kubelet_configuration(mut c: Map<String, Value>, kubelet: &mut Map<String, Value>, notes: &mut Notes) {
+fn kubelet_configuration(
+    mut c: Map<String, Value>,
+    kubelet: &mut Map<String, Value>,
+    notes: &mut Notes,
+) {
     const FIELD: &str = "Kubelet.Configuration";
     c.remove("apiVersion");
     c.remove("kind");

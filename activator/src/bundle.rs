@@ -164,8 +164,8 @@ fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleEr
     } else {
         top
     };
-    let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
-        .map_err(|e| refuse(format!("manifest: {e}")))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_bytes).map_err(|e| refuse(format!("manifest: {e}")))?;
     for d in std::iter::once(&manifest.config).chain(&manifest.layers) {
         if !members.contains_key(&d.digest) {
             return Err(refuse(format!(
@@ -277,7 +277,10 @@ mod tests {
             "{msg}"
         );
         let msg = e(images("registry.example/e2e/other:1", digest));
-        assert!(msg.contains("is not named registry.example/e2e/other:1"), "{msg}");
+        assert!(
+            msg.contains("is not named registry.example/e2e/other:1"),
+            "{msg}"
+        );
         let mut missing = images(NAME, digest);
         missing.bundle[0].file = "gone.tar".into();
         assert!(e(missing).contains("gone.tar (registry.example/e2e/hello:1): cannot read"));
@@ -296,6 +299,9 @@ mod tests {
         bytes[at] = b'X';
         std::fs::write(&path, &bytes).unwrap();
         let msg = e(images(NAME, digest));
-        assert!(msg.contains("the archive is damaged or was altered"), "{msg}");
+        assert!(
+            msg.contains("the archive is damaged or was altered"),
+            "{msg}"
+        );
     }
 }

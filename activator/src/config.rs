@@ -820,22 +820,62 @@ mod tests {
 
     #[test]
     fn extra_mounts_are_absolute_and_stay_clear_of_what_kubeslot_binds() {
-        let with = |m: &str| parse(&with_top("ghcr.io/org/node:v1", &format!(r#","extra_mounts":[{m}]"#)));
-        let c = with(r#"{"host_path":"/srv/models","machine_path":"/var/lib/models","read_only":true}"#)
-            .unwrap();
+        let with = |m: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","extra_mounts":[{m}]"#),
+            ))
+        };
+        let c = with(
+            r#"{"host_path":"/srv/models","machine_path":"/var/lib/models","read_only":true}"#,
+        )
+        .unwrap();
         assert!(c.extra_mounts[0].read_only);
         for (m, want) in [
-            (r#"{"host_path":"srv","machine_path":"/x"}"#, "\"srv\" is not an absolute path"),
-            (r#"{"host_path":"/srv/a:b","machine_path":"/x"}"#, "\"/srv/a:b\" is not an absolute path"),
-            (r#"{"host_path":"/srv/../etc","machine_path":"/x"}"#, "is not an absolute path"),
-            (r#"{"host_path":"/srv","machine_path":"/"}"#, "\"/\" is not an absolute path"),
-            (r#"{"host_path":"/var/lib/kubeslot/blobs","machine_path":"/x"}"#, "overlaps /var/lib/kubeslot, which is kubeslot's own"),
-            (r#"{"host_path":"/var","machine_path":"/x"}"#, "overlaps /var/lib/kubeslot"),
-            (r#"{"host_path":"/srv","machine_path":"/var/lib/kubelet/plugins"}"#, "overlaps /var/lib/kubelet inside the machine"),
-            (r#"{"host_path":"/srv","machine_path":"/etc"}"#, "overlaps /etc/kubeslot inside the machine"),
-            (r#"{"host_path":"/srv","machine_path":"/sys/fs/bpf"}"#, "overlaps /sys inside the machine"),
-            (r#"{"host_path":"/srv","machine_path":"/opt/a"},{"host_path":"/srv2","machine_path":"/opt/a/b"}"#, "overlaps another extra mount's machine_path /opt/a"),
-            (r#"{"host_path":"/srv","machine_path":"/x","rw":true}"#, "unknown field `rw`"),
+            (
+                r#"{"host_path":"srv","machine_path":"/x"}"#,
+                "\"srv\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/a:b","machine_path":"/x"}"#,
+                "\"/srv/a:b\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/../etc","machine_path":"/x"}"#,
+                "is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/"}"#,
+                "\"/\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/var/lib/kubeslot/blobs","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot, which is kubeslot's own",
+            ),
+            (
+                r#"{"host_path":"/var","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/var/lib/kubelet/plugins"}"#,
+                "overlaps /var/lib/kubelet inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/etc"}"#,
+                "overlaps /etc/kubeslot inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/sys/fs/bpf"}"#,
+                "overlaps /sys inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/opt/a"},{"host_path":"/srv2","machine_path":"/opt/a/b"}"#,
+                "overlaps another extra mount's machine_path /opt/a",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/x","rw":true}"#,
+                "unknown field `rw`",
+            ),
         ] {
             let e = with(m).unwrap_err().to_string();
             assert!(e.contains(want), "{m}: {e}");
@@ -848,7 +888,9 @@ mod tests {
         let top = |extra: &str| {
             parse(&with_top(
                 "ghcr.io/org/node:v1",
-                &format!(r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"{extra}}}"#),
+                &format!(
+                    r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"{extra}}}"#
+                ),
             ))
         };
         let e = top("").unwrap_err().to_string();
@@ -877,13 +919,21 @@ mod tests {
         ))
         .unwrap_err()
         .to_string();
-        assert!(e.contains("containerd.metrics_address: \"everywhere\" is not an address:port"), "{e}");
+        assert!(
+            e.contains("containerd.metrics_address: \"everywhere\" is not an address:port"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bundle_entries_are_file_names_with_a_directory() {
         let d = kubeslot_image::Digest::of(b"x");
-        let with = |images: String| parse(&with_top("ghcr.io/org/node:v1", &format!(r#","images":{images}"#)));
+        let with = |images: String| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","images":{images}"#),
+            ))
+        };
         with(format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#)).unwrap();
         for (images, want) in [
             (format!(r#"{{"bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "needs images.bundle_dir"),

@@ -156,10 +156,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<String>, ExtraArgsError> {
             } else {
                 "reaches nothing: the kubelet's command line passes only $KUBELET_ARGS and $KUBELET_EXTRA_ARGS"
             };
-            return Err(invalid(
-                n,
-                format!("{key} {why}; only {VARIABLE} is read"),
-            ));
+            return Err(invalid(n, format!("{key} {why}; only {VARIABLE} is read")));
         }
         if args.is_some() {
             return Err(invalid(n, format!("{VARIABLE} is set twice")));
@@ -203,7 +200,10 @@ pub fn render(args: &[String]) -> String {
 /// `KUBELET_EXTRA_ARGS` of an unbounded agent node's `/etc/default/kubelet`
 /// (other variables are returned by name: the caller reports them as not
 /// carried over). The arguments are checked as [`parse`] checks them.
-pub fn from_agent_file(path: &Path, text: &str) -> Result<(Vec<String>, Vec<String>), ExtraArgsError> {
+pub fn from_agent_file(
+    path: &Path,
+    text: &str,
+) -> Result<(Vec<String>, Vec<String>), ExtraArgsError> {
     let mut kept = String::new();
     let mut others = Vec::new();
     for line in text.lines() {
@@ -275,7 +275,10 @@ mod tests {
     #[test]
     fn the_rendered_file_holds_only_the_extra_arguments() {
         let text = render(&["--max-pods=50".into()]);
-        assert!(text.ends_with("\nKUBELET_EXTRA_ARGS=\"--max-pods=50\"\n"), "{text}");
+        assert!(
+            text.ends_with("\nKUBELET_EXTRA_ARGS=\"--max-pods=50\"\n"),
+            "{text}"
+        );
         assert!(!text.contains("KUBELET_ARGS="));
         // what it renders parses back
         assert_eq!(p(&text).unwrap(), ["--max-pods=50"]);

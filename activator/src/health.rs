@@ -404,6 +404,20 @@ mod tests {
     }
 
     impl Systemd for Up {
+        fn machine_journal(
+            &self,
+            _: &str,
+            _: &str,
+            _: usize,
+        ) -> Result<Vec<String>, crate::systemd::SystemdError> {
+            Ok(Vec::new())
+        }
+        fn machine_failed_units(
+            &self,
+            _: &str,
+        ) -> Result<Vec<String>, crate::systemd::SystemdError> {
+            Ok(Vec::new())
+        }
         fn daemon_reload(&self) -> Result<(), crate::systemd::SystemdError> {
             Ok(())
         }

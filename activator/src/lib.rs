@@ -13,6 +13,7 @@ pub mod activate;
 pub mod adopt;
 pub mod bundle;
 pub mod config;
+pub mod diagnostics;
 pub mod extra_args;
 pub mod failpoint;
 pub mod fingerprint;

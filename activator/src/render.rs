@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 
 use kubeslot_image::atomic::{self, AtomicError};
 
-use crate::config::node::{self, check_node_name};
 use crate::bundle::{self, BundleError};
+use crate::config::node::{self, check_node_name};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
 use crate::extra_args::{self, ExtraArgsError};
 
@@ -646,7 +646,12 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
             m.machine_path.display()
         );
     }
-    if let Some(dir) = config.images.bundle_dir.as_ref().filter(|_| !config.images.bundle.is_empty()) {
+    if let Some(dir) = config
+        .images
+        .bundle_dir
+        .as_ref()
+        .filter(|_| !config.images.bundle.is_empty())
+    {
         let _ = writeln!(s, "BindReadOnly={}:{}", dir.display(), inside::BUNDLE_DIR);
     }
     s
@@ -661,7 +666,10 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
 fn bpffs_mount_unit(machine: &str) -> String {
     let mut s = String::from(HEADER);
     s.push_str("[Unit]\n");
-    let _ = writeln!(s, "Description=Private BPF filesystem of node machine {machine}");
+    let _ = writeln!(
+        s,
+        "Description=Private BPF filesystem of node machine {machine}"
+    );
     s.push_str("\n[Mount]\nWhat=bpf\n");
     let _ = writeln!(s, "Where={}", paths::bpffs_dir(machine));
     s.push_str("Type=bpf\nOptions=mode=0700\n");

@@ -121,7 +121,19 @@ pub fn resolve_and_verify(
     policy: &Policy,
     platform: &Platform,
 ) -> Result<Verified, StageError> {
+    resolve_and_verify_with(source, policy, platform, &mut || {})
+}
+
+/// [`resolve_and_verify`], calling `resolved` once the reference named a
+/// digest (a run's `resolved` datapoint).
+pub fn resolve_and_verify_with(
+    source: &Source,
+    policy: &Policy,
+    platform: &Platform,
+    resolved: &mut dyn FnMut(),
+) -> Result<Verified, StageError> {
     let top = source.resolve()?;
+    resolved();
     let image = source.select(&top, platform)?;
     let verdict = verify::check(source, &image, policy)?;
     Ok(Verified { image, verdict })

@@ -34,6 +34,10 @@ F="$KUBESLOT_FAKE"
 echo "systemctl $*" >> "$F/calls.log"
 cmd=$1; shift
 case "$cmd" in
+  -M)
+    # inside a machine: only `--failed` is asked (a failed gate's report)
+    [ "$2" = --failed ] || { echo "fake systemctl: unexpected -M $*" >&2; exit 1; }
+    echo "kubelet.service loaded failed failed kubelet: the kubeslot test node" ;;
   daemon-reload) exit 0 ;;
   is-active)
     [ "$1" = --quiet ] && shift
@@ -100,6 +104,20 @@ if [ "$1" = show ]; then
   [ -e "$F/foreign/$m" ] || [ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ]
   exit $?
 fi
+"#;
+
+/// `journalctl -M MACHINE -u UNIT ...`: the unit's last words, as the
+/// started tree's `etc/fixture-health` decides them (the token of the
+/// config in one line, which a report must not show).
+const JOURNALCTL: &str = r#"#!/bin/bash
+F="$KUBESLOT_FAKE"
+echo "journalctl $*" >> "$F/calls.log"
+[ "$1" = -M ] && [ "$3" = -u ] || { echo "fake journalctl: unexpected $*" >&2; exit 1; }
+m=$2 unit=$4
+[ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ] || { echo "No machine '$m' known" >&2; exit 1; }
+mode=$(cat "$KUBESLOT_FAKE_ROOT/var/lib/machines/$m/etc/fixture-health" 2>/dev/null || echo healthy)
+echo "$m $unit[7]: started with bootstrap token abcdef.0123456789abcdef"
+echo "$m $unit[7]: /healthz answers as $mode"
 "#;
 
 const OTHER: &str = r#"#!/bin/bash
@@ -200,6 +218,7 @@ impl Host {
         for (name, text) in [
             ("systemctl", SYSTEMCTL),
             ("machinectl", MACHINECTL),
+            ("journalctl", JOURNALCTL),
             ("systemd-run", OTHER),
         ] {
             let p = fake.join("bin").join(name);
@@ -586,6 +605,36 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
     );
     assert_eq!(h.running(), [Slot::Kube2]);
     assert_eq!(h.slot_snapshot(Slot::Kube2), kube2_before);
+    // the failed machine's last words, read before the rollback stopped it
+    let d = &r["diagnostics"];
+    assert_eq!(d["machine"], "kube1");
+    assert_eq!(
+        d["kubelet"].as_array().unwrap().last().unwrap(),
+        "kube1 kubelet[7]: /healthz answers as never"
+    );
+    assert_eq!(
+        d["containerd"][0],
+        "kube1 containerd[7]: started with bootstrap token <redacted>"
+    );
+    assert_eq!(
+        d["failed_units"][0],
+        "kubelet.service loaded failed failed kubelet: the kubeslot test node"
+    );
+    let calls = h.calls();
+    let pos = |c: &str| calls.iter().position(|x| x.starts_with(c)).unwrap();
+    assert!(
+        pos("journalctl -M kube1 -u kubelet -n 50") < pos("systemctl stop systemd-nspawn@kube1"),
+        "{calls:?}"
+    );
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(
+        out.contains("  diagnostics of kube1:\n")
+            && out.contains("      kube1 kubelet[7]: /healthz answers as never\n"),
+        "{out}"
+    );
+    assert!(!out.contains("0123456789abcdef"), "{out}");
+    let (_, out, _) = h.cmd(&["status", "--json"]);
+    assert!(!out.contains("0123456789abcdef"), "{out}");
 
     // 5. v3 is not retried on the next run
     h.clear_calls();
@@ -1105,6 +1154,91 @@ fn dry_run_writes_nothing_and_wait_blocks_on_a_running_activation() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report, h.report());
     assert_eq!(report["outcome"], "committed");
+}
+
+/// `wait --provisioned`: a commit of this boot ends it (datapoints in the
+/// report, shown by `status --json`); before one, or when the report is
+/// from another boot, it times out with exit 1 naming why.
+#[test]
+fn wait_provisioned_ends_at_the_first_commit_of_this_boot() {
+    let img = images();
+    let h = Host::new(&img);
+    let boot = h.root().join("proc/sys/kernel/random/boot_id");
+    fs::create_dir_all(boot.parent().unwrap()).unwrap();
+    fs::write(&boot, "boot-1\n").unwrap();
+    let (code, _, err) = h.cmd(&["wait", "--provisioned", "--timeout", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("not provisioned after 1 s: no report yet"),
+        "{err}"
+    );
+
+    // started before the run: it waits until the commit
+    let child = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"))
+        .args([
+            "wait",
+            "--provisioned",
+            "--json",
+            "--timeout",
+            "60",
+            "--root",
+        ])
+        .arg(h.root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(waited["outcome"], "committed");
+    assert_eq!(waited["boot_id"], "boot-1");
+    assert_eq!(r["boot_id"], serde_json::Value::Null, "stamped when saved");
+    // the run's datapoints, in order, and status shows them
+    let (_, out, err) = h.cmd(&["status", "--json"]);
+    let status = json(&out, &err);
+    let d = &status["report"]["datapoints"];
+    let points: Vec<u64> = [
+        "resolved_ms",
+        "verified_ms",
+        "staged_ms",
+        "machine_started_ms",
+        "kubelet_healthy_ms",
+        "committed_ms",
+    ]
+    .iter()
+    .map(|k| d[k].as_u64().unwrap_or_else(|| panic!("{k}: {d}")))
+    .collect();
+    assert!(points.windows(2).all(|w| w[0] <= w[1]), "{d}");
+    assert!(d["unit_started_since_boot_ms"].as_u64().is_some(), "{d}");
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(out.contains("  datapoints: resolved +"), "{out}");
+
+    // after a reboot the old commit does not count
+    fs::write(&boot, "boot-2\n").unwrap();
+    let (code, _, err) = h.cmd(&["wait", "--provisioned", "--timeout", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is from another boot"), "{err}");
+    // the boot-time run (up to date: the node runs) provisions this boot
+    let (code, r, err) = h.activate();
+    assert_eq!(
+        (code, r["outcome"].as_str()),
+        (0, Some("up-to-date")),
+        "{err}"
+    );
+    let (code, out, err) = h.cmd(&["wait", "--provisioned", "--timeout", "5"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("last run: activate (exit 0, up-to-date)"),
+        "{out}"
+    );
 }
 
 #[test]

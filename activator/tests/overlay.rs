@@ -383,6 +383,12 @@ impl Systemd for MountingSystemd {
     fn run_in_machine(&self, _: &str, _: &[&str]) -> Result<bool, SystemdError> {
         Ok(false)
     }
+    fn machine_journal(&self, _: &str, _: &str, _: usize) -> Result<Vec<String>, SystemdError> {
+        Ok(Vec::new())
+    }
+    fn machine_failed_units(&self, _: &str) -> Result<Vec<String>, SystemdError> {
+        Ok(Vec::new())
+    }
 }
 
 #[test]

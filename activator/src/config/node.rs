@@ -317,10 +317,15 @@ fn check_extra_mounts(config: &Config) -> Result<(), Invalid> {
             return Err(invalid(
                 FIELD,
                 &inside,
-                &format!("overlaps {r} inside the machine, which nspawn or the activator binds itself"),
+                &format!(
+                    "overlaps {r} inside the machine, which nspawn or the activator binds itself"
+                ),
             ));
         }
-        if let Some(other) = seen.iter().find(|o: &&String| within(&inside, o) || within(o, &inside)) {
+        if let Some(other) = seen
+            .iter()
+            .find(|o: &&String| within(&inside, o) || within(o, &inside))
+        {
             return Err(invalid(
                 FIELD,
                 &inside,
@@ -338,9 +343,9 @@ fn is_image_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 255
         && s.contains('/')
-        && s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/' | b':' | b'@'))
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/' | b':' | b'@')
+        })
 }
 
 /// The registry host of an image name (`docker.io` when the first part
@@ -403,7 +408,10 @@ fn check_bundle(config: &Config) -> Result<(), Invalid> {
                 "is not an absolute path of a-z, A-Z, 0-9, '/', '-', '_', '.', '+' (no '..', not /)",
             ));
         }
-        if let Some(r) = RESERVED_HOST_PATHS.iter().find(|r| within(&d, r) || within(r, &d)) {
+        if let Some(r) = RESERVED_HOST_PATHS
+            .iter()
+            .find(|r| within(&d, r) || within(r, &d))
+        {
             return Err(invalid(
                 "images.bundle_dir",
                 &d,
