@@ -355,7 +355,9 @@ fn check_invariants(files: &HostFiles, machine: &str) {
     );
     let mount = file(files, &format!("run-bpffs-{machine}.mount"));
     assert!(
-        mount.contains(&format!("\nWhat=bpf\nWhere=/run/bpffs/{machine}\nType=bpf\n")),
+        mount.contains(&format!(
+            "\nWhat=bpf\nWhere=/run/bpffs/{machine}\nType=bpf\n"
+        )),
         "{mount}"
     );
     // the kubelet's environment file is always bound: nothing the image
@@ -1003,7 +1005,9 @@ fn golden_seed_parity() {
     ] {
         assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
     }
-    assert!(file(&files, "default-kubelet").contains("KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\n"));
+    assert!(
+        file(&files, "default-kubelet").contains("KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\n")
+    );
     let toml: toml::Table = file(&files, "containerd.toml").parse().unwrap();
     assert_eq!(toml["version"].as_integer(), Some(3));
     assert_eq!(
@@ -1011,8 +1015,9 @@ fn golden_seed_parity() {
         Some("registry.example/e2e/pause:3.10.2")
     );
     assert_eq!(toml["metrics"]["address"].as_str(), Some("0.0.0.0:10257"));
-    assert!(file(&files, "bundle-images")
-        .ends_with(&format!("\nregistry.example/e2e/pause:3.10.2 {digest} pause.oci.tar\n")));
+    assert!(file(&files, "bundle-images").ends_with(&format!(
+        "\nregistry.example/e2e/pause:3.10.2 {digest} pause.oci.tar\n"
+    )));
     check_golden("seed-parity", &files);
 
     // what the host lacks or breaks is named, before anything is written

@@ -804,9 +804,8 @@ fn production_containerd_config_keeps_the_unbounded_agents_pull_settings() {
         main["plugins"]["io.containerd.transfer.v1.local"]["max_concurrent_downloads"].as_integer(),
         Some(6)
     );
-    let host = toml_file(
-        "testdata/render/seed-parity/files/etc/kubeslot/host/kube1/containerd.toml",
-    );
+    let host =
+        toml_file("testdata/render/seed-parity/files/etc/kubeslot/host/kube1/containerd.toml");
     assert_eq!(host["version"], main["version"]);
     let merged = merge(&main, &host);
     let images = &merged["plugins"]["io.containerd.cri.v1.images"];

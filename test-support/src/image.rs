@@ -215,7 +215,12 @@ pub fn write_archive(layout: &std::path::Path, out: &std::path::Path) {
 /// `name` (`org.opencontainers.image.ref.name`, as `skopeo copy ...
 /// oci-archive:FILE:NAME` writes it), written as an `oci-archive` at
 /// `out`; returns its index digest.
-pub fn bundle_archive(dir: &std::path::Path, name: &str, marker: &[u8], out: &std::path::Path) -> Digest {
+pub fn bundle_archive(
+    dir: &std::path::Path,
+    name: &str,
+    marker: &[u8],
+    out: &std::path::Path,
+) -> Digest {
     let layout = open_or_create(dir);
     let tar = crate::tar::tar_of(&[("hello", marker)]);
     let d = layout.blobs().put_bytes(&tar).unwrap();
