@@ -20,6 +20,7 @@ pub mod fingerprint;
 pub mod gc;
 pub mod gpu;
 pub mod health;
+pub mod host_network;
 pub mod host_settings;
 pub mod integrity;
 pub mod layers;

@@ -33,6 +33,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::host_network;
 use crate::host_settings;
 use crate::lock::{Lock, LockError};
 use crate::paths::{Root, RENDER_UNIT};
@@ -64,6 +65,8 @@ pub enum UninstallError {
     },
     #[error(transparent)]
     Overlay(#[from] crate::overlay::OverlayError),
+    #[error("uninstall: the node's network leftovers: {0}")]
+    Network(#[from] host_network::NetworkError),
     #[error("uninstall: cannot remove {path}: {source}")]
     Remove {
         path: PathBuf,
@@ -84,6 +87,8 @@ pub struct Options {
     /// Also stop and remove `kube1`/`kube2` machines the state has no
     /// record of (instead of refusing).
     pub remove_unmanaged: bool,
+    /// Change nothing; say what would be stopped and removed.
+    pub dry_run: bool,
 }
 
 /// What `uninstall` did, for the operator.
@@ -100,6 +105,13 @@ pub struct Uninstalled {
     /// The state could not be read (why): machines were told apart by
     /// their files alone.
     pub state_unreadable: Option<String>,
+    /// Nothing was changed: the lists say what would be.
+    pub dry_run: bool,
+    /// The node's network leftovers removed (links, routing tables).
+    pub network: Vec<String>,
+    /// Why no network leftover is removed (the host's network was never
+    /// recorded), when so.
+    pub network_note: Option<String>,
 }
 
 /// Whose a slot's machine is, as far as `uninstall` can tell.
@@ -213,6 +225,73 @@ fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), Uni
     Ok(())
 }
 
+/// Every path `uninstall` removes (root path, host path shown), whether
+/// it exists or not.
+fn paths_to_remove(root: &Root, ours: &[Slot]) -> Vec<(PathBuf, PathBuf)> {
+    let host = Root::host();
+    let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(&host));
+    for &slot in ours {
+        let m = slot.machine();
+        paths.push(both(&|r| r.machine_tree(m)));
+        paths.push(both(&|r| r.machine_staging(m)));
+        paths.push(both(&|r| r.nspawn_file(m)));
+        paths.push(both(&|r| {
+            r.dropin_file(m)
+                .parent()
+                .expect("a drop-in dir")
+                .to_path_buf()
+        }));
+        paths.push(both(&|r| r.machine_wants_link(m)));
+        paths.push(both(&|r| r.bpffs_mount_unit_file(m)));
+    }
+    // staging and archive dirs of killed runs (`.staging-<m>-*`, `.archive-*`)
+    if let Ok(entries) = std::fs::read_dir(root.machines_dir()) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".staging-")
+                || name.starts_with(".archive-")
+                || name.starts_with(".kubeslot-")
+            {
+                paths.push((e.path(), host.machines_dir().join(&name)));
+            }
+        }
+    }
+    // The layer store holds only what overlay slots were made of.
+    if ours.len() == Slot::ALL.len()
+        || !Slot::ALL
+            .iter()
+            .any(|s| crate::overlay::is_overlay(root, *s))
+    {
+        paths.push(both(&|r| r.layers_dir()));
+    }
+    paths.push(both(&|r| r.systemd_system_dir().join(RENDER_UNIT)));
+    for unit in ACTIVATOR_UNITS {
+        // installed by hand; the package's copies live under /usr/lib
+        paths.push(both(&|r| r.systemd_system_dir().join(unit)));
+    }
+    paths.push(both(&|r| r.join(crate::paths::host::HOST_FILES_DIR)));
+    paths
+}
+
+/// The network leftovers a dry run would remove, as lines, and why none
+/// when the host's network was never recorded.
+fn network_plan(root: &Root, done: &mut Uninstalled) -> Result<(), UninstallError> {
+    let l = host_network::leftovers(root)?;
+    done.network_note = l.unrecorded.clone();
+    done.network = l
+        .links
+        .iter()
+        .map(|n| format!("link {n}"))
+        .chain(
+            l.tables
+                .iter()
+                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
+        )
+        .collect();
+    Ok(())
+}
+
 /// Takes kubeslot off the host under `root` (see the module doc).
 pub fn uninstall(
     root: &Root,
@@ -256,22 +335,54 @@ pub fn uninstall(
         }
     }
 
-    // Nothing starts an activation or a machine from here on. (systemctl
-    // refuses to stop or disable a unit whose file does not exist: a host
-    // that never had the units installed skips them.)
-    for unit in ACTIVATOR_UNITS {
-        let installed = [
-            "etc/systemd/system",
-            "usr/lib/systemd/system",
-            "lib/systemd/system",
-        ]
+    let installed_units: Vec<&str> = ACTIVATOR_UNITS
         .iter()
-        .any(|d| root.join(d).join(unit).exists());
-        if installed {
-            systemd.stop(unit)?;
-            systemd.disable(unit)?;
-            done.units.push(unit.to_string());
+        .copied()
+        .filter(|unit| {
+            // systemctl refuses to stop or disable a unit whose file does
+            // not exist: a host that never had the units skips them
+            [
+                "etc/systemd/system",
+                "usr/lib/systemd/system",
+                "lib/systemd/system",
+            ]
+            .iter()
+            .any(|d| root.join(d).join(unit).exists())
+        })
+        .collect();
+    let paths = paths_to_remove(root, &ours);
+    if opts.dry_run {
+        // what the run would do, nothing changed
+        done.dry_run = true;
+        done.units = installed_units.iter().map(|u| u.to_string()).collect();
+        for &slot in &ours {
+            done.units.push(slot.unit());
+            if crate::overlay::is_overlay(root, slot) {
+                done.units.push(root.mount_unit(slot.machine()));
+                done.removed.push(host.slot_overlay_dir(slot.machine()));
+            }
         }
+        done.removed.extend(
+            paths
+                .iter()
+                .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
+                .map(|(_, shown)| shown.clone()),
+        );
+        done.removed.extend(
+            [root.sysctl_dropin(), root.modules_load_dropin()]
+                .iter()
+                .filter(|p| p.exists())
+                .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
+        );
+        network_plan(root, &mut done)?;
+        return Ok(done);
+    }
+
+    // Nothing starts an activation or a machine from here on.
+    for unit in installed_units {
+        systemd.stop(unit)?;
+        systemd.disable(unit)?;
+        done.units.push(unit.to_string());
     }
     for &slot in &ours {
         let unit = slot.unit();
@@ -291,49 +402,14 @@ pub fn uninstall(
             done.removed.push(host.mount_unit_file(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
-    }
-
-    let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(&host));
-    for &slot in &ours {
-        let m = slot.machine();
-        paths.push(both(&|r| r.machine_tree(m)));
-        paths.push(both(&|r| r.machine_staging(m)));
-        paths.push(both(&|r| r.nspawn_file(m)));
-        paths.push(both(&|r| {
-            r.dropin_file(m)
-                .parent()
-                .expect("a drop-in dir")
-                .to_path_buf()
-        }));
-        paths.push(both(&|r| r.machine_wants_link(m)));
-    }
-    // staging and archive dirs of killed runs (`.staging-<m>-*`, `.archive-*`)
-    if let Ok(entries) = std::fs::read_dir(root.machines_dir()) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".staging-")
-                || name.starts_with(".archive-")
-                || name.starts_with(".kubeslot-")
-            {
-                paths.push((e.path(), host.machines_dir().join(&name)));
-            }
+        // its private BPF filesystem (the file goes with the paths below)
+        if root.bpffs_mount_unit_file(slot.machine()).exists() {
+            let unit = crate::paths::bpffs_mount_unit(slot.machine());
+            systemd.stop(&unit)?;
+            done.units.push(unit);
         }
     }
-    // The layer store holds only what overlay slots were made of.
-    if ours.len() == Slot::ALL.len()
-        || !Slot::ALL
-            .iter()
-            .any(|s| crate::overlay::is_overlay(root, *s))
-    {
-        paths.push(both(&|r| r.layers_dir()));
-    }
-    paths.push(both(&|r| r.systemd_system_dir().join(RENDER_UNIT)));
-    for unit in ACTIVATOR_UNITS {
-        // installed by hand; the package's copies live under /usr/lib
-        paths.push(both(&|r| r.systemd_system_dir().join(unit)));
-    }
-    paths.push(both(&|r| r.join(crate::paths::host::HOST_FILES_DIR)));
+
     for (p, shown) in paths {
         remove(&p, shown, &mut done.removed)?;
     }
@@ -343,6 +419,11 @@ pub fn uninstall(
     })? {
         done.removed.push(host.dir().join(f));
     }
+    // The node's network leftovers, once no node runs to make them again;
+    // before the state (and the record of what the host had) goes.
+    let leftovers = host_network::leftovers(root)?;
+    done.network_note = leftovers.unrecorded.clone();
+    done.network = host_network::remove(root, &leftovers)?;
     systemd.daemon_reload()?;
 
     // The state last: an interrupted uninstall is run again.

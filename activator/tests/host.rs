@@ -291,12 +291,25 @@ impl Host {
     }
 
     fn run(&self, args: &[&str], failpoint: Option<&str>) -> Output {
+        self.run_in(None, args, failpoint)
+    }
+
+    /// [`Host::run`] inside the network namespace `netns` (`ip netns exec`).
+    fn run_in(&self, netns: Option<&str>, args: &[&str], failpoint: Option<&str>) -> Output {
         let path = format!(
             "{}:{}",
             self.fake().join("bin").display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"));
+        let bin = env!("CARGO_BIN_EXE_kubeslot-activator");
+        let mut cmd = match netns {
+            None => Command::new(bin),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+        };
         cmd.args(args)
             .arg("--root")
             .arg(self.root())
@@ -3138,4 +3151,149 @@ fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
     let (code, out, err) = h.cmd(&["rollback", "--force", "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(h.state().active, Some(Slot::Kube1));
+}
+
+/// A network namespace made for one test (removed when dropped): the
+/// node's network leftovers are made and removed there, never in this
+/// machine's own namespace.
+struct NetNs(String);
+
+impl NetNs {
+    fn new() -> NetNs {
+        require_tool("ip", "iproute2");
+        let name = format!("kubeslot-test-{}-{}", std::process::id(), free_port());
+        let ns = NetNs(name);
+        ns.ip(&["netns", "add", &ns.0]);
+        // the health gate and the fake kubelet talk over its loopback
+        ns.ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ip -n NS ARGS...`.
+    fn inside(&self, args: &str) -> String {
+        let mut all = vec!["-n", self.0.as_str()];
+        all.extend(args.split_whitespace());
+        self.ip(&all)
+    }
+
+    fn links(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inside("-o link show")
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// `uninstall` removes what the node's pod network left in the host's
+/// namespace (links by name, the WireGuard routing tables), never what the
+/// host had at the first activation; `--dry-run` lists it first and
+/// changes nothing. Run in a namespace of its own, with real links.
+#[test]
+fn uninstall_removes_the_network_a_node_left_but_never_the_hosts_own() {
+    let img = images();
+    let h = Host::new(&img);
+    let ns = NetNs::new();
+    // the root shows the namespace the activator runs in
+    fs::create_dir_all(h.root().join("sys/class")).unwrap();
+    std::os::unix::fs::symlink("/sys/class/net", h.root().join("sys/class/net")).unwrap();
+    // the host's own: a WireGuard-named link and a table in the range
+    ns.inside("link add wg9 type bridge");
+    ns.inside("rule add table 51830 pref 200");
+    let out = h.run_in(Some(&ns.0), &["activate", "--json"], None);
+    let r = json(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    assert!(
+        r["host_settings"].as_str().unwrap().contains(
+            "recorded the host's network before its first node (2 links, tables [51830] in use)"
+        ),
+        "{r:#}"
+    );
+    // what a node's pod network makes
+    for add in [
+        "link add cni0 type bridge",
+        "link add cbr0 type bridge",
+        "link add geneve0 type bridge",
+        "link add wg0 type bridge",
+        "link add flannel.1 type vxlan id 1 dstport 8472",
+        "link add vxlan0 type vxlan id 2 dstport 4789",
+        "link add cilium_host type veth peer name cilium_net",
+        "link add eth-keep type bridge",
+        "rule add table 51820 pref 100",
+        "rule add fwmark 0x1 table 51820 pref 101",
+        "route add unreachable 10.9.0.0/24 table 51820",
+    ] {
+        ns.inside(add);
+    }
+    let before = ns.links();
+    let out = h.run_in(Some(&ns.0), &["uninstall", "--dry-run"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "would stop and disable systemd-nspawn@kube1.service",
+        "would remove the node's link cbr0",
+        "would remove the node's link cilium_host",
+        "would remove the node's link cilium_net",
+        "would remove the node's link cni0",
+        "would remove the node's link flannel.1",
+        "would remove the node's link geneve0",
+        "would remove the node's link vxlan0",
+        "would remove the node's link wg0",
+        "would remove the node's routing table 51820 (rule 100:\tfrom all lookup 51820; rule 101:\tfrom all fwmark 0x1 lookup 51820; route unreachable 10.9.0.0/24 table 51820)",
+        "dry run: nothing was changed",
+    ] {
+        assert!(text.lines().any(|l| l == want), "{want}:\n{text}");
+    }
+    for kept in ["wg9", "eth-keep", "51830", "link lo"] {
+        assert!(!text.contains(kept), "{kept}:\n{text}");
+    }
+    assert_eq!(ns.links(), before);
+    assert!(h.root().join("var/lib/machines/kube1").exists());
+
+    let out = h.run_in(Some(&ns.0), &["uninstall"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("removed the node's link cni0\n"), "{text}");
+    assert!(
+        text.contains("removed the node's routing table 51820 (rules and routes)\n"),
+        "{text}"
+    );
+    assert_eq!(ns.links(), ["eth-keep", "lo", "wg9"]);
+    let rules = ns.inside("rule show");
+    assert!(
+        !rules.contains("51820") && rules.contains("lookup 51830"),
+        "{rules}"
+    );
+    assert!(ns.inside("route show table 51820").trim().is_empty());
 }

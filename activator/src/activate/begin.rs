@@ -376,6 +376,16 @@ impl Run<'_> {
                 format!("applying: {}", failed.join("; "))
             });
         }
+        // what the host's network had before its first node: `uninstall`
+        // removes only what a node added
+        match crate::host_network::record_if_missing(self.root) {
+            Ok(Some(note)) => notes.push(note),
+            Ok(None) => {}
+            Err(e) => notes.push(format!(
+                "recording the host's network: {}",
+                kubeslot_image::error_chain(&e)
+            )),
+        }
         if !notes.is_empty() {
             report.host_settings = Some(notes.join("; "));
         }
