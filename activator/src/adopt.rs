@@ -159,6 +159,9 @@ pub struct Adopted {
     pub agent_units: Vec<AgentUnit>,
     /// What became of the adopted node's kubelet identity.
     pub identity: Identity,
+    /// The adopted node's `KUBELET_EXTRA_ARGS`, written (or to be written)
+    /// to `/etc/kubeslot/default-kubelet`.
+    pub extra_args: Option<Vec<String>>,
 }
 
 /// One of unbounded-agent's host units that acts after the adoption.
@@ -694,6 +697,7 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
     }
     // The config first, in memory: a bad applied config changes nothing.
     let mut made = None;
+    let mut extra = None;
     let mut token_mode = true;
     if let Some(w) = &opts.write_config {
         let applied = w
@@ -701,7 +705,12 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
             .clone()
             .unwrap_or_else(|| root.unbounded_applied_config(machine.machine()));
         let bytes = read_applied(&applied)?;
-        let (config, notes) = config_from_applied(&applied, &bytes, &w.image, &w.public_keys)?;
+        let (config, mut notes) = config_from_applied(&applied, &bytes, &w.image, &w.public_keys)?;
+        extra = carry_extra_args(root, machine, &mut notes)?;
+        let extra_file = root.kubelet_extra_args();
+        if extra.is_some() && extra_file.exists() && !w.force {
+            return Err(AdoptError::ConfigExists { path: extra_file });
+        }
         if w.path.exists() && !w.force {
             return Err(AdoptError::ConfigExists {
                 path: w.path.clone(),
@@ -758,8 +767,15 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         notes: Notes::default(),
         agent_units,
         identity,
+        extra_args: None,
     };
     if let Some((applied, config, notes, w)) = made {
+        if let (Some(args), false) = (&extra, opts.dry_run) {
+            // before the config: a path unit watching it starts the
+            // activation that renders them
+            write_extra_args(root, args)?;
+        }
+        adopted.extra_args = extra;
         if !opts.dry_run {
             if let Some(dir) = w.path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| AdoptError::Write {
@@ -782,6 +798,93 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         adopted.notes = notes;
     }
     Ok(adopted)
+}
+
+/// The adopted tree's `/etc/default/kubelet` (the agent's
+/// `KUBELET_EXTRA_ARGS` convention): its extra arguments, checked as the
+/// host file is; other variables, and arguments kubeslot cannot take over
+/// (a flag it owns), are noted as not carried over.
+fn carry_extra_args(
+    root: &Root,
+    machine: Slot,
+    notes: &mut Notes,
+) -> Result<Option<Vec<String>>, AdoptError> {
+    use rustix::fs::{Mode, OFlags};
+    const FIELD: &str = "/etc/default/kubelet";
+    let tree_path = root.machine_tree(machine.machine());
+    let path = tree_path.join("etc/default/kubelet");
+    let refuse = |e: rustix::io::Errno| AdoptError::Identity {
+        path: path.clone(),
+        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            "a symlink on the way, or a path leading out of the tree: not followed".into()
+        } else {
+            e.to_string()
+        },
+    };
+    let tree = rustix::fs::open(
+        &tree_path,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(refuse)?;
+    let Some(fd) = open_beneath(&tree, "etc/default/kubelet", OFlags::empty()).map_err(refuse)?
+    else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&read_capped(fd, &path)?).into_owned();
+    let shown = Path::new("/var/lib/machines")
+        .join(machine.machine())
+        .join("etc/default/kubelet");
+    match crate::extra_args::from_agent_file(&shown, &text) {
+        Ok((args, others)) => {
+            for var in others {
+                notes.drop(
+                    &format!("{FIELD} {var}"),
+                    "the agent's kubelet unit passed it; kubeslot's passes only KUBELET_EXTRA_ARGS (move its flags there)",
+                    true,
+                );
+            }
+            if args.is_empty() {
+                return Ok(None);
+            }
+            notes.carried.push(format!(
+                "kubelet extra args ({})",
+                Root::host().kubelet_extra_args().display()
+            ));
+            Ok(Some(args))
+        }
+        Err(e) => {
+            notes.drop(
+                &format!("{FIELD} {}", crate::extra_args::VARIABLE),
+                &kubeslot_image::error_chain(&e),
+                true,
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Writes `/etc/kubeslot/default-kubelet` (0644; an existing one was
+/// refused without `--force` before anything changed).
+fn write_extra_args(root: &Root, args: &[String]) -> Result<(), AdoptError> {
+    let path = root.kubelet_extra_args();
+    let text = format!(
+        "# Carried over by `kubeslot-activator adopt` from the adopted node's\n\
+         # /etc/default/kubelet: appended to the kubelet's arguments.\n\
+         {}=\"{}\"\n",
+        crate::extra_args::VARIABLE,
+        args.join(" ")
+    );
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| AdoptError::Write {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    }
+    kubeslot_image::atomic::write_file(&path, text.as_bytes()).map_err(|e| AdoptError::Write {
+        path: path.clone(),
+        reason: kubeslot_image::error_chain(&e),
+    })
 }
 
 /// What stands in for a secret in shown configs.

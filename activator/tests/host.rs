@@ -2517,7 +2517,7 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
     let (code, out, err) = h.cmd(&args);
     assert_eq!(code, 3, "{out}\n{err}");
     assert!(
-        err.contains("the node would behave differently without it: FutureField.Knob, Kubelet.Configuration, Kubelet.NodeIP, LocalDNS")
+        err.contains("the node would behave differently without it: FutureField.Knob, LocalDNS")
             && err.contains("--force"),
         "{err}"
     );
@@ -2619,6 +2619,17 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     let h = Host::new(&img);
     unbounded_host(&h);
     let written = h.root().join("etc/kubeslot/adopted.json");
+    // the agent's KUBELET_EXTRA_ARGS convention, and a variable kubeslot's
+    // kubelet unit does not pass
+    let defaults = Root::new(h.root())
+        .machine_tree("kube1")
+        .join("etc/default");
+    fs::create_dir_all(&defaults).unwrap();
+    fs::write(
+        defaults.join("kubelet"),
+        "KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\nKUBELET_TUNING_ARGS=--kube-api-qps=50\n",
+    )
+    .unwrap();
     let args = [
         "adopt",
         "--write-config",
@@ -2642,11 +2653,35 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     assert!(!written.exists() && !Root::new(h.root()).state_file().exists());
     fs::write(&applied, &good).unwrap();
 
-    let (code, out, err) = h.cmd(&args);
+    // KUBELET_TUNING_ARGS is not carried over and changes the node: --force
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("/etc/default/kubelet KUBELET_TUNING_ARGS"),
+        "{err}"
+    );
+    assert!(!Root::new(h.root()).kubelet_extra_args().exists());
+    let forced: Vec<&str> = args.iter().copied().chain(["--force"]).collect();
+    let (code, out, err) = h.cmd(&forced);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains(&format!("wrote {} (mode 0600)", written.display())),
         "{out}"
+    );
+    assert!(
+        out.contains("wrote /etc/kubeslot/default-kubelet from the adopted node's /etc/default/kubelet: KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\""),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  /etc/default/kubelet KUBELET_TUNING_ARGS: the agent's kubelet unit passed it"
+        ),
+        "{out}"
+    );
+    // what the render reads back
+    assert_eq!(
+        kubeslot_activator::extra_args::read(&Root::new(h.root())).unwrap(),
+        ["--max-pods=60", "--v=2"]
     );
     assert!(
         !out.contains("0123456789abcdef"),

@@ -35,6 +35,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/gpu.sh"
 # shellcheck source=ci/e2e/pods.sh
 . "$REPO/ci/e2e/pods.sh"
+# shellcheck source=ci/e2e/bundle.sh
+. "$REPO/ci/e2e/bundle.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 NODE_PKGS=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
@@ -246,6 +248,7 @@ SCENARIOS=(
   kill_mid_gate
   config_change_activates
   reboot_mid_flip
+  offline_bundle_images
   pod_runs
   mirror_pull_airgapped
   image_cache_survives_flip

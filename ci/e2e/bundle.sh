@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # REF_*, REGISTRY_LOG, CONFIG_IN_OUTER: set by images.sh, lib.sh and activator.sh, which run.sh sources first
+# Offline image bundles (issue 28; README "Coming from the unbounded
+# agent"): container images an air-gapped host hands its node as OCI
+# archives in a host directory (the config's images.bundle_dir and
+# images.bundle), verified by the activator before the machine starts,
+# bound read-only and imported into containerd's k8s.io namespace by the
+# image's kubeslot-images.service before the kubelet starts. Sourced by
+# run.sh.
+#
+# The bundle's image is named in a registry that does not exist
+# (bundle.e2e.invalid) and was never pushed anywhere: the node can have it
+# only from the bundle. Until the fixture kubelet runs static pods through
+# CRI, the scenario proves the import with containerd itself (the image
+# listed in k8s.io at its digest, a container run from it); after the CRI
+# work it becomes a static pod.
+
+BUNDLE_NAME=bundle.e2e.invalid/e2e/bundled:1
+BUNDLE_DIGEST=""
+
+# bundle_build: the bundle's one image (busybox printing a line, from the
+# test images' layout of test_images_build) as an oci-archive in the outer
+# host's /srv/kubeslot-bundle, named with its full reference (what
+# `ctr images import` names it by); BUNDLE_DIGEST is what index.json points at.
+bundle_build() {
+  local layout=$WORK/images/test/layout dir=$OUTER/srv/kubeslot-bundle
+  umoci config --image "$layout:busybox" --tag bundled \
+    --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from the offline bundle'
+  mkdir -p "$dir"
+  rm -f "$dir/bundled.oci.tar"
+  skopeo copy --quiet "oci:$layout:bundled" "oci-archive:$dir/bundled.oci.tar:$BUNDLE_NAME"
+  BUNDLE_DIGEST=$(tar -xOf "$dir/bundled.oci.tar" index.json | jq -r '.manifests[0].digest')
+  [ -n "$BUNDLE_DIGEST" ] || { fail "no digest in the bundle archive's index.json"; return 1; }
+  log "  bundle: $BUNDLE_NAME ($BUNDLE_DIGEST) in /srv/kubeslot-bundle/bundled.oci.tar"
+}
+
+# bundle_config IMAGE: the activator config with the bundle.
+bundle_config() {
+  config_json "$1" /etc/kubeslot/trust/e2e.pub |
+    jq --arg name "$BUNDLE_NAME" --arg digest "$BUNDLE_DIGEST" \
+      '.images = {bundle_dir: "/srv/kubeslot-bundle", bundle: [{file: "bundled.oci.tar", name: $name, digest: $digest}]}' \
+      >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# in_node MACHINE CMD...: CMD inside a node machine of the outer host.
+in_node() {
+  local m=$1
+  shift
+  outer systemd-run -M "$m" --quiet --wait --pipe "$@" </dev/null
+}
+
+# The running node's image (v4) with a bundle: the new host files flip it
+# into the idle slot, whose kubeslot-images imported the bundle's image
+# before its kubelet started; containerd has it at the archive's digest and
+# runs a container from it, though no registry has it. A damaged archive is
+# then refused by the render, naming it, before the machine would start.
+scenario_offline_bundle_images() {
+  local before target got out
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  bundle_build || return 1
+  bundle_config "$REF_v4"
+  act activate || { show_log; log_report; fail "activate with an offline bundle exited non-zero"; return 1; }
+  log_report
+  expect_running "$target" v1.35.3-e2e.4 || return 1
+  got=$(outer cat "/etc/kubeslot/host/$target/bundle-images" | grep -v '^#')
+  check_eq "the rendered list for the import unit" "$got" "$BUNDLE_NAME $BUNDLE_DIGEST bundled.oci.tar" || return 1
+  # shellcheck disable=SC2016 # expanded inside the machine
+  got=$(in_node "$target" sh -c 'test -r /etc/kubeslot/bundle/bundled.oci.tar && echo readable
+    touch /etc/kubeslot/bundle/x 2>/dev/null && echo writable || echo read-only' | paste -sd' ')
+  check_eq "the bundle dir in $target" "$got" "readable read-only" || return 1
+  got=$(in_node "$target" journalctl -u kubeslot-images --no-pager -o cat | grep -F "$BUNDLE_NAME" || true)
+  check "kubeslot-images imported the bundle's image" grep -qF "$BUNDLE_NAME: imported ($BUNDLE_DIGEST)" <<<"$got" ||
+    { in_node "$target" journalctl -u kubeslot-images --no-pager -o cat >&2; return 1; }
+  local done_at started_at
+  done_at=$(outer systemctl -M "$target" show kubeslot-images -p ExecMainExitTimestampMonotonic --value)
+  started_at=$(outer systemctl -M "$target" show kubelet -p ExecMainStartTimestampMonotonic --value)
+  check "the import finished before the kubelet started ($done_at <= $started_at)" test "$done_at" -le "$started_at" || return 1
+  got=$(in_node "$target" ctr -n k8s.io images ls "name==$BUNDLE_NAME" | awk 'NR > 1 { print $3 }')
+  check_eq "$BUNDLE_NAME in containerd's k8s.io namespace" "$got" "$BUNDLE_DIGEST" || return 1
+  out=$(in_node "$target" ctr -n k8s.io run --rm "$BUNDLE_NAME" bundle-check 2>&1) || true
+  check "a container runs from the bundle's image" grep -qx 'hello from the offline bundle' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "no registry was asked for it" bash -c "! grep -q '/v2/e2e/bundled/' '$REGISTRY_LOG'" || return 1
+
+  # damaged: the render refuses it (exit 3), naming the archive, and
+  # writes nothing
+  local archive=$OUTER/srv/kubeslot-bundle/bundled.oci.tar rc=0
+  cp "$archive" "$WORK/bundled.oci.tar.good"
+  python3 - "$archive" <<'EOF'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+# the image config (an uncompressed JSON blob) holds the command
+i = b.find(b"hello from the offline bundle")
+if i < 0:
+    sys.exit("no image config in " + p)
+b[i] ^= 1
+open(p, "wb").write(bytes(b))
+EOF
+  act render "$target" || rc=$?
+  check_eq "render of a damaged bundle exits" "$rc" 3 || { show_log; return 1; }
+  check "the error names the archive" grep -q "images.bundle /srv/kubeslot-bundle/bundled.oci.tar ($BUNDLE_NAME)" <<<"$(act_error)" || { show_log; return 1; }
+  cp "$WORK/bundled.oci.tar.good" "$archive"
+}
