@@ -50,7 +50,7 @@ pub enum BundleError {
         file: PathBuf,
         name: String,
         #[source]
-        source: archive::ArchiveError,
+        source: Box<archive::ArchiveError>,
     },
 }
 
@@ -85,7 +85,7 @@ fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleEr
         archive::scan(path, scratch.path()).map_err(|source| BundleError::Archive {
             file: shown.to_path_buf(),
             name: b.name.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let index = layout
         .index()
