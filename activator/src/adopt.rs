@@ -809,25 +809,12 @@ fn carry_extra_args(
     machine: Slot,
     notes: &mut Notes,
 ) -> Result<Option<Vec<String>>, AdoptError> {
-    use rustix::fs::{Mode, OFlags};
     const FIELD: &str = "/etc/default/kubelet";
     let tree_path = root.machine_tree(machine.machine());
     let path = tree_path.join("etc/default/kubelet");
-    let refuse = |e: rustix::io::Errno| AdoptError::Identity {
-        path: path.clone(),
-        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
-            "a symlink on the way, or a path leading out of the tree: not followed".into()
-        } else {
-            e.to_string()
-        },
-    };
-    let tree = rustix::fs::open(
-        &tree_path,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(refuse)?;
-    let Some(fd) = open_beneath(&tree, "etc/default/kubelet", OFlags::empty()).map_err(refuse)?
+    let tree = open_tree(&tree_path)?;
+    let Some(fd) = open_beneath(&tree, "etc/default/kubelet", rustix::fs::OFlags::empty())
+        .map_err(|e| refused(&path, e))?
     else {
         return Ok(None);
     };
@@ -915,6 +902,29 @@ enum PkiEntry {
     Link(std::ffi::OsString),
 }
 
+/// Why reading the adopted tree stopped at `path`.
+fn refused(path: &Path, e: rustix::io::Errno) -> AdoptError {
+    AdoptError::Identity {
+        path: path.to_path_buf(),
+        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            "a symlink on the way, or a path leading out of the tree: not followed".into()
+        } else {
+            e.to_string()
+        },
+    }
+}
+
+/// The adopted tree's directory, opened without following a link.
+fn open_tree(tree: &Path) -> Result<rustix::fd::OwnedFd, AdoptError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        tree,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| refused(tree, e))
+}
+
 /// Opens `rel` under `tree` without leaving it and without following any
 /// symlink on the way (the tree is another tool's, written by a node that
 /// is root in its machine). `None` when it does not exist.
@@ -977,29 +987,16 @@ fn carry_identity(
     }
     let tree_path = root.machine_tree(machine.machine());
     let pki_path = tree_path.join("var/lib/kubelet/pki");
-    let refuse = |path: &Path, e: rustix::io::Errno| AdoptError::Identity {
-        path: path.to_path_buf(),
-        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
-            "a symlink on the way, or a path leading out of the tree: not followed".into()
-        } else {
-            e.to_string()
-        },
-    };
-    let tree = rustix::fs::open(
-        &tree_path,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| refuse(&tree_path, e))?;
+    let tree = open_tree(&tree_path)?;
     let Some(pki) = open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY)
-        .map_err(|e| refuse(&pki_path, e))?
+        .map_err(|e| refused(&pki_path, e))?
     else {
         return Ok(Identity::Absent);
     };
     let mut entries: Vec<(std::ffi::OsString, PkiEntry)> = Vec::new();
-    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refuse(&pki_path, e))?;
+    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refused(&pki_path, e))?;
     for entry in dir {
-        let entry = entry.map_err(|e| refuse(&pki_path, e))?;
+        let entry = entry.map_err(|e| refused(&pki_path, e))?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
@@ -1013,11 +1010,11 @@ fn carry_identity(
         let os = std::ffi::OsStr::from_bytes(name).to_os_string();
         let path = pki_path.join(&os);
         let st = rustix::fs::statat(&pki, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| refuse(&path, e))?;
+            .map_err(|e| refused(&path, e))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(&pki, entry.file_name(), Vec::new())
-                    .map_err(|e| refuse(&path, e))?;
+                    .map_err(|e| refused(&path, e))?;
                 let target = std::ffi::OsStr::from_bytes(target.to_bytes()).to_os_string();
                 entries.push((os, PkiEntry::Link(target)));
             }
@@ -1028,7 +1025,7 @@ fn carry_identity(
                     OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                     Mode::empty(),
                 )
-                .map_err(|e| refuse(&path, e))?;
+                .map_err(|e| refused(&path, e))?;
                 let bytes = read_capped(fd, &path)?;
                 entries.push((
                     os,
@@ -1046,7 +1043,7 @@ fn carry_identity(
     let kubeconfig_path = tree_path.join("var/lib/kubelet/kubeconfig");
     let kubeconfig = if token_mode && std::fs::symlink_metadata(node.join("kubeconfig")).is_err() {
         match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
-            .map_err(|e| refuse(&kubeconfig_path, e))?
+            .map_err(|e| refused(&kubeconfig_path, e))?
         {
             // only the one the kubelet wrote after bootstrapping (it names
             // its certificate in pki/), never an exec-credential one

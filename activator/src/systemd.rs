@@ -98,18 +98,7 @@ fn run_lines(program: &str, args: &[&str]) -> Result<Vec<String>, SystemdError> 
 }
 
 fn run_ok(program: &str, args: &[&str]) -> Result<(), SystemdError> {
-    let out = run(program, args)?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(SystemdError::Failed {
-        command: std::iter::once(program)
-            .chain(args.iter().copied())
-            .collect::<Vec<_>>()
-            .join(" "),
-        status: out.status.to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    })
+    run_lines(program, args).map(|_| ())
 }
 
 impl Systemd for SystemCtl {
