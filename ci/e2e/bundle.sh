@@ -14,6 +14,11 @@
 # CRI, the scenario proves the import with containerd itself (the image
 # listed in k8s.io at its digest, a container run from it); after the CRI
 # work it becomes a static pod.
+#
+# A container needs runc's cgroups: for this scenario only, the node
+# machines of the outer host keep nspawn's own cgroup layout and the
+# kubelet is told failCgroupV1: false, as in the pod outer host (pods.sh:
+# this hybrid-cgroup CI host's v2 hierarchy has no controllers).
 
 BUNDLE_NAME=bundle.e2e.invalid/e2e/bundled:1
 BUNDLE_DIGEST=""
@@ -34,13 +39,30 @@ bundle_build() {
   log "  bundle: $BUNDLE_NAME ($BUNDLE_DIGEST) in /srv/kubeslot-bundle/bundled.oci.tar"
 }
 
-# bundle_config IMAGE: the activator config with the bundle.
+# bundle_config IMAGE: the activator config with the bundle (and the
+# kubelet on nspawn's cgroup v1 layout, see above).
 bundle_config() {
   config_json "$1" /etc/kubeslot/trust/e2e.pub |
-    jq --arg name "$BUNDLE_NAME" --arg digest "$BUNDLE_DIGEST" \
-      '.images = {bundle_dir: "/srv/kubeslot-bundle", bundle: [{file: "bundled.oci.tar", name: $name, digest: $digest}]}' \
+    jq --arg name "$BUNDLE_NAME" --arg digest "$BUNDLE_DIGEST" '
+      .images = {bundle_dir: "/srv/kubeslot-bundle", bundle: [{file: "bundled.oci.tar", name: $name, digest: $digest}]}
+      | .kubelet.config = {failCgroupV1: false}' \
       >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# bundle_cgroup_layout on|off: the TEST-ONLY drop-in of pods.sh (nspawn's
+# own cgroup layout for the node machines), in the first outer host for
+# this scenario only: later scenarios start their machines as rendered.
+bundle_cgroup_layout() {
+  local f=$OUTER/etc/systemd/system/systemd-nspawn@.service.d/zz-e2e-cgroup-layout.conf
+  if [ "$1" = on ]; then
+    mkdir -p "${f%/*}"
+    printf '%s\n' '# TEST-ONLY (ci/e2e/bundle.sh): see pods.sh.' '[Service]' \
+      'UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY' >"$f"
+  else
+    rm -f "$f"
+  fi
+  outer systemctl daemon-reload
 }
 
 # in_node MACHINE CMD...: CMD inside a node machine of the outer host.
@@ -56,6 +78,14 @@ in_node() {
 # runs a container from it, though no registry has it. A damaged archive is
 # then refused by the render, naming it, before the machine would start.
 scenario_offline_bundle_images() {
+  local rc=0
+  bundle_cgroup_layout on
+  bundle_checks || rc=$?
+  bundle_cgroup_layout off
+  return "$rc"
+}
+
+bundle_checks() {
   local before target got out
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
