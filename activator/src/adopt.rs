@@ -15,7 +15,8 @@
 //! or exec credential, cluster DNS, labels, taints, node name, node IP and
 //! the KubeletConfiguration object (`kubelet.config`, less what kubeslot
 //! renders itself); every other field is listed with the reason it is not
-//! carried over.
+//! carried over. The adopted tree's `/etc/default/kubelet`
+//! `KUBELET_EXTRA_ARGS` becomes the host's `/etc/kubeslot/default-kubelet`.
 //!
 //! It also takes over what the adopted node needs to keep: the kubelet's
 //! client certificate (`/var/lib/kubelet/pki` in the adopted tree, and the
@@ -37,7 +38,8 @@
 //! disables them through the [`Systemd`] boundary before anything is
 //! recorded. An applied config whose dropped fields change how the node
 //! behaves (`Kubelet.ImageCredentialProvider`, an enabled `LocalDNS`,
-//! unknown fields, ...) is written only with `--force`.
+//! unknown fields, other `/etc/default/kubelet` variables, ...) is written
+//! only with `--force`.
 //!
 //! Given the root handle and the [`Systemd`] boundary (to see whether
 //! machines run, and to stop and disable the agent's units when asked). It
@@ -46,8 +48,6 @@
 //! written only into the 0600 config, never into messages; `--dry-run`
 //! shows the config with them replaced ([`redacted`]).
 
-use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -60,6 +60,12 @@ use crate::slot::Slot;
 use crate::state::{SlotState, SlotStatus, State, StateError};
 use crate::systemd::{Systemd, SystemdError};
 use kubeslot_image::digest::Digest;
+
+mod identity;
+mod kubelet;
+
+use identity::carry_identity;
+use kubelet::{carry_extra_args, kubelet_configuration, write_extra_args};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
@@ -381,10 +387,39 @@ pub fn config_from_applied(
     kubelet.insert("ca_data".into(), ca.into());
     notes.carried.push("ca_data".into());
 
-    let token = take(&mut v, &["Kubelet", "Auth", "BootstrapToken"])
+    carry_auth(path, &mut v, &mut kubelet, &mut notes)?;
+
+    carry_optional(&mut v, &mut kubelet, &mut notes);
+    leftovers(&v, "", &mut notes);
+
+    let config = json!({
+        "image": image,
+        "trust": {"public_keys": public_keys},
+        "kubelet": kubelet,
+    });
+    // The result must load as the activator will load it.
+    Config::parse(path, &serde_json::to_vec(&config).expect("json"))
+        .map_err(AdoptError::Invalid)?;
+    Ok((config, notes))
+}
+
+/// The kubelet credential: a bootstrap token or an exec credential
+/// (exactly one).
+fn carry_auth(
+    path: &Path,
+    v: &mut Value,
+    kubelet: &mut Map<String, Value>,
+    notes: &mut Notes,
+) -> Result<(), AdoptError> {
+    let field = |field: &'static str, reason: &str| AdoptError::Field {
+        path: path.to_path_buf(),
+        field,
+        reason: reason.to_string(),
+    };
+    let token = take(v, &["Kubelet", "Auth", "BootstrapToken"])
         .and_then(|t| t.as_str().map(str::to_string))
         .filter(|t| !t.is_empty());
-    let exec = take(&mut v, &["Kubelet", "Auth", "ExecCredential"]).filter(|e| !e.is_null());
+    let exec = take(v, &["Kubelet", "Auth", "ExecCredential"]).filter(|e| !e.is_null());
     match (token, exec) {
         (Some(_), Some(_)) => {
             return Err(field(
@@ -439,8 +474,15 @@ pub fn config_from_applied(
         }
     }
 
+    Ok(())
+}
+
+/// The settings an applied config may leave out: cluster DNS, node name,
+/// labels, taints, node IP, the KubeletConfiguration (a LocalDNS that is
+/// off is dropped silently).
+fn carry_optional(v: &mut Value, kubelet: &mut Map<String, Value>, notes: &mut Notes) {
     if let Some(dns) =
-        take(&mut v, &["Cluster", "ClusterDNS"]).and_then(|d| d.as_str().map(str::to_string))
+        take(v, &["Cluster", "ClusterDNS"]).and_then(|d| d.as_str().map(str::to_string))
     {
         let list: Vec<Value> = dns
             .split(',')
@@ -453,7 +495,7 @@ pub fn config_from_applied(
             notes.carried.push("cluster_dns".into());
         }
     }
-    match take(&mut v, &["NodeName"]).and_then(|n| n.as_str().map(str::to_string)) {
+    match take(v, &["NodeName"]).and_then(|n| n.as_str().map(str::to_string)) {
         Some(n) if !n.is_empty() => {
             kubelet.insert("node_name".into(), n.into());
             notes.carried.push("node_name".into());
@@ -464,143 +506,33 @@ pub fn config_from_applied(
             false,
         ),
     }
-    if let Some(labels) = take(&mut v, &["Kubelet", "Labels"])
-        .filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
+    if let Some(labels) =
+        take(v, &["Kubelet", "Labels"]).filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
     {
         kubelet.insert("labels".into(), labels);
         notes.carried.push("labels".into());
     }
-    if let Some(taints) = take(&mut v, &["Kubelet", "RegisterWithTaints"])
+    if let Some(taints) = take(v, &["Kubelet", "RegisterWithTaints"])
         .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
     {
         kubelet.insert("taints".into(), taints);
         notes.carried.push("taints".into());
     }
-    if let Some(ip) = take(&mut v, &["Kubelet", "NodeIP"])
+    if let Some(ip) = take(v, &["Kubelet", "NodeIP"])
         .and_then(|s| s.as_str().map(str::to_string))
         .filter(|s| !s.is_empty())
     {
         kubelet.insert("node_ip".into(), ip.into());
         notes.carried.push("node_ip".into());
     }
-    if let Some(Value::Object(c)) = take(&mut v, &["Kubelet", "Configuration"]) {
-        kubelet_configuration(c, &mut kubelet, &mut notes);
+    if let Some(Value::Object(c)) = take(v, &["Kubelet", "Configuration"]) {
+        kubelet_configuration(c, kubelet, notes);
     }
     // LocalDNS switched off changes nothing
     if v.pointer("/LocalDNS/Enabled") != Some(&Value::Bool(true))
-        && take(&mut v, &["LocalDNS"]).is_some()
+        && take(v, &["LocalDNS"]).is_some()
     {
         notes.drop("LocalDNS", "not enabled", false);
-    }
-    leftovers(&v, "", &mut notes);
-
-    let config = json!({
-        "image": image,
-        "trust": {"public_keys": public_keys},
-        "kubelet": kubelet,
-    });
-    // The result must load as the activator will load it.
-    Config::parse(path, &serde_json::to_vec(&config).expect("json"))
-        .map_err(AdoptError::Invalid)?;
-    Ok((config, notes))
-}
-
-/// `Kubelet.Configuration` fields the agent overwrites with its own value
-/// whatever the object says (its docs forbid them): dropping them changes
-/// nothing.
-const AGENT_FORCED: &[&str] = &[
-    "clusterDNS",
-    "containerRuntimeEndpoint",
-    "resolvConf",
-    "registerWithTaints",
-    "rotateCertificates",
-];
-
-/// The agent's `Kubelet.Configuration` (a KubeletConfiguration object
-/// merged over its baseline) as kubeslot's settings: `clusterDomain` and
-/// `serverTLSBootstrap` have their own keys, a field the activator renders
-/// itself is dropped (noted, as changing the node unless the agent forced
-/// it anyway), and the rest goes to `kubelet.config`, which the image's
-/// config is merged with the same way.
-fn kubelet_configuration(
-    mut c: Map<String, Value>,
-    kubelet: &mut Map<String, Value>,
-    notes: &mut Notes,
-) {
-    const FIELD: &str = "Kubelet.Configuration";
-    c.remove("apiVersion");
-    c.remove("kind");
-    if let Some(d) = c.remove("clusterDomain") {
-        kubelet.insert("cluster_domain".into(), d);
-        notes.carried.push("cluster_domain".into());
-    }
-    if let Some(b) = c.remove("serverTLSBootstrap") {
-        kubelet.insert("server_tls_bootstrap".into(), b);
-        notes.carried.push("server_tls_bootstrap".into());
-    }
-    // the cluster CA is kubeslot's (kubelet.ca_data); the rest of
-    // `authentication` is the object's
-    if let Some(Value::Object(auth)) = c.get_mut("authentication") {
-        if let Some(Value::Object(x509)) = auth.get_mut("x509") {
-            if x509.remove("clientCAFile").is_some() {
-                notes.drop(
-                    &format!("{FIELD}.authentication.x509.clientCAFile"),
-                    "the agent sets its own CA file there; kubeslot binds the cluster CA of kubelet.ca_data",
-                    false,
-                );
-            }
-            if x509.is_empty() {
-                auth.remove("x509");
-            }
-        }
-        if auth.is_empty() {
-            c.remove("authentication");
-        }
-    }
-    let mode = c
-        .get_mut("authorization")
-        .and_then(Value::as_object_mut)
-        .and_then(|a| a.remove("mode"));
-    if mode.is_some() {
-        notes.drop(
-            &format!("{FIELD}.authorization.mode"),
-            "the agent forces Webhook, as kubeslot's image",
-            false,
-        );
-        if c["authorization"].as_object().is_some_and(Map::is_empty) {
-            c.remove("authorization");
-        }
-    }
-    let owned: Vec<String> = c
-        .keys()
-        .filter(|k| {
-            AGENT_FORCED.contains(&k.as_str())
-                || crate::config::KUBELET_OWNED_FIELDS
-                    .iter()
-                    .any(|(f, _)| f == k)
-        })
-        .cloned()
-        .collect();
-    for key in owned {
-        c.remove(&key);
-        let forced = AGENT_FORCED.contains(&key.as_str());
-        let why = crate::config::KUBELET_OWNED_FIELDS
-            .iter()
-            .find(|(f, _)| *f == key)
-            .map_or("set by kubeslot's image or activator", |(_, why)| why);
-        notes.drop(
-            &format!("{FIELD}.{key}"),
-            &if forced {
-                format!("the agent overwrites it too; {why}")
-            } else {
-                format!("kubeslot renders it: {why}")
-            },
-            !forced,
-        );
-    }
-    if !c.is_empty() {
-        kubelet.insert("config".into(), Value::Object(c));
-        notes.carried.push("config".into());
     }
 }
 
@@ -639,45 +571,10 @@ pub fn read_applied(path: &Path) -> Result<Vec<u8>, AdoptError> {
 pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopted, AdoptError> {
     let lock = Lock::try_exclusive(root)?;
     let mut state = State::load_repairing(root)?;
-    let managed: Vec<String> = Slot::ALL
-        .iter()
-        .filter(|s| state.slot(**s).status != SlotStatus::Empty)
-        .map(|s| format!("{s} {}", state.slot(*s).status))
-        .chain(state.active.map(|a| format!("{a} active")))
-        .chain(
-            state
-                .pending
-                .as_ref()
-                .map(|p| format!("a flip to {} pending", p.to)),
-        )
-        .collect();
-    if !managed.is_empty() {
-        return Err(AdoptError::Managed {
-            state: root.state_file(),
-            what: managed.join(", "),
-        });
-    }
+    refuse_managed(root, &state)?;
     let machine = match opts.machine {
         Some(m) => m,
-        None => {
-            let [k1, k2] = Slot::ALL.map(|s| root.unbounded_applied_config(s.machine()));
-            match (k1.exists(), k2.exists()) {
-                (true, false) => Slot::Kube1,
-                (false, true) => Slot::Kube2,
-                (true, true) => {
-                    return Err(AdoptError::Ambiguous {
-                        kube1: k1,
-                        kube2: k2,
-                    })
-                }
-                (false, false) => {
-                    return Err(AdoptError::NoMachine {
-                        kube1: k1,
-                        kube2: k2,
-                    })
-                }
-            }
-        }
+        None => machine_of_applied(root)?,
     };
     let tree = root.machine_tree(machine.machine());
     if !tree.is_dir() {
@@ -728,23 +625,7 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
     }
     // unbounded-agent's units go before anything is recorded: its daemon
     // must not re-provision the slot the next activation stages into.
-    let mut agent_units = Vec::new();
-    for (unit, why) in AGENT_UNITS {
-        let file = root.systemd_system_dir().join(unit);
-        if std::fs::symlink_metadata(&file).is_err() {
-            continue;
-        }
-        let disable = opts.disable_agent && !opts.dry_run;
-        if disable {
-            systemd.stop(unit)?;
-            systemd.disable(unit)?;
-        }
-        agent_units.push(AgentUnit {
-            unit,
-            why,
-            disabled: disable,
-        });
-    }
+    let agent_units = agent_units(root, systemd, opts)?;
     let identity = carry_identity(root, machine, token_mode, opts.dry_run)?;
     if !opts.dry_run {
         *state.slot_mut(machine) = SlotState {
@@ -770,29 +651,15 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         extra_args: None,
     };
     if let Some((applied, config, notes, w)) = made {
-        if let (Some(args), false) = (&extra, opts.dry_run) {
+        if !opts.dry_run {
             // before the config: a path unit watching it starts the
             // activation that renders them
-            write_extra_args(root, args)?;
+            if let Some(args) = &extra {
+                write_extra_args(root, args)?;
+            }
+            write_config(&w.path, &config)?;
         }
         adopted.extra_args = extra;
-        if !opts.dry_run {
-            if let Some(dir) = w.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| AdoptError::Write {
-                    path: w.path.clone(),
-                    reason: e.to_string(),
-                })?;
-            }
-            let mut bytes = serde_json::to_vec_pretty(&config).expect("json");
-            bytes.push(b'\n');
-            // it holds the credential: root only
-            kubeslot_image::atomic::write_file_mode(&w.path, &bytes, 0o600).map_err(|e| {
-                AdoptError::Write {
-                    path: w.path.clone(),
-                    reason: kubeslot_image::error_chain(&e),
-                }
-            })?;
-        }
         adopted.applied = Some(applied);
         adopted.config = Some(config);
         adopted.notes = notes;
@@ -800,76 +667,85 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
     Ok(adopted)
 }
 
-/// The adopted tree's `/etc/default/kubelet` (the agent's
-/// `KUBELET_EXTRA_ARGS` convention): its extra arguments, checked as the
-/// host file is; other variables, and arguments kubeslot cannot take over
-/// (a flag it owns), are noted as not carried over.
-fn carry_extra_args(
-    root: &Root,
-    machine: Slot,
-    notes: &mut Notes,
-) -> Result<Option<Vec<String>>, AdoptError> {
-    const FIELD: &str = "/etc/default/kubelet";
-    let tree_path = root.machine_tree(machine.machine());
-    let path = tree_path.join("etc/default/kubelet");
-    let tree = open_tree(&tree_path)?;
-    let Some(fd) = open_beneath(&tree, "etc/default/kubelet", rustix::fs::OFlags::empty())
-        .map_err(|e| refused(&path, e))?
-    else {
-        return Ok(None);
-    };
-    let text = String::from_utf8_lossy(&read_capped(fd, &path)?).into_owned();
-    let shown = Path::new("/var/lib/machines")
-        .join(machine.machine())
-        .join("etc/default/kubelet");
-    match crate::extra_args::from_agent_file(&shown, &text) {
-        Ok((args, others)) => {
-            for var in others {
-                notes.drop(
-                    &format!("{FIELD} {var}"),
-                    "the agent's kubelet unit passed it; kubeslot's passes only KUBELET_EXTRA_ARGS (move its flags there)",
-                    true,
-                );
-            }
-            if args.is_empty() {
-                return Ok(None);
-            }
-            notes.carried.push(format!(
-                "kubelet extra args ({})",
-                Root::host().kubelet_extra_args().display()
-            ));
-            Ok(Some(args))
-        }
-        Err(e) => {
-            notes.drop(
-                &format!("{FIELD} {}", crate::extra_args::VARIABLE),
-                &kubeslot_image::error_chain(&e),
-                true,
-            );
-            Ok(None)
-        }
+/// Refuses a host whose state records anything (kubeslot manages it).
+fn refuse_managed(root: &Root, state: &State) -> Result<(), AdoptError> {
+    let managed: Vec<String> = Slot::ALL
+        .iter()
+        .filter(|s| state.slot(**s).status != SlotStatus::Empty)
+        .map(|s| format!("{s} {}", state.slot(*s).status))
+        .chain(state.active.map(|a| format!("{a} active")))
+        .chain(
+            state
+                .pending
+                .as_ref()
+                .map(|p| format!("a flip to {} pending", p.to)),
+        )
+        .collect();
+    if !managed.is_empty() {
+        return Err(AdoptError::Managed {
+            state: root.state_file(),
+            what: managed.join(", "),
+        });
+    }
+    Ok(())
+}
+
+/// The machine whose applied config unbounded-agent left (exactly one).
+fn machine_of_applied(root: &Root) -> Result<Slot, AdoptError> {
+    let [k1, k2] = Slot::ALL.map(|s| root.unbounded_applied_config(s.machine()));
+    match (k1.exists(), k2.exists()) {
+        (true, false) => Ok(Slot::Kube1),
+        (false, true) => Ok(Slot::Kube2),
+        (true, true) => Err(AdoptError::Ambiguous {
+            kube1: k1,
+            kube2: k2,
+        }),
+        (false, false) => Err(AdoptError::NoMachine {
+            kube1: k1,
+            kube2: k2,
+        }),
     }
 }
 
-/// Writes `/etc/kubeslot/default-kubelet` (0644; an existing one was
-/// refused without `--force` before anything changed).
-fn write_extra_args(root: &Root, args: &[String]) -> Result<(), AdoptError> {
-    let path = root.kubelet_extra_args();
-    let text = format!(
-        "# Carried over by `kubeslot-activator adopt` from the adopted node's\n\
-         # /etc/default/kubelet: appended to the kubelet's arguments.\n\
-         {}=\"{}\"\n",
-        crate::extra_args::VARIABLE,
-        args.join(" ")
-    );
+/// unbounded-agent's units installed on the host, stopped and disabled
+/// when `opts` say so (not on a dry run).
+fn agent_units(
+    root: &Root,
+    systemd: &dyn Systemd,
+    opts: &Options,
+) -> Result<Vec<AgentUnit>, AdoptError> {
+    let mut agent_units = Vec::new();
+    for (unit, why) in AGENT_UNITS {
+        let file = root.systemd_system_dir().join(unit);
+        if std::fs::symlink_metadata(&file).is_err() {
+            continue;
+        }
+        let disable = opts.disable_agent && !opts.dry_run;
+        if disable {
+            systemd.stop(unit)?;
+            systemd.disable(unit)?;
+        }
+        agent_units.push(AgentUnit {
+            unit,
+            why,
+            disabled: disable,
+        });
+    }
+    Ok(agent_units)
+}
+
+/// Writes the made config (it holds the credential: root only, 0600).
+fn write_config(path: &Path, config: &Value) -> Result<(), AdoptError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| AdoptError::Write {
-            path: path.clone(),
+            path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
     }
-    kubeslot_image::atomic::write_file(&path, text.as_bytes()).map_err(|e| AdoptError::Write {
-        path: path.clone(),
+    let mut bytes = serde_json::to_vec_pretty(config).expect("json");
+    bytes.push(b'\n');
+    kubeslot_image::atomic::write_file_mode(path, &bytes, 0o600).map_err(|e| AdoptError::Write {
+        path: path.to_path_buf(),
         reason: kubeslot_image::error_chain(&e),
     })
 }
@@ -890,241 +766,6 @@ pub fn redacted(config: &Value) -> Value {
         }
     }
     v
-}
-
-/// Caps for what is read from the adopted (unverified) tree.
-const MAX_IDENTITY_FILE: u64 = 1 << 20;
-const MAX_PKI_ENTRIES: usize = 256;
-
-/// One entry of the adopted `pki/` directory.
-enum PkiEntry {
-    File { bytes: Vec<u8>, mode: u32 },
-    Link(std::ffi::OsString),
-}
-
-/// Why reading the adopted tree stopped at `path`.
-fn refused(path: &Path, e: rustix::io::Errno) -> AdoptError {
-    AdoptError::Identity {
-        path: path.to_path_buf(),
-        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
-            "a symlink on the way, or a path leading out of the tree: not followed".into()
-        } else {
-            e.to_string()
-        },
-    }
-}
-
-/// The adopted tree's directory, opened without following a link.
-fn open_tree(tree: &Path) -> Result<rustix::fd::OwnedFd, AdoptError> {
-    use rustix::fs::{Mode, OFlags};
-    rustix::fs::open(
-        tree,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| refused(tree, e))
-}
-
-/// Opens `rel` under `tree` without leaving it and without following any
-/// symlink on the way (the tree is another tool's, written by a node that
-/// is root in its machine). `None` when it does not exist.
-fn open_beneath(
-    tree: &rustix::fd::OwnedFd,
-    rel: &str,
-    flags: rustix::fs::OFlags,
-) -> Result<Option<rustix::fd::OwnedFd>, rustix::io::Errno> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    match rustix::fs::openat2(
-        tree,
-        rel,
-        flags | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    ) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(rustix::io::Errno::NOENT) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-fn read_capped(fd: rustix::fd::OwnedFd, what: &Path) -> Result<Vec<u8>, AdoptError> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::from(fd)
-        .take(MAX_IDENTITY_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| AdoptError::Identity {
-            path: what.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    if bytes.len() as u64 > MAX_IDENTITY_FILE {
-        return Err(AdoptError::Identity {
-            path: what.to_path_buf(),
-            reason: format!("larger than {MAX_IDENTITY_FILE} bytes"),
-        });
-    }
-    Ok(bytes)
-}
-
-/// Copies the adopted node's kubelet identity into the node state (see the
-/// module doc): `pki/` as a whole (regular files and links, nothing else),
-/// and with a bootstrap token the kubeconfig the kubelet wrote, when it
-/// names a certificate in `pki/`. An existing `pki/` in the node state is
-/// kept. With `dry_run` only says what it would copy.
-fn carry_identity(
-    root: &Root,
-    machine: Slot,
-    token_mode: bool,
-    dry_run: bool,
-) -> Result<Identity, AdoptError> {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-    let node = root.node_state().join("kubelet");
-    let dest = node.join("pki");
-    if std::fs::symlink_metadata(&dest).is_ok() {
-        return Ok(Identity::Kept(
-            Root::host().node_state().join("kubelet/pki"),
-        ));
-    }
-    let tree_path = root.machine_tree(machine.machine());
-    let pki_path = tree_path.join("var/lib/kubelet/pki");
-    let tree = open_tree(&tree_path)?;
-    let Some(pki) = open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY)
-        .map_err(|e| refused(&pki_path, e))?
-    else {
-        return Ok(Identity::Absent);
-    };
-    let mut entries: Vec<(std::ffi::OsString, PkiEntry)> = Vec::new();
-    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refused(&pki_path, e))?;
-    for entry in dir {
-        let entry = entry.map_err(|e| refused(&pki_path, e))?;
-        let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        if entries.len() >= MAX_PKI_ENTRIES {
-            return Err(AdoptError::Identity {
-                path: pki_path,
-                reason: format!("more than {MAX_PKI_ENTRIES} entries"),
-            });
-        }
-        let os = std::ffi::OsStr::from_bytes(name).to_os_string();
-        let path = pki_path.join(&os);
-        let st = rustix::fs::statat(&pki, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| refused(&path, e))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Symlink => {
-                let target = rustix::fs::readlinkat(&pki, entry.file_name(), Vec::new())
-                    .map_err(|e| refused(&path, e))?;
-                let target = std::ffi::OsStr::from_bytes(target.to_bytes()).to_os_string();
-                entries.push((os, PkiEntry::Link(target)));
-            }
-            FileType::RegularFile => {
-                let fd = rustix::fs::openat(
-                    &pki,
-                    entry.file_name(),
-                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                    Mode::empty(),
-                )
-                .map_err(|e| refused(&path, e))?;
-                let bytes = read_capped(fd, &path)?;
-                entries.push((
-                    os,
-                    PkiEntry::File {
-                        bytes,
-                        mode: st.st_mode & 0o777,
-                    },
-                ));
-            }
-            // devices, fifos, sockets, directories: nothing a kubelet keeps there
-            _ => {}
-        }
-    }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let kubeconfig_path = tree_path.join("var/lib/kubelet/kubeconfig");
-    let kubeconfig = if token_mode && std::fs::symlink_metadata(node.join("kubeconfig")).is_err() {
-        match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
-            .map_err(|e| refused(&kubeconfig_path, e))?
-        {
-            // only the one the kubelet wrote after bootstrapping (it names
-            // its certificate in pki/), never an exec-credential one
-            Some(fd) => Some(read_capped(fd, &kubeconfig_path)?)
-                .filter(|b| String::from_utf8_lossy(b).contains("/var/lib/kubelet/pki/")),
-            None => None,
-        }
-    } else {
-        None
-    };
-    let names: Vec<String> = entries
-        .iter()
-        .map(|(n, _)| n.to_string_lossy().into_owned())
-        .collect();
-    if !dry_run {
-        write_identity(&node, &dest, &entries, kubeconfig.as_deref())?;
-    }
-    Ok(Identity::Carried {
-        pki: names,
-        kubeconfig: kubeconfig.is_some(),
-    })
-}
-
-/// Puts the copied identity in place: `pki/` built beside it and renamed
-/// in (a crash leaves no half `pki/`), the kubeconfig atomically, 0600.
-fn write_identity(
-    node: &Path,
-    dest: &Path,
-    entries: &[(std::ffi::OsString, PkiEntry)],
-    kubeconfig: Option<&[u8]>,
-) -> Result<(), AdoptError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| AdoptError::Write {
-            path: path.clone(),
-            reason: e.to_string(),
-        }
-    };
-    let atomic = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: kubeslot_image::atomic::AtomicError| AdoptError::Write {
-            path: path.clone(),
-            reason: kubeslot_image::error_chain(&e),
-        }
-    };
-    kubeslot_image::atomic::create_dir(node, 0o700).map_err(atomic(node))?;
-    let tmp = node.join(".pki.adopt");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-    }
-    kubeslot_image::atomic::create_dir(&tmp, 0o700).map_err(atomic(&tmp))?;
-    for (name, entry) in entries {
-        let path = tmp.join(name);
-        match entry {
-            PkiEntry::Link(target) => {
-                std::os::unix::fs::symlink(target, &path).map_err(io(&path))?
-            }
-            PkiEntry::File { bytes, mode } => {
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(*mode)
-                    .open(&path)
-                    .map_err(io(&path))?;
-                f.write_all(bytes).map_err(io(&path))?;
-                f.set_permissions(std::fs::Permissions::from_mode(*mode))
-                    .map_err(io(&path))?;
-                f.sync_all().map_err(io(&path))?;
-            }
-        }
-    }
-    kubeslot_image::atomic::sync_dir(&tmp).map_err(atomic(&tmp))?;
-    std::fs::rename(&tmp, dest).map_err(io(dest))?;
-    kubeslot_image::atomic::sync_dir(node).map_err(atomic(node))?;
-    if let Some(k) = kubeconfig {
-        let path = node.join("kubeconfig");
-        kubeslot_image::atomic::write_file_mode(&path, k, 0o600).map_err(atomic(&path))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

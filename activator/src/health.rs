@@ -366,6 +366,8 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
+    use crate::testing::FakeSystemd;
+
     /// Serves `answers` (one per connection) on a free loopback port.
     fn server(answers: Vec<&'static str>) -> String {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -397,55 +399,15 @@ mod tests {
             .contains("only http://"));
     }
 
-    /// A machine whose unit is always active; `in_machine` answers every
-    /// command run inside it.
-    struct Up {
-        in_machine: bool,
-    }
-
-    impl Systemd for Up {
-        fn machine_journal(
-            &self,
-            _: &str,
-            _: &str,
-            _: usize,
-        ) -> Result<Vec<String>, crate::systemd::SystemdError> {
-            Ok(Vec::new())
+    /// The shared fake with both machines running; `in_machine` answers
+    /// every command run inside them.
+    fn up(in_machine: bool) -> FakeSystemd {
+        let mut fake = FakeSystemd::new(&crate::paths::Root::new("/nonexistent"));
+        for slot in Slot::ALL {
+            fake.start(&slot.unit()).unwrap();
         }
-        fn machine_failed_units(
-            &self,
-            _: &str,
-        ) -> Result<Vec<String>, crate::systemd::SystemdError> {
-            Ok(Vec::new())
-        }
-        fn daemon_reload(&self) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
-        fn start(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
-        fn stop(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
-        fn is_active(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
-            Ok(true)
-        }
-        fn enable(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
-        fn disable(&self, _: &str) -> Result<(), crate::systemd::SystemdError> {
-            Ok(())
-        }
-        fn machine_registered(&self, _: &str) -> Result<bool, crate::systemd::SystemdError> {
-            Ok(true)
-        }
-        fn run_in_machine(
-            &self,
-            _: &str,
-            _: &[&str],
-        ) -> Result<bool, crate::systemd::SystemdError> {
-            Ok(self.in_machine)
-        }
+        fake.gpu_visible = in_machine;
+        fake
     }
 
     const OK: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
@@ -515,7 +477,7 @@ mod tests {
         g.timeout = Duration::from_millis(400);
         g.interval = Duration::from_millis(150);
         g.proc_dir = Some(PathBuf::from("/proc"));
-        let e = wait_healthy(&Up { in_machine: true }, Slot::Kube2, &g, &[]).unwrap_err();
+        let e = wait_healthy(&up(true), Slot::Kube2, &g, &[]).unwrap_err();
         assert_eq!(e.check, Check::KubeletHealthz);
         assert!(
             e.detail.contains("outside machine kube2")
@@ -536,7 +498,7 @@ mod tests {
     fn a_failed_probe_resets_the_streak() {
         let url = server(vec![OK, OK, "HTTP/1.1 500 Oops\r\n\r\n", OK, OK, OK]);
         let g = gate(url, 3);
-        wait_healthy(&Up { in_machine: true }, Slot::Kube1, &g, &[]).unwrap();
+        wait_healthy(&up(true), Slot::Kube1, &g, &[]).unwrap();
         // The gate needed all six answers: had the 500 not reset the count
         // it would have passed at the fourth, leaving two for this probe.
         assert!(probe(&g.url, Duration::from_millis(500)).is_err());
@@ -546,12 +508,12 @@ mod tests {
     fn gpu_devices_are_checked_inside_the_machine_after_the_kubelet() {
         let g = gate(server(vec![OK]), 1);
         let devices = ["/dev/nvidia0".to_string()];
-        let e = wait_healthy(&Up { in_machine: false }, Slot::Kube2, &g, &devices).unwrap_err();
+        let e = wait_healthy(&up(false), Slot::Kube2, &g, &devices).unwrap_err();
         assert_eq!(e.check, Check::GpuDevices);
         assert_eq!(e.machine, "kube2");
         assert!(e.detail.contains("/dev/nvidia0"), "{}", e.detail);
         let g = gate(server(vec![OK]), 1);
-        wait_healthy(&Up { in_machine: true }, Slot::Kube2, &g, &devices).unwrap();
+        wait_healthy(&up(true), Slot::Kube2, &g, &devices).unwrap();
     }
 
     #[test]

@@ -38,5 +38,7 @@ pub mod stage;
 pub mod state;
 pub mod store;
 pub mod systemd;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod trust;
 pub mod uninstall;

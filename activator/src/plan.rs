@@ -1,21 +1,28 @@
-//! Decide first, act second: what `activate` or `rollback` would do, as a
-//! value computed from the state and the desired image without touching
-//! anything.
+//! Decide first, act second: what `activate`, `fetch` or `rollback` would
+//! do, as a value computed from what a run knows without touching anything.
 //!
-//! Given the [`State`], the digest the configured reference resolved to and
-//! the hash of the host-file inputs, [`activate`] returns a [`Plan`]: nothing
-//! to do, refused (the pair failed before), or a [`Flip`] naming the slot
-//! switched from and to and the digests involved. [`rollback`] does the same
-//! for a flip back to the previous slot. `plan`/`--dry-run` print these
-//! values; `activate` applies them. This module reads no file and runs no
-//! command.
+//! [`decide`] is the one decision of `activate` and `fetch`: given a
+//! [`Situation`] (the state after recovery, the resolved and verified image
+//! with its release, the host-file inputs hash, whether the active slot's
+//! files are current, which machines run, how the committed node is, the
+//! flags, and once it ran the preflight) it returns a [`Decision`]: up to
+//! date, a [`Flip`], or refused with a [`Reason`] (a bad image, a
+//! downgrade, a committed node that does not come up, a machine kubeslot
+//! does not account for, a failed preflight). `activate`, `fetch`, `plan`
+//! and `--dry-run` all call it, so `plan` says what `activate` does and
+//! with which exit code. [`rollback`] does the same for a flip back to the
+//! previous slot. This module reads no file and runs no command.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use kubeslot_image::digest::Digest;
 
+use crate::health::Failure;
+use crate::preflight::Preflight;
+use crate::report::exit;
 use crate::slot::Slot;
-use crate::state::{BadImage, FlipKind, SlotStatus, State};
+use crate::state::{BadImage, FlipKind, Release, SlotStatus, State};
 
 /// A switch from one slot to the other.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,6 +132,268 @@ pub fn restage(state: &State, digest: Digest, inputs: &str) -> Flip {
         reuse_staged: target.status == SlotStatus::Staged
             && target.digest == Some(digest)
             && target.inputs.as_deref() == Some(inputs),
+    }
+}
+
+/// Which command decides: `fetch` stages only (the committed node is not
+/// looked at, the preflight is the disk check alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Activate,
+    Fetch,
+}
+
+/// The node machines as systemd knows them, and what another tool left.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Machines {
+    /// The slots whose machine runs (its unit is active, or machined knows
+    /// a machine of that name).
+    pub running: Vec<Slot>,
+    /// unbounded-agent's applied config of a machine, found while kubeslot
+    /// has no state file on this host.
+    pub unbounded: Option<(Slot, PathBuf)>,
+    /// The state file (named when a machine runs that it does not record).
+    pub state_file: PathBuf,
+}
+
+impl Machines {
+    pub fn runs(&self, slot: Slot) -> bool {
+        self.running.contains(&slot)
+    }
+}
+
+/// The committed node as the run found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Committed {
+    /// Nothing is committed, or its machine runs (checked by the gate when
+    /// `--force` asked for it), or it was started and passed the gate.
+    Up,
+    /// It did not come up (or, forced, failed its gate): the gate's failure.
+    Down(Failure),
+    /// Not looked at: `plan` starts nothing, so it cannot know whether a
+    /// stopped committed node comes up (`activate` starts and gates it
+    /// first), nor, under `--force`, whether a running one passes the gate.
+    Unchecked,
+}
+
+/// Everything a run knows before it acts.
+#[derive(Clone, Debug)]
+pub struct Situation {
+    pub command: Command,
+    /// The state, after recovery.
+    pub state: State,
+    /// The image the reference resolved to and that was verified.
+    pub digest: Digest,
+    /// What a commit of it records for its identity (its signed creation
+    /// time); `None` when no identity applies.
+    pub release: Option<Release>,
+    /// The host-file inputs hash.
+    pub inputs: String,
+    /// The active slot's host files on disk are what rendering gives now.
+    pub active_files_current: bool,
+    pub machines: Machines,
+    pub committed: Committed,
+    /// `--force`: retry a bad image, restage a node that does not come up.
+    pub force: bool,
+    /// `--allow-downgrade` or `trust.allow_downgrade`.
+    pub allow_downgrade: bool,
+    /// The preflight of the flip, once it ran (`None` before).
+    pub preflight: Option<Preflight>,
+}
+
+/// What a run does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The active slot runs the desired image with current host files.
+    UpToDate {
+        slot: Slot,
+        digest: Digest,
+    },
+    Flip(Flip),
+    Refused(Reason),
+}
+
+/// Why a run refuses, before anything of the slots changes. The messages
+/// are what `activate` reports and `plan` prints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Reason {
+    /// The image failed with these host-file inputs before.
+    #[error("image {}: failed on this host at {} ({}); not retried automatically (publish a new image, change the host settings, or pass --force)", .0.digest, .0.at, .0.reason)]
+    Bad(BadImage),
+    #[error("image {} of {} was created {}, before {} (created {}), the newest release this host committed: refused as a downgrade (pass --allow-downgrade or set trust.allow_downgrade to run an older release; rollback is always allowed)",
+        .candidate.digest, .candidate.identity,
+        if .candidate.created.is_empty() { "at no stated time" } else { .candidate.created.as_str() },
+        .newest.digest, .newest.created)]
+    Downgrade {
+        candidate: Box<Release>,
+        newest: Box<Release>,
+    },
+    /// The committed node runs the desired image but did not come up;
+    /// nothing else to do without `--force`.
+    #[error("the committed node {slot} was not running: started it, but {failure} (`kubeslot-activator activate --force` stages the image afresh into {} and flips to it; `rollback` returns to the previous slot)", slot.other())]
+    NotHealthy { slot: Slot, failure: Failure },
+    /// A node machine runs that the state does not account for.
+    #[error("machine {machine} is running, but kubeslot has no record of a node on this host ({state} has no committed slot): it was set up by another tool (unbounded-agent names its machine kube1); take it over with `kubeslot-activator adopt`, or stop it; nothing was changed")]
+    Unmanaged { machine: Slot, state: PathBuf },
+    /// unbounded-agent provisioned this host (its applied config is there)
+    /// and kubeslot has no state yet.
+    #[error("{applied} exists and kubeslot has no state on this host: machine {machine} belongs to unbounded-agent; take it over with `kubeslot-activator adopt`; nothing was changed")]
+    Unbounded { machine: Slot, applied: PathBuf },
+    /// A machine runs where the run would write or start.
+    #[error("machine {machine} is running{why}; its tree is never touched while it runs: nothing was changed")]
+    MachineRunning { machine: Slot, why: String },
+    #[error("preflight: {count} check(s) failed: {summary}; nothing was staged, stopped or started (fix the host, or ignore a check with the config's \"preflight\": {{\"ignore\": [NAME]}})")]
+    Preflight { count: usize, summary: String },
+}
+
+impl Reason {
+    /// The exit code `activate` ends with (see [`crate::report::exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Reason::Bad(_) | Reason::Downgrade { .. } => exit::BAD_IMAGE,
+            Reason::NotHealthy { .. } => exit::FAILED,
+            Reason::Unmanaged { .. }
+            | Reason::Unbounded { .. }
+            | Reason::MachineRunning { .. }
+            | Reason::Preflight { .. } => exit::CONFIG,
+        }
+    }
+
+    /// A stable name for `plan --json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Reason::Bad(_) => "bad-image",
+            Reason::Downgrade { .. } => "downgrade",
+            Reason::NotHealthy { .. } => "not-healthy",
+            Reason::Unmanaged { .. } => "unmanaged-machine",
+            Reason::Unbounded { .. } => "unbounded-agent",
+            Reason::MachineRunning { .. } => "machine-running",
+            Reason::Preflight { .. } => "preflight",
+        }
+    }
+}
+
+/// The one decision of `activate` and `fetch` (and so of `plan`). In
+/// order: a machine the state does not account for refuses; the image
+/// plan ([`activate`]): up to date (unless the committed node is down:
+/// refused, or with `--force` staged afresh), refused as bad, or a flip;
+/// a flip to an image older than the newest committed release of its
+/// identity refuses (the image the committed node runs never does); a
+/// failed preflight refuses the flip.
+pub fn decide(s: &Situation) -> Decision {
+    if let Err(reason) = refuse_foreign(&s.state, &s.machines) {
+        return Decision::Refused(reason);
+    }
+    let flip = match activate(
+        &s.state,
+        s.digest,
+        &s.inputs,
+        s.active_files_current,
+        s.force,
+    ) {
+        Plan::UpToDate { slot, digest } => match (&s.committed, s.command) {
+            (Committed::Down(failure), Command::Activate) if !s.force => {
+                return Decision::Refused(Reason::NotHealthy {
+                    slot,
+                    failure: failure.clone(),
+                });
+            }
+            // --force: the same image into the other slot, from the store
+            // (or the registry), through the same preflight and gate.
+            (Committed::Down(_), Command::Activate) => restage(&s.state, s.digest, &s.inputs),
+            _ => return Decision::UpToDate { slot, digest },
+        },
+        Plan::Refused(bad) => return Decision::Refused(Reason::Bad(bad)),
+        Plan::Flip(f) => f,
+    };
+    if let Some(r) = &s.release {
+        // The image the committed node already runs is never a downgrade
+        // (a forced restage of it, say).
+        let running_it = s.state.active_digest() == Some(r.digest);
+        if !s.allow_downgrade && !running_it {
+            if let Err(reason) = refuse_downgrade(&s.state, r) {
+                return Decision::Refused(reason);
+            }
+        }
+    }
+    if let Some(p) = s.preflight.as_ref().filter(|p| !p.passed()) {
+        return Decision::Refused(Reason::Preflight {
+            count: p.blocking().len(),
+            summary: p.failure_summary(),
+        });
+    }
+    Decision::Flip(flip)
+}
+
+/// Refuses a host whose node machines kubeslot does not account for: with
+/// a committed slot, a machine running as the other one (two node machines
+/// never run at once, and the other slot is where a flip stages: its tree
+/// is never written under a running machine); with none, any running
+/// machine, or a host that unbounded-agent provisioned (its applied config)
+/// with no kubeslot state yet.
+pub fn refuse_foreign(state: &State, machines: &Machines) -> Result<(), Reason> {
+    if let Some(active) = state.active {
+        let other = active.other();
+        if machines.runs(other) {
+            return Err(Reason::MachineRunning {
+                machine: other,
+                why: format!(
+                    ", but the committed node is {active}: two node machines never run at once (they share the host network and /var/lib/kubeslot/node); stop {other} (`machinectl stop {other}`), then run this again"
+                ),
+            });
+        }
+        return Ok(());
+    }
+    if let Some(&machine) = machines.running.first() {
+        return Err(Reason::Unmanaged {
+            machine,
+            state: machines.state_file.clone(),
+        });
+    }
+    if let Some((machine, applied)) = &machines.unbounded {
+        return Err(Reason::Unbounded {
+            machine: *machine,
+            applied: applied.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses `candidate` when it is older than the newest release committed
+/// for its identity. An image whose `created` is missing or unreadable
+/// cannot be shown to be newer, so it is refused too once a release is
+/// recorded. The same time is not older: a rebuild of one release (or
+/// images whose recipes share `source_date_epoch`) passes.
+pub fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), Reason> {
+    let Some(newest) = state.releases.get(&candidate.identity) else {
+        return Ok(());
+    };
+    let older = match (candidate.created_secs(), newest.created_secs()) {
+        (Some(c), Some(n)) => c < n,
+        (None, Some(_)) => true,
+        (_, None) => false,
+    };
+    if older {
+        return Err(Reason::Downgrade {
+            candidate: Box::new(candidate.clone()),
+            newest: Box::new(newest.clone()),
+        });
+    }
+    Ok(())
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::UpToDate { slot, digest } => {
+                write!(
+                    f,
+                    "up to date: {slot} runs {digest} with current host files"
+                )
+            }
+            Decision::Flip(flip) => flip.fmt(f),
+            Decision::Refused(reason) => write!(f, "refused: {reason}"),
+        }
     }
 }
 
@@ -379,5 +648,179 @@ mod tests {
         // an empty previous slot without the mark is no rollback target
         s.slot_mut(Slot::Kube1).adopted = false;
         assert!(rollback(&s).is_err());
+    }
+
+    fn situation(state: State, digest: Digest) -> Situation {
+        Situation {
+            command: Command::Activate,
+            state,
+            digest,
+            release: None,
+            inputs: "in".into(),
+            active_files_current: true,
+            machines: Machines::default(),
+            committed: Committed::Up,
+            force: false,
+            allow_downgrade: false,
+            preflight: None,
+        }
+    }
+
+    fn release(digest: Digest, created: &str) -> Release {
+        Release {
+            identity: "registry.example/node".into(),
+            digest,
+            created: created.into(),
+        }
+    }
+
+    fn down() -> Committed {
+        Committed::Down(Failure {
+            machine: "kube1".into(),
+            check: crate::health::Check::KubeletHealthz,
+            detail: "connection refused".into(),
+        })
+    }
+
+    #[test]
+    fn decide_refuses_foreign_machines_before_anything_else() {
+        // an image marked bad, and a machine kubeslot has no record of
+        let mut state = State::default();
+        state.mark_bad(d("v1"), "in".into(), "kubelet-healthz".into());
+        let mut s = situation(state, d("v1"));
+        s.machines.running = vec![Slot::Kube2];
+        let Decision::Refused(r) = decide(&s) else {
+            panic!()
+        };
+        assert!(
+            matches!(
+                r,
+                Reason::Unmanaged {
+                    machine: Slot::Kube2,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+        assert_eq!(r.exit_code(), exit::CONFIG);
+        // with kube1 committed, kube2 running beside it (where a flip stages)
+        let mut s = situation(committed(Slot::Kube1, d("v1")), d("v2"));
+        s.machines.running = vec![Slot::Kube1, Slot::Kube2];
+        assert!(matches!(
+            decide(&s),
+            Decision::Refused(Reason::MachineRunning {
+                machine: Slot::Kube2,
+                ..
+            })
+        ));
+        // unbounded-agent's host
+        let mut s = situation(State::default(), d("v1"));
+        s.machines.unbounded = Some((Slot::Kube1, "applied.json".into()));
+        assert!(matches!(
+            decide(&s),
+            Decision::Refused(Reason::Unbounded {
+                machine: Slot::Kube1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn decide_refuses_a_bad_image_unless_forced() {
+        let mut state = committed(Slot::Kube1, d("v1"));
+        state.mark_bad(d("v2"), "in".into(), "kubelet-healthz".into());
+        let mut s = situation(state, d("v2"));
+        let Decision::Refused(r) = decide(&s) else {
+            panic!()
+        };
+        assert!(matches!(&r, Reason::Bad(b) if b.digest == d("v2")), "{r}");
+        assert_eq!(r.exit_code(), exit::BAD_IMAGE);
+        s.force = true;
+        assert!(matches!(decide(&s), Decision::Flip(_)));
+    }
+
+    #[test]
+    fn decide_refuses_a_committed_node_that_is_down_unless_forced() {
+        let mut s = situation(committed(Slot::Kube1, d("v1")), d("v1"));
+        s.committed = down();
+        let Decision::Refused(r) = decide(&s) else {
+            panic!()
+        };
+        assert!(
+            matches!(
+                r,
+                Reason::NotHealthy {
+                    slot: Slot::Kube1,
+                    ..
+                }
+            ),
+            "{r}"
+        );
+        assert_eq!(r.exit_code(), exit::FAILED);
+        // forced: the same image staged afresh into kube2
+        s.force = true;
+        let Decision::Flip(f) = decide(&s) else {
+            panic!()
+        };
+        assert_eq!((f.to, f.digest), (Slot::Kube2, d("v1")));
+        // fetch does not look at the committed node
+        s.force = false;
+        s.command = Command::Fetch;
+        assert!(matches!(decide(&s), Decision::UpToDate { .. }));
+        // plan, which did not start it: up to date, as when it comes up
+        s.command = Command::Activate;
+        s.committed = Committed::Unchecked;
+        assert!(matches!(decide(&s), Decision::UpToDate { .. }));
+    }
+
+    #[test]
+    fn decide_refuses_a_downgrade_but_never_of_the_image_that_runs() {
+        let mut state = committed(Slot::Kube1, d("v2"));
+        state.record_release(release(d("v2"), "2026-11-02T00:00:00Z"));
+        let mut s = situation(state, d("v1"));
+        s.release = Some(release(d("v1"), "2026-11-01T00:00:00Z"));
+        let Decision::Refused(r) = decide(&s) else {
+            panic!()
+        };
+        assert!(matches!(r, Reason::Downgrade { .. }), "{r}");
+        assert_eq!(r.exit_code(), exit::BAD_IMAGE);
+        s.allow_downgrade = true;
+        assert!(matches!(decide(&s), Decision::Flip(_)));
+        // the running image restaged (forced, its node down) is no downgrade
+        let mut state = committed(Slot::Kube1, d("v1"));
+        state.record_release(release(d("v2"), "2026-11-02T00:00:00Z"));
+        let mut s = situation(state, d("v1"));
+        s.release = Some(release(d("v1"), "2026-11-01T00:00:00Z"));
+        s.committed = down();
+        s.force = true;
+        assert!(matches!(decide(&s), Decision::Flip(_)));
+    }
+
+    #[test]
+    fn decide_refuses_a_flip_whose_preflight_failed() {
+        let failed = Preflight {
+            checks: vec![crate::preflight::Finding {
+                name: "swap".into(),
+                status: crate::preflight::Status::Fail,
+                seen: "1 swap area".into(),
+                needed: "no swap".into(),
+                hint: None,
+                ignored: false,
+            }],
+        };
+        let mut s = situation(committed(Slot::Kube1, d("v1")), d("v2"));
+        s.preflight = Some(failed.clone());
+        let Decision::Refused(r) = decide(&s) else {
+            panic!()
+        };
+        assert!(
+            matches!(&r, Reason::Preflight { count: 1, summary } if summary.starts_with("swap")),
+            "{r}"
+        );
+        assert_eq!(r.exit_code(), exit::CONFIG);
+        // nothing to flip: the preflight does not matter
+        let mut s = situation(committed(Slot::Kube1, d("v1")), d("v1"));
+        s.preflight = Some(failed);
+        assert!(matches!(decide(&s), Decision::UpToDate { .. }));
     }
 }

@@ -250,25 +250,7 @@ impl Store {
             path: partial.clone(),
             error: e.into(),
         })?;
-        let len = out.metadata().map_err(io_err(&partial))?.len();
-        let mut have = if len <= size { len } else { 0 };
-        let mut hasher = Hasher::new();
-        if have > 0 {
-            // Re-hash the kept prefix; it was never trusted, only kept.
-            let mut buf = vec![0u8; 1 << 20];
-            let mut reader = (&out).take(have);
-            loop {
-                let n = reader.read(&mut buf).map_err(io_err(&partial))?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-            }
-            if hasher.len() != have {
-                have = 0;
-                hasher = Hasher::new();
-            }
-        }
+        let (mut have, mut hasher) = kept_prefix(&out, size, &partial)?;
         let stream = source.open_blob(desc, have)?;
         if stream.start != have {
             // The endpoint ignored Range: start from zero.
@@ -359,6 +341,31 @@ impl Store {
         meter.finish(got);
         Ok(())
     }
+}
+
+/// How much of a partial file is kept (nothing when it is longer than the
+/// blob or shorter than it says), and the hash of that prefix: re-hashed,
+/// since it was never trusted, only kept.
+fn kept_prefix(out: &File, size: u64, partial: &Path) -> Result<(u64, Hasher), StoreError> {
+    let len = out.metadata().map_err(io_err(partial))?.len();
+    let have = if len <= size { len } else { 0 };
+    let mut hasher = Hasher::new();
+    if have == 0 {
+        return Ok((0, hasher));
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    let mut reader = out.take(have);
+    loop {
+        let n = reader.read(&mut buf).map_err(io_err(partial))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    if hasher.len() != have {
+        return Ok((0, Hasher::new()));
+    }
+    Ok((have, hasher))
 }
 
 fn report_resumed(report: &FetchReport) -> bool {

@@ -225,12 +225,13 @@ fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), Uni
     Ok(())
 }
 
-/// Every path `uninstall` removes (root path, host path shown), whether
-/// it exists or not.
-fn paths_to_remove(root: &Root, ours: &[Slot]) -> Vec<(PathBuf, PathBuf)> {
-    let host = Root::host();
+/// What kubeslot put on the host, as (path under `root`, path shown): the
+/// trees, staging dirs, rendered files and boot links of the machines
+/// `ours` names, leftovers of killed runs, the layer store (when no overlay
+/// slot stays), the render and activator units, the host files.
+fn kubeslots_paths(root: &Root, host: &Root, ours: &[Slot]) -> Vec<(PathBuf, PathBuf)> {
     let mut paths: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(&host));
+    let both = |f: &dyn Fn(&Root) -> PathBuf| (f(root), f(host));
     for &slot in ours {
         let m = slot.machine();
         paths.push(both(&|r| r.machine_tree(m)));
@@ -274,24 +275,6 @@ fn paths_to_remove(root: &Root, ours: &[Slot]) -> Vec<(PathBuf, PathBuf)> {
     paths
 }
 
-/// The network leftovers a dry run would remove, as lines, and why none
-/// when the host's network was never recorded.
-fn network_plan(root: &Root, done: &mut Uninstalled) -> Result<(), UninstallError> {
-    let l = host_network::leftovers(root)?;
-    done.network_note = l.unrecorded.clone();
-    done.network = l
-        .links
-        .iter()
-        .map(|n| format!("link {n}"))
-        .chain(
-            l.tables
-                .iter()
-                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
-        )
-        .collect();
-    Ok(())
-}
-
 /// Takes kubeslot off the host under `root` (see the module doc).
 pub fn uninstall(
     root: &Root,
@@ -301,12 +284,51 @@ pub fn uninstall(
     let _lock = Lock::try_exclusive(root)?;
     let host = Root::host();
     let mut done = Uninstalled::default();
+    let ours = owned_slots(root, systemd, opts, &mut done)?;
+    let units = installed_units(root);
+    if opts.dry_run {
+        return dry_run(root, &ours, &units, done);
+    }
 
-    // Whose each machine is, decided before anything changes: a foreign
-    // machine refuses the whole run.
-    // A state that cannot be read cannot say whose the machines are; the
-    // files on disk still can (kubeslot's rendered ones), and the rest is
-    // refused as unmanaged: an uninstall is never blocked for good.
+    // Nothing starts an activation or a machine from here on.
+    for unit in units {
+        systemd.stop(unit)?;
+        systemd.disable(unit)?;
+        done.units.push(unit.to_string());
+    }
+    stop_machines(root, systemd, &ours, &mut done)?;
+    for (p, shown) in kubeslots_paths(root, &host, &ours) {
+        remove(&p, shown, &mut done.removed)?;
+    }
+    for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
+        path: root.sysctl_dropin(),
+        source: std::io::Error::other(kubeslot_image::error_chain(&e)),
+    })? {
+        done.removed.push(host.dir().join(f));
+    }
+    // The node's network leftovers, once no node runs to make them again;
+    // before the state (and the record of what the host had) goes.
+    let leftovers = host_network::leftovers(root)?;
+    done.network_note = leftovers.unrecorded.clone();
+    done.network = host_network::remove(root, &leftovers)?;
+    systemd.daemon_reload()?;
+
+    // The state last: an interrupted uninstall is run again.
+    remove_state(root, opts, &mut done)?;
+    Ok(done)
+}
+
+/// Whose each machine is, decided before anything changes: the slots to
+/// take away; a foreign machine refuses the whole run. A state that
+/// cannot be read cannot say whose the machines are; the files on disk
+/// still can (kubeslot's rendered ones), and the rest is refused as
+/// unmanaged: an uninstall is never blocked for good.
+fn owned_slots(
+    root: &Root,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    done: &mut Uninstalled,
+) -> Result<Vec<Slot>, UninstallError> {
     let state = match State::load_torn(root) {
         Ok((state, _repair)) => state,
         Err(e) => {
@@ -327,20 +349,24 @@ pub fn uninstall(
                 }
                 return Err(UninstallError::Unmanaged {
                     machine: slot,
-                    state: host.state_file(),
+                    state: Root::host().state_file(),
                     found: found.join(", "),
                 });
             }
             Owner::Absent => {}
         }
     }
+    Ok(ours)
+}
 
-    let installed_units: Vec<&str> = ACTIVATOR_UNITS
+/// The activator's units installed on the host (systemctl refuses to stop
+/// or disable a unit whose file does not exist: a host that never had the
+/// units installed skips them).
+fn installed_units(root: &Root) -> Vec<&'static str> {
+    ACTIVATOR_UNITS
         .iter()
         .copied()
         .filter(|unit| {
-            // systemctl refuses to stop or disable a unit whose file does
-            // not exist: a host that never had the units skips them
             [
                 "etc/systemd/system",
                 "usr/lib/systemd/system",
@@ -349,42 +375,64 @@ pub fn uninstall(
             .iter()
             .any(|d| root.join(d).join(unit).exists())
         })
-        .collect();
-    let paths = paths_to_remove(root, &ours);
-    if opts.dry_run {
-        // what the run would do, nothing changed
-        done.dry_run = true;
-        done.units = installed_units.iter().map(|u| u.to_string()).collect();
-        for &slot in &ours {
-            done.units.push(slot.unit());
-            if crate::overlay::is_overlay(root, slot) {
-                done.units.push(root.mount_unit(slot.machine()));
-                done.removed.push(host.slot_overlay_dir(slot.machine()));
-            }
-        }
-        done.removed.extend(
-            paths
-                .iter()
-                .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
-                .map(|(_, shown)| shown.clone()),
-        );
-        done.removed.extend(
-            [root.sysctl_dropin(), root.modules_load_dropin()]
-                .iter()
-                .filter(|p| p.exists())
-                .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
-        );
-        network_plan(root, &mut done)?;
-        return Ok(done);
-    }
+        .collect()
+}
 
-    // Nothing starts an activation or a machine from here on.
-    for unit in installed_units {
-        systemd.stop(unit)?;
-        systemd.disable(unit)?;
-        done.units.push(unit.to_string());
+/// What the run would do (units, paths that exist, the host settings, the
+/// network leftovers), nothing changed.
+fn dry_run(
+    root: &Root,
+    ours: &[Slot],
+    units: &[&str],
+    mut done: Uninstalled,
+) -> Result<Uninstalled, UninstallError> {
+    let host = Root::host();
+    done.dry_run = true;
+    done.units = units.iter().map(|u| u.to_string()).collect();
+    for &slot in ours {
+        done.units.push(slot.unit());
+        if crate::overlay::is_overlay(root, slot) {
+            done.units.push(root.mount_unit(slot.machine()));
+            done.removed.push(host.slot_overlay_dir(slot.machine()));
+        }
     }
-    for &slot in &ours {
+    done.removed.extend(
+        kubeslots_paths(root, &host, ours)
+            .into_iter()
+            .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
+            .map(|(_, shown)| shown),
+    );
+    done.removed.extend(
+        [root.sysctl_dropin(), root.modules_load_dropin()]
+            .iter()
+            .filter(|p| p.exists())
+            .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
+    );
+    let l = host_network::leftovers(root)?;
+    done.network_note = l.unrecorded.clone();
+    done.network = l
+        .links
+        .iter()
+        .map(|n| format!("link {n}"))
+        .chain(
+            l.tables
+                .iter()
+                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
+        )
+        .collect();
+    Ok(done)
+}
+
+/// Stops and disables each slot's machine (and checks it is gone), an
+/// overlay slot's mount (its unit and upper removed), its bpffs mount.
+fn stop_machines(
+    root: &Root,
+    systemd: &dyn Systemd,
+    ours: &[Slot],
+    done: &mut Uninstalled,
+) -> Result<(), UninstallError> {
+    let host = Root::host();
+    for &slot in ours {
         let unit = slot.unit();
         systemd.stop(&unit)?;
         systemd.disable(&unit)?;
@@ -402,31 +450,19 @@ pub fn uninstall(
             done.removed.push(host.mount_unit_file(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
-        // its private BPF filesystem (the file goes with the paths below)
+        // its private BPF filesystem (the file goes with the paths)
         if root.bpffs_mount_unit_file(slot.machine()).exists() {
             let unit = crate::paths::bpffs_mount_unit(slot.machine());
             systemd.stop(&unit)?;
             done.units.push(unit);
         }
     }
+    Ok(())
+}
 
-    for (p, shown) in paths {
-        remove(&p, shown, &mut done.removed)?;
-    }
-    for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
-        path: root.sysctl_dropin(),
-        source: std::io::Error::other(kubeslot_image::error_chain(&e)),
-    })? {
-        done.removed.push(host.dir().join(f));
-    }
-    // The node's network leftovers, once no node runs to make them again;
-    // before the state (and the record of what the host had) goes.
-    let leftovers = host_network::leftovers(root)?;
-    done.network_note = leftovers.unrecorded.clone();
-    done.network = host_network::remove(root, &leftovers)?;
-    systemd.daemon_reload()?;
-
-    // The state last: an interrupted uninstall is run again.
+/// `/var/lib/kubeslot` removed, `node/` kept unless `purge`.
+fn remove_state(root: &Root, opts: &Options, done: &mut Uninstalled) -> Result<(), UninstallError> {
+    let host = Root::host();
     let state_dir = root.state_dir();
     if let Ok(entries) = std::fs::read_dir(&state_dir) {
         for e in entries.flatten() {
@@ -450,5 +486,5 @@ pub fn uninstall(
             }
         }
     }
-    Ok(done)
+    Ok(())
 }

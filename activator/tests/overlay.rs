@@ -5,7 +5,6 @@
 //! faked at its trait; the fake's `start`/`stop` of a mount unit run the
 //! unit's own mount with `mount -t overlay` / `umount`.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -19,7 +18,7 @@ use kubeslot_activator::overlay::{self, OverlayError};
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::store::Store;
-use kubeslot_activator::systemd::{Systemd, SystemdError};
+use kubeslot_activator::testing::FakeSystemd;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::{Compression, Platform};
 use kubeslot_image::reference::ImageSource;
@@ -317,80 +316,6 @@ fn a_refused_layer_leaves_no_layer_directory() {
     assert_eq!(names, vec![img.layers[0].2.hex()]);
 }
 
-/// systemd at its trait: mount units are mounted and unmounted for real
-/// (from the unit file's `Where=` and `Options=`), everything else recorded.
-struct MountingSystemd {
-    root: Root,
-    calls: RefCell<Vec<String>>,
-}
-
-impl MountingSystemd {
-    fn unit_field(&self, unit: &str, key: &str) -> String {
-        let text = fs::read_to_string(self.root.systemd_system_dir().join(unit)).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .unwrap()
-            .to_string()
-    }
-}
-
-impl Drop for MountingSystemd {
-    fn drop(&mut self) {
-        for slot in Slot::ALL {
-            let _ = Command::new("umount")
-                .arg(self.root.machine_tree(slot.machine()))
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
-}
-
-impl Systemd for MountingSystemd {
-    fn daemon_reload(&self) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push("daemon-reload".into());
-        Ok(())
-    }
-    fn start(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("start {unit}"));
-        if unit.ends_with(".mount") {
-            let target = PathBuf::from(self.unit_field(unit, "Where"));
-            mount(&self.unit_field(unit, "Options"), &target);
-        }
-        Ok(())
-    }
-    fn stop(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("stop {unit}"));
-        if unit.ends_with(".mount") {
-            let target = PathBuf::from(self.unit_field(unit, "Where"));
-            let _ = Command::new("umount").arg(&target).status();
-        }
-        Ok(())
-    }
-    fn is_active(&self, _: &str) -> Result<bool, SystemdError> {
-        Ok(false)
-    }
-    fn enable(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("enable {unit}"));
-        Ok(())
-    }
-    fn disable(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("disable {unit}"));
-        Ok(())
-    }
-    fn machine_registered(&self, _: &str) -> Result<bool, SystemdError> {
-        Ok(false)
-    }
-    fn run_in_machine(&self, _: &str, _: &[&str]) -> Result<bool, SystemdError> {
-        Ok(false)
-    }
-    fn machine_journal(&self, _: &str, _: &str, _: usize) -> Result<Vec<String>, SystemdError> {
-        Ok(Vec::new())
-    }
-    fn machine_failed_units(&self, _: &str) -> Result<Vec<String>, SystemdError> {
-        Ok(Vec::new())
-    }
-}
-
 #[test]
 fn an_overlay_slot_writes_only_its_upper_and_clean_drops_it() {
     let tmp = tempfile::tempdir().unwrap();
@@ -401,15 +326,13 @@ fn an_overlay_slot_writes_only_its_upper_and_clean_drops_it() {
     let e = layers::ensure(&root, &store, &img, &Policy::default()).unwrap();
     let lowers_before: Vec<_> = e.dirs.iter().map(|d| facts(d)).collect();
 
-    let sd = MountingSystemd {
-        root: root.clone(),
-        calls: RefCell::new(Vec::new()),
-    };
+    // mounts the unit's overlay for real, records the calls
+    let sd = FakeSystemd::new(&root);
     let slot = Slot::Kube1;
     overlay::install(&root, &sd, slot, Some(img.image_digest()), &e.dirs).unwrap();
     let unit = root.mount_unit("kube1");
     assert_eq!(
-        sd.calls.borrow().as_slice(),
+        sd.calls().as_slice(),
         ["daemon-reload".to_string(), format!("start {unit}")]
     );
     let text = fs::read_to_string(root.mount_unit_file("kube1")).unwrap();

@@ -1,9 +1,10 @@
 //! The start of every `activate` and `fetch` (steps 2 to 4): recover,
 //! refuse what the state does not account for, reconcile the committed
 //! node with systemd, read the config and the host facts, resolve and
-//! verify once, plan; and the preflight before a flip.
+//! verify once, then [`plan::decide`]; and the preflight before a flip,
+//! whose result is decided on again.
 //!
-//! Given the run context ([`Run`]); returns a [`Begun`] that staging and
+//! Given the run context (`Run`); returns a [`Begun`] that staging and
 //! the flip carry on with. Writes nothing of the slots.
 
 use std::path::Path;
@@ -16,7 +17,7 @@ use crate::failpoint;
 use crate::health::{self, Check, Failure, Gate};
 use crate::host_settings;
 use crate::paths::Root;
-use crate::plan::{self, Flip, Plan};
+use crate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
 use crate::preflight;
 use crate::render::{self, HostFacts};
 use crate::report::{Datapoint, Outcome, Report};
@@ -32,6 +33,11 @@ use super::{
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
 /// decided before it writes anything of its own.
 pub(super) struct Begun {
+    /// What the flip was decided on (the preflight, once run, is decided
+    /// on again).
+    pub(super) situation: Situation,
+    /// The state the run goes on with (the situation's, then changed and
+    /// saved step by step).
     pub(super) state: State,
     pub(super) config: Config,
     pub(super) facts: HostFacts,
@@ -41,31 +47,44 @@ pub(super) struct Begun {
     pub(super) verified: Verified,
     /// Both slots' host files, rendered once.
     pub(super) files: Rendered,
-    /// Their inputs hash.
-    pub(super) inputs: String,
     pub(super) flip: Flip,
+}
+
+impl Begun {
+    /// The host-file inputs hash.
+    pub(super) fn inputs(&self) -> &str {
+        &self.situation.inputs
+    }
+
     /// What a commit of this flip records as its identity's release.
-    pub(super) release: Option<Release>,
+    pub(super) fn release(&self) -> Option<Release> {
+        self.situation.release.clone()
+    }
+
+    /// Decides again with `preflight` (the flip's checks): refused when a
+    /// check failed.
+    pub(super) fn decide_with(
+        &mut self,
+        preflight: preflight::Preflight,
+    ) -> Result<(), ActivateError> {
+        self.situation.preflight = Some(preflight);
+        match plan::decide(&self.situation) {
+            Decision::Refused(reason) => Err(reason.into()),
+            // a preflight only ever refuses: the flip stands
+            Decision::Flip(_) | Decision::UpToDate { .. } => Ok(()),
+        }
+    }
 }
 
-/// What a run reconciles with systemd after recovery.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reconcile {
-    /// `activate`: refuse foreign machines, enable the committed slot at
-    /// boot, start it when it is not running.
-    StartCommitted,
-    /// `fetch`: only refuse foreign machines (it starts and enables nothing).
-    RefuseForeign,
-}
-
-/// Recover, reconcile, read the config, gather the facts, resolve once,
-/// plan. `None` when the plan says there is nothing to do (the report says
-/// why).
+/// Recover, refuse foreign machines, reconcile (`activate`: the committed
+/// node started and gated when it does not run), read the config, gather
+/// the facts, resolve once, decide. `None` when there is nothing to do (the
+/// report says why).
 pub(super) fn begin(
     run: &Run<'_>,
     config_path: &Path,
     opts: &Options,
-    reconcile: Reconcile,
+    command: Command,
     report: &mut Report,
 ) -> Result<Option<Begun>, ActivateError> {
     let root = run.root;
@@ -74,13 +93,15 @@ pub(super) fn begin(
     report.previous_slot = state.active;
     report.recovered = run.recover(&mut state)?;
     failpoint::hit("after-recover");
-    run.refuse_foreign(&state)?;
+    // Before the committed node is started, and before the config is read
+    // (a broken config cannot keep a node down, nor a foreign one hide).
+    plan::refuse_foreign(&state, &run.machines()?)?;
     // A committed node that does not come up is noted, not the end of the
     // run: a flip to another image (or, forced, the same image staged
-    // afresh) is the way out of a broken tree, so the plan decides.
-    let down = match reconcile {
-        Reconcile::StartCommitted => run.reconcile(&state, opts.force, report)?,
-        Reconcile::RefuseForeign => None,
+    // afresh) is the way out of a broken tree, so the decision says.
+    let committed = match command {
+        Command::Activate => run.reconcile(&state, opts.force, report)?,
+        Command::Fetch => Committed::Up,
     };
 
     report.phase("config");
@@ -100,24 +121,26 @@ pub(super) fn begin(
     report.digest = Some(digest);
     report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
     let files = Rendered::new(&config, &facts);
-    let inputs = files.inputs_hash();
-    let current = state.active.is_some_and(|a| files.current(root, a));
-    let flip = match plan::activate(&state, digest, &inputs, current, opts.force) {
-        Plan::UpToDate { slot, .. } if down.is_some() => {
-            let failure = down.expect("checked");
-            if !opts.force {
-                report.slot = Some(slot);
-                return Err(ActivateError::NotHealthy { slot, failure });
-            }
-            // --force: the same image into the other slot, from the store
-            // (or the registry), through the same preflight and gate.
-            plan::restage(&state, digest, &inputs)
-        }
-        Plan::UpToDate { slot, .. } => {
-            if state.slot(slot).inputs.as_deref() != Some(inputs.as_str()) {
+    let situation = Situation {
+        command,
+        digest,
+        release: release_of(&config, &resolved.verified),
+        inputs: files.inputs_hash(),
+        active_files_current: state.active.is_some_and(|a| files.current(root, a)),
+        // Asked again: a machine started meanwhile is refused too.
+        machines: run.machines()?,
+        committed,
+        force: opts.force,
+        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
+        preflight: None,
+        state: state.clone(),
+    };
+    let flip = match plan::decide(&situation) {
+        Decision::UpToDate { slot, .. } => {
+            if state.slot(slot).inputs.as_deref() != Some(situation.inputs.as_str()) {
                 // host facts changed and the render oneshot already applied
                 // them: record what the slot now runs with
-                state.slot_mut(slot).inputs = Some(inputs);
+                state.slot_mut(slot).inputs = Some(situation.inputs.clone());
                 state.save(root)?;
             }
             report.slot = Some(slot);
@@ -125,50 +148,36 @@ pub(super) fn begin(
             report.outcome.get_or_insert(Outcome::UpToDate);
             return Ok(None);
         }
-        Plan::Refused(bad) => {
-            report.slot = state.active;
-            return Err(ActivateError::Bad {
-                digest: bad.digest,
-                reason: bad.reason,
-                at: bad.at,
-            });
+        Decision::Refused(reason) => {
+            report.slot = refused_slot(&state, &reason);
+            return Err(reason.into());
         }
-        Plan::Flip(f) => f,
+        Decision::Flip(f) => f,
     };
     report.slot = Some(flip.to);
-    let release = release_of(&config, &resolved.verified);
-    let allow_downgrade = opts.allow_downgrade || config.trust.allow_downgrade;
-    if let Some(r) = &release {
-        // The image the committed node already runs is never a downgrade
-        // (a forced restage of it, say).
-        let running_it = state.active.and_then(|a| state.slot(a).digest) == Some(r.digest);
-        if !allow_downgrade && !running_it {
-            refuse_downgrade(&state, r)?;
-        }
-    }
-    // The target's tree is replaced (or its unit started): never under a
-    // machine that runs (started by hand, or by another tool).
-    if run.running(flip.to)? {
-        return Err(ActivateError::MachineRunning {
-            machine: flip.to,
-            why: format!(
-                ", but it is the slot this run would stage into{}",
-                flip.from
-                    .map_or(String::new(), |f| format!(" (the committed node is {f})"))
-            ),
-        });
-    }
     Ok(Some(Begun {
+        situation,
         state,
         config,
         facts,
         source: Some(resolved.source),
         verified: resolved.verified,
         files,
-        inputs,
         flip,
-        release,
     }))
+}
+
+/// The slot a refusal's report names: the node that did not come up, the
+/// active slot for a bad image, the target of a refused flip.
+fn refused_slot(state: &State, reason: &plan::Reason) -> Option<Slot> {
+    match reason {
+        plan::Reason::NotHealthy { slot, .. } => Some(*slot),
+        plan::Reason::Bad(_) => state.active,
+        plan::Reason::Downgrade { .. } | plan::Reason::Preflight { .. } => {
+            Some(state.active.map_or(Slot::Kube1, Slot::other))
+        }
+        _ => None,
+    }
 }
 
 /// The release a commit of `verified` records: its identity (see
@@ -182,29 +191,6 @@ pub(super) fn release_of(config: &Config, verified: &Verified) -> Option<Release
         digest: verified.image.manifest_digest(),
         created: verified.image.config.created.clone().unwrap_or_default(),
     })
-}
-
-/// Refuses `candidate` when it is older than the newest release committed
-/// for its identity. An image whose `created` is missing or unreadable
-/// cannot be shown to be newer, so it is refused too once a release is
-/// recorded. The same time is not older: a rebuild of one release (or
-/// images whose recipes share `source_date_epoch`) passes.
-pub(super) fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), ActivateError> {
-    let Some(newest) = state.releases.get(&candidate.identity) else {
-        return Ok(());
-    };
-    let older = match (candidate.created_secs(), newest.created_secs()) {
-        (Some(c), Some(n)) => c < n,
-        (None, Some(_)) => true,
-        (_, None) => false,
-    };
-    if older {
-        return Err(ActivateError::Downgrade {
-            candidate: Box::new(candidate.clone()),
-            newest: Box::new(newest.clone()),
-        });
-    }
-    Ok(())
 }
 
 pub(super) fn gather(
@@ -227,66 +213,66 @@ pub(super) fn gather(
 }
 
 /// What a planned flip writes: nothing when it reuses a staged slot.
-pub(super) fn flip_disk_use(root: &Root, b: &Begun) -> preflight::DiskUse {
-    if b.flip.reuse_staged {
+pub(super) fn flip_disk_use(root: &Root, flip: &Flip, verified: &Verified) -> preflight::DiskUse {
+    if flip.reuse_staged {
         preflight::DiskUse::Staged
     } else {
-        preflight::DiskUse::Needs(preflight::DiskNeed::of(root, &b.verified.image))
+        preflight::DiskUse::Needs(preflight::DiskNeed::of(root, &verified.image))
+    }
+}
+
+/// The preflight of a flip with `config`: `settings_pending` when
+/// kubeslot's host settings are not written yet (`plan`, which writes
+/// nothing; `activate` writes and applies them first).
+pub(super) fn preflight_inputs(
+    config: &Config,
+    disk: preflight::DiskUse,
+    settings_pending: bool,
+) -> preflight::Inputs {
+    preflight::Inputs {
+        gpu: config.gpu,
+        ignore: config.preflight.ignore.clone(),
+        disk,
+        swap_allowed: config.kubelet_allows_swap(),
+        settings_pending,
     }
 }
 
 impl Run<'_> {
-    /// Refuses a host whose node machines kubeslot does not account for: a
-    /// machine running while no slot is committed, or a host that
-    /// unbounded-agent provisioned (its applied config) with no kubeslot
-    /// state yet.
-    pub(super) fn refuse_foreign(&self, state: &State) -> Result<(), ActivateError> {
-        if let Some(active) = state.active {
-            // Whatever the committed node does, nothing else may run as
-            // the other slot's machine: they share the host network and
-            // the node state, and a flip would stage under it.
-            let other = active.other();
-            if self.running(other)? {
-                return Err(ActivateError::MachineRunning {
-                    machine: other,
-                    why: format!(
-                        ", but the committed node is {active}: two node machines never run at once (they share the host network and /var/lib/kubeslot/node); stop {other} (`machinectl stop {other}`), then run this again"
-                    ),
-                });
-            }
-            return Ok(());
-        }
+    /// Which node machines run, and whether unbounded-agent provisioned a
+    /// host kubeslot has no state on.
+    pub(super) fn machines(&self) -> Result<Machines, ActivateError> {
+        let mut running = Vec::new();
         for slot in Slot::ALL {
             if self.running(slot)? {
-                return Err(ActivateError::Unmanaged {
-                    machine: slot,
-                    state: self.root.state_file(),
-                });
+                running.push(slot);
             }
         }
-        if !self.root.state_file().exists() {
-            for slot in Slot::ALL {
+        let state_file = self.root.state_file();
+        let unbounded = if state_file.exists() {
+            None
+        } else {
+            Slot::ALL.into_iter().find_map(|slot| {
                 let applied = self.root.unbounded_applied_config(slot.machine());
-                if applied.exists() {
-                    return Err(ActivateError::Unbounded {
-                        machine: slot,
-                        applied,
-                    });
-                }
-            }
-        }
-        Ok(())
+                applied.exists().then_some((slot, applied))
+            })
+        };
+        Ok(Machines {
+            running,
+            unbounded,
+            state_file,
+        })
     }
 
     /// `activate`'s reconcile: the committed slot is enabled at boot and
     /// runs; when it does not (a host reboot that lost it, a machine that
     /// was stopped by hand) it is started and gated, and the report's
     /// outcome says `started`. A run never starts it beside the other slot's
-    /// running machine ([`Run::refuse_foreign`] refused that before).
+    /// running machine ([`plan::refuse_foreign`] refused that before).
     ///
-    /// Returns the gate's failure when the committed node did not come up
-    /// (also noted in the report's `reconcile`): the caller decides with
-    /// the plan whether that ends the run.
+    /// Returns [`Committed::Down`] with the gate's failure when the
+    /// committed node did not come up (also noted in the report's
+    /// `reconcile`): the decision says whether that ends the run.
     ///
     /// With `force` a running committed node is gated too (`activate
     /// --force` re-stages an image whose node runs but is not healthy).
@@ -295,29 +281,17 @@ impl Run<'_> {
         state: &State,
         force: bool,
         report: &mut Report,
-    ) -> Result<Option<Failure>, ActivateError> {
+    ) -> Result<Committed, ActivateError> {
         let Some(active) = state.active else {
-            return Ok(None);
+            return Ok(Committed::Up);
         };
         self.ensure_enabled(Some(active))?;
         let running = self.running(active)?;
         if running && !force {
-            return Ok(None);
+            return Ok(Committed::Up);
         }
         report.phase("reconcile");
-        let (gate, gpu) = match load_slot_config(self.root, active) {
-            Ok(c) => {
-                let gpu = render::gather(self.root, &c)
-                    .map(|f| f.gpu.devices)
-                    .unwrap_or_default();
-                (Gate::on_host(&c.health, self.root), gpu)
-            }
-            // an adopted tree has no slot config
-            Err(_) => (
-                Gate::on_host(&fallback_health(self.root), self.root),
-                Vec::new(),
-            ),
-        };
+        let (gate, gpu) = self.gate_of(active);
         let verdict = if running {
             health::wait_healthy(self.systemd, active, &gate, &gpu)
         } else {
@@ -340,7 +314,7 @@ impl Run<'_> {
                     report.outcome = Some(Outcome::Started);
                     report.mark(Datapoint::KubeletHealthy);
                 }
-                Ok(None)
+                Ok(Committed::Up)
             }
             Err(failure) => {
                 self.diagnose(active, report);
@@ -351,15 +325,37 @@ impl Run<'_> {
                         "the committed node {active} was not running: started it, but {failure}"
                     )
                 });
-                Ok(Some(failure))
+                Ok(Committed::Down(failure))
             }
         }
     }
 
+    /// The gate of `slot`'s machine and the GPU devices it must see: from
+    /// the config it was activated with; an adopted tree (no slot config)
+    /// gets the fallback health settings and no GPU check.
+    pub(super) fn gate_of(&self, slot: Slot) -> (Gate, Vec<String>) {
+        match load_slot_config(self.root, slot) {
+            Ok(c) => {
+                let gpu = render::gather(self.root, &c)
+                    .map(|f| f.gpu.devices)
+                    .unwrap_or_default();
+                (Gate::on_host(&c.health, self.root), gpu)
+            }
+            Err(_) => (
+                Gate::on_host(&fallback_health(self.root), self.root),
+                Vec::new(),
+            ),
+        }
+    }
+
     /// Before a flip: the host settings written and applied, then every
-    /// preflight check; a blocking failure refuses the flip before
-    /// anything of the slots changes.
-    pub(super) fn preflight(&self, b: &Begun, report: &mut Report) -> Result<(), ActivateError> {
+    /// preflight check, decided on: a blocking failure refuses the flip
+    /// before anything of the slots changes.
+    pub(super) fn preflight(
+        &self,
+        b: &mut Begun,
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
         report.phase("preflight");
         let written = host_settings::write(self.root).map_err(|e| ActivateError::HostSettings {
             reason: kubeslot_image::error_chain(&e),
@@ -389,24 +385,10 @@ impl Run<'_> {
         if !notes.is_empty() {
             report.host_settings = Some(notes.join("; "));
         }
-        let result = preflight::run(
-            self.root,
-            &preflight::Inputs {
-                gpu: b.config.gpu,
-                ignore: b.config.preflight.ignore.clone(),
-                disk: flip_disk_use(self.root, b),
-                swap_allowed: b.config.kubelet_allows_swap(),
-                settings_pending: false,
-            },
-        );
+        let disk = flip_disk_use(self.root, &b.flip, &b.verified);
+        let result = preflight::run(self.root, &preflight_inputs(&b.config, disk, false));
         report.preflight = result.notable();
-        if result.passed() {
-            return Ok(());
-        }
-        Err(ActivateError::Preflight {
-            count: result.blocking().len(),
-            summary: result.failure_summary(),
-        })
+        b.decide_with(result)
     }
 }
 

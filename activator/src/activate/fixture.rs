@@ -1,240 +1,19 @@
-//! Test fixtures of the flip engine: a recording fake of the systemd trait,
-//! one-layer test images in an OCI layout, and a host root with a config.
+//! Test fixtures of the flip engine: one-layer test images in an OCI layout,
+//! a host root with a config, and the shared fake systemd
+//! ([`crate::testing`]).
 
 use super::*;
 use kubeslot_image::oci::Platform;
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read as _, Write as _};
-use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::io::Write as _;
+
+pub(super) use crate::testing::FakeSystemd;
 
 use kubeslot_image::layout::Layout;
 use kubeslot_image::oci::{
     Compression, Descriptor, Index, ANNOTATION_REF_NAME, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX,
     MEDIA_TYPE_MANIFEST,
 };
-
-/// Records every call; a started machine is healthy unless its tree's
-/// `etc/fixture-health` says otherwise; the kubelet endpoint is served
-/// by a thread answering from `healthy`.
-pub(super) struct Fake {
-    pub(super) root: Root,
-    pub(super) calls: RefCell<Vec<String>>,
-    pub(super) active: RefCell<BTreeSet<String>>,
-    pub(super) healthy: Arc<AtomicBool>,
-    pub(super) fail_stop: bool,
-    pub(super) fail_start: bool,
-    pub(super) gpu_visible: bool,
-    /// Machines machined knows that no unit of ours started.
-    pub(super) foreign: RefCell<BTreeSet<String>>,
-}
-
-pub(super) fn machine_of(unit: &str) -> Option<&str> {
-    unit.strip_prefix("systemd-nspawn@")?
-        .strip_suffix(".service")
-}
-
-impl Fake {
-    pub(super) fn new(root: &Root) -> (Fake, String) {
-        let healthy = Arc::new(AtomicBool::new(false));
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/healthz", l.local_addr().unwrap());
-        let h = healthy.clone();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { continue };
-                let mut buf = [0u8; 512];
-                let _ = s.read(&mut buf);
-                let answer: &[u8] = if h.load(Ordering::SeqCst) {
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                } else {
-                    b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n"
-                };
-                let _ = s.write_all(answer);
-            }
-        });
-        let fake = Fake {
-            root: root.clone(),
-            calls: RefCell::default(),
-            active: RefCell::default(),
-            healthy,
-            fail_stop: false,
-            fail_start: false,
-            gpu_visible: true,
-            foreign: RefCell::default(),
-        };
-        (fake, url)
-    }
-
-    pub(super) fn calls(&self) -> Vec<String> {
-        self.calls.borrow().clone()
-    }
-
-    /// `Where=` and `Options=` of an installed mount unit.
-    pub(super) fn mount_of(&self, unit: &str) -> (String, String) {
-        let text = std::fs::read_to_string(self.root.systemd_system_dir().join(unit)).unwrap();
-        let field = |k: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(k))
-                .unwrap()
-                .to_string()
-        };
-        (field("Where="), field("Options="))
-    }
-
-    pub(super) fn failed(&self, command: &str) -> SystemdError {
-        SystemdError::Failed {
-            command: command.into(),
-            status: "exit status: 1".into(),
-            stderr: "fake failure".into(),
-        }
-    }
-}
-
-impl Drop for Fake {
-    /// No overlay stays mounted in a removed temp dir.
-    fn drop(&mut self) {
-        for unit in self
-            .active
-            .borrow()
-            .iter()
-            .filter(|u| u.ends_with(".mount"))
-        {
-            let (target, _) = self.mount_of(unit);
-            let _ = std::process::Command::new("umount").arg(&target).status();
-        }
-    }
-}
-
-impl Systemd for Fake {
-    fn daemon_reload(&self) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push("daemon-reload".into());
-        Ok(())
-    }
-
-    fn start(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("start {unit}"));
-        if unit.ends_with(".mount") {
-            // A real mount of what the unit says (overlay slots).
-            let (target, options) = self.mount_of(unit);
-            if !self.active.borrow().contains(unit) {
-                let ok = std::process::Command::new("mount")
-                    .args(["-t", "overlay", "overlay", "-o", &options])
-                    .arg(&target)
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok, "mount {unit}");
-                self.active.borrow_mut().insert(unit.into());
-            }
-            return Ok(());
-        }
-        if self.fail_start {
-            return Err(self.failed(&format!("systemctl start {unit}")));
-        }
-        let machine = unit
-            .trim_start_matches("systemd-nspawn@")
-            .trim_end_matches(".service");
-        let health =
-            std::fs::read_to_string(self.root.machine_tree(machine).join("etc/fixture-health"))
-                .unwrap_or_default();
-        self.healthy.store(health == "healthy", Ordering::SeqCst);
-        self.active.borrow_mut().insert(unit.into());
-        Ok(())
-    }
-
-    fn stop(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("stop {unit}"));
-        if unit.ends_with(".mount") {
-            if self.active.borrow_mut().remove(unit) {
-                let (target, _) = self.mount_of(unit);
-                let ok = std::process::Command::new("umount")
-                    .arg(&target)
-                    .status()
-                    .unwrap()
-                    .success();
-                assert!(ok, "umount {unit}");
-            }
-            return Ok(());
-        }
-        if self.fail_stop {
-            return Err(self.failed(&format!("systemctl stop {unit}")));
-        }
-        if self.active.borrow_mut().remove(unit) {
-            self.healthy.store(false, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-
-    fn is_active(&self, unit: &str) -> Result<bool, SystemdError> {
-        Ok(self.active.borrow().contains(unit))
-    }
-
-    /// Makes (removes) the link a real `systemctl enable` makes for a
-    /// node machine's unit.
-    fn enable(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("enable {unit}"));
-        if let Some(m) = machine_of(unit) {
-            let link = self.root.machine_wants_link(m);
-            std::fs::create_dir_all(link.parent().unwrap()).unwrap();
-            let _ = std::os::unix::fs::symlink("/lib/systemd/system/systemd-nspawn@.service", link);
-        }
-        Ok(())
-    }
-
-    fn disable(&self, unit: &str) -> Result<(), SystemdError> {
-        self.calls.borrow_mut().push(format!("disable {unit}"));
-        if let Some(m) = machine_of(unit) {
-            let _ = std::fs::remove_file(self.root.machine_wants_link(m));
-        }
-        Ok(())
-    }
-
-    fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError> {
-        Ok(self.foreign.borrow().contains(machine)
-            || self
-                .active
-                .borrow()
-                .contains(&format!("systemd-nspawn@{machine}.service")))
-    }
-
-    fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
-        self.calls
-            .borrow_mut()
-            .push(format!("run {machine} {}", argv.join(" ")));
-        Ok(self.gpu_visible)
-    }
-
-    /// A kubelet that names its bootstrap token in its last words (the
-    /// report must not); containerd's journal cannot be read.
-    fn machine_journal(
-        &self,
-        machine: &str,
-        unit: &str,
-        lines: usize,
-    ) -> Result<Vec<String>, SystemdError> {
-        self.calls
-            .borrow_mut()
-            .push(format!("journal {machine} {unit} {lines}"));
-        match unit {
-            "kubelet" => Ok(vec![
-                format!("{machine} kubelet[1]: starting"),
-                format!("{machine} kubelet[1]: bootstrap token abcdef.0123456789abcdef refused"),
-                format!("{machine} kubelet[1]: last words"),
-            ]),
-            _ => Err(self.failed(&format!("journalctl -M {machine} -u {unit}"))),
-        }
-    }
-
-    fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError> {
-        self.calls
-            .borrow_mut()
-            .push(format!("failed-units {machine}"));
-        Ok(vec!["kubelet.service loaded failed failed kubelet".into()])
-    }
-}
 
 pub(super) fn tar_gz(files: &[(&str, &[u8])]) -> (Vec<u8>, Digest) {
     let mut b = tar::Builder::new(Vec::new());
@@ -319,13 +98,14 @@ pub(super) struct Setup {
     pub(super) config: PathBuf,
 }
 
-pub(super) fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake, Digest) {
+pub(super) fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, FakeSystemd, Digest) {
     let dir = tempfile::tempdir().unwrap();
     let root = Root::new(dir.path().join("root"));
     // a host preflight passes once the sysctl drop-in is applied
     kubeslot_test_support::fake_host(root.dir());
     let digest = image(&dir.path().join("img"), health);
-    let (fake, served) = Fake::new(&root);
+    let fake = FakeSystemd::new(&root);
+    let served = fake.healthz_url.clone();
     let config = dir.path().join("activator.json");
     std::fs::write(
         &config,
@@ -357,11 +137,11 @@ pub(super) fn setup(health: &str, url: Option<&str>, gpu: &str) -> (Setup, Fake,
     )
 }
 
-pub(super) fn run(s: &Setup, fake: &Fake) -> Report {
+pub(super) fn run(s: &Setup, fake: &FakeSystemd) -> Report {
     run_opts(s, fake, Options::default())
 }
 
-pub(super) fn run_opts(s: &Setup, fake: &Fake, opts: Options) -> Report {
+pub(super) fn run_opts(s: &Setup, fake: &FakeSystemd, opts: Options) -> Report {
     let ran = activate(&s.root, &s.config, fake, &opts);
     ran.saved.unwrap();
     ran.report
@@ -432,7 +212,7 @@ pub(super) fn img_dir(s: &Setup) -> PathBuf {
     s._dir.path().join("img")
 }
 
-pub(super) fn activate_with(s: &Setup, fake: &Fake, allow_downgrade: bool) -> Report {
+pub(super) fn activate_with(s: &Setup, fake: &FakeSystemd, allow_downgrade: bool) -> Report {
     run_opts(
         s,
         fake,

@@ -351,7 +351,7 @@ mod tests {
             e.contains("kubelet-healthz") && e.contains("no machine"),
             "{e}"
         );
-        assert!(fake.active.borrow().is_empty());
+        assert!(fake.active_units().is_empty());
     }
 
     #[test]

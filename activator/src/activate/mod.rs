@@ -98,18 +98,18 @@ use crate::health::Failure;
 use crate::lock::{Lock, LockError};
 use crate::overlay::OverlayError;
 use crate::paths::Root;
-use crate::plan::PlanError;
+use crate::plan::{Command, PlanError, Reason};
 use crate::preflight;
 use crate::progress;
 use crate::render::{self, HostFiles, RenderError};
 use crate::report::{exit, Outcome, Report};
 use crate::slot::Slot;
 use crate::stage::StageError;
-use crate::state::{Release, SlotState, SlotStatus, State, StateError};
+use crate::state::{SlotState, SlotStatus, State, StateError};
 use crate::systemd::{Systemd, SystemdError};
 
 use crate::health::Gate;
-use begin::{begin, flip_disk_use, Reconcile};
+use begin::{begin, flip_disk_use};
 
 /// Why a run did not end with the desired slot committed.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +138,10 @@ pub enum ActivateError {
         #[source]
         source: VerifyError,
     },
+    /// Refused before anything of the slots changed (see
+    /// [`crate::plan::decide`]).
+    #[error(transparent)]
+    Refused(#[from] Reason),
     #[error(transparent)]
     Stage(#[from] StageError),
     #[error(transparent)]
@@ -159,20 +163,6 @@ pub enum ActivateError {
     /// `slots.mode = "overlay"` on a host that cannot mount one.
     #[error("slots.mode is \"overlay\" but overlay slots do not work on this host: {reason} (set slots.mode = \"copy\", or leave it unset to fall back)")]
     OverlayUnsupported { reason: String },
-    #[error("image {digest}: failed on this host at {at} ({reason}); not retried automatically (publish a new image, change the host settings, or pass --force)")]
-    Bad {
-        digest: Digest,
-        reason: String,
-        at: String,
-    },
-    #[error("image {} of {} was created {}, before {} (created {}), the newest release this host committed: refused as a downgrade (pass --allow-downgrade or set trust.allow_downgrade to run an older release; rollback is always allowed)",
-        .candidate.digest, .candidate.identity,
-        if .candidate.created.is_empty() { "at no stated time" } else { .candidate.created.as_str() },
-        .newest.digest, .newest.created)]
-    Downgrade {
-        candidate: Box<Release>,
-        newest: Box<Release>,
-    },
     #[error("staged {got} into {slot}, but the reference resolved to {want} at the start of this run (it moved); the slot stays unused")]
     Moved {
         slot: Slot,
@@ -181,24 +171,8 @@ pub enum ActivateError {
     },
     #[error("rollback: slot {slot}: {reason}")]
     NotIntact { slot: Slot, reason: String },
-    /// A node machine runs that the state does not account for.
-    #[error("machine {machine} is running, but kubeslot has no record of a node on this host ({state} has no committed slot): it was set up by another tool (unbounded-agent names its machine kube1); take it over with `kubeslot-activator adopt`, or stop it; nothing was changed")]
-    Unmanaged { machine: Slot, state: PathBuf },
-    /// unbounded-agent provisioned this host (its applied config is there)
-    /// and kubeslot has no state yet.
-    #[error("{applied} exists and kubeslot has no state on this host: machine {machine} belongs to unbounded-agent; take it over with `kubeslot-activator adopt`; nothing was changed")]
-    Unbounded { machine: Slot, applied: PathBuf },
-    /// A machine runs where the run would write or start.
-    #[error("machine {machine} is running{why}; its tree is never touched while it runs: nothing was changed")]
-    MachineRunning { machine: Slot, why: String },
     #[error("host settings: {reason}")]
     HostSettings { reason: String },
-    #[error("preflight: {count} check(s) failed: {summary}; nothing was staged, stopped or started (fix the host, or ignore a check with the config's \"preflight\": {{\"ignore\": [NAME]}})")]
-    Preflight { count: usize, summary: String },
-    /// The committed node runs the desired image but did not come up when
-    /// started; nothing else to do without `--force`.
-    #[error("the committed node {slot} was not running: started it, but {failure} (`kubeslot-activator activate --force` stages the image afresh into {} and flips to it; `rollback` returns to the previous slot)", slot.other())]
-    NotHealthy { slot: Slot, failure: Failure },
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
     #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]
@@ -222,13 +196,9 @@ impl ActivateError {
             ActivateError::Config(_)
             | ActivateError::Facts { .. }
             | ActivateError::Trust { .. }
-            | ActivateError::Unmanaged { .. }
-            | ActivateError::Unbounded { .. }
-            | ActivateError::MachineRunning { .. }
-            | ActivateError::Preflight { .. }
             | ActivateError::OverlayUnsupported { .. } => exit::CONFIG,
+            ActivateError::Refused(reason) => reason.exit_code(),
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
-            ActivateError::Bad { .. } | ActivateError::Downgrade { .. } => exit::BAD_IMAGE,
             ActivateError::RolledBack {
                 old_failure: None, ..
             } => exit::ROLLED_BACK,
@@ -359,10 +329,10 @@ fn run_activate(
     opts: &Options,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
-    let Some(mut b) = begin(run, config_path, opts, Reconcile::StartCommitted, report)? else {
+    let Some(mut b) = begin(run, config_path, opts, Command::Activate, report)? else {
         return Ok(());
     };
-    run.preflight(&b, report)?;
+    run.preflight(&mut b, report)?;
     run.prepare(&mut b, report)?;
     // An archive's extraction (when staging did not take it) is not needed.
     drop(b.source.take());
@@ -384,7 +354,7 @@ fn run_fetch(
     opts: &Options,
     report: &mut Report,
 ) -> Result<(), ActivateError> {
-    let Some(mut b) = begin(run, config_path, opts, Reconcile::RefuseForeign, report)? else {
+    let Some(mut b) = begin(run, config_path, opts, Command::Fetch, report)? else {
         return Ok(());
     };
     report.phase("stage");
@@ -394,17 +364,12 @@ fn run_fetch(
             run.root,
             &preflight::Inputs {
                 ignore: b.config.preflight.ignore.clone(),
-                disk: flip_disk_use(run.root, &b),
+                disk: flip_disk_use(run.root, &b.flip, &b.verified),
                 ..preflight::Inputs::default()
             },
         );
         report.preflight = disk.notable();
-        if !disk.passed() {
-            return Err(ActivateError::Preflight {
-                count: 1,
-                summary: disk.failure_summary(),
-            });
-        }
+        b.decide_with(disk)?;
         let source = b.source.take().expect("opened in begin");
         run.stage_slot(
             &mut b.state,
@@ -420,7 +385,7 @@ fn run_fetch(
         *b.state.slot_mut(b.flip.to) = SlotState {
             status: SlotStatus::Staged,
             digest: Some(b.flip.digest),
-            inputs: Some(b.inputs.clone()),
+            inputs: Some(b.inputs().to_string()),
             adopted: false,
         };
         run.save(&b.state)?;

@@ -2,13 +2,29 @@
 //! flip committed when its machine passes the gate now (else rolled back:
 //! the one try was used), a dirty slot emptied.
 
-use crate::health::{self, Check, Failure, Gate};
-use crate::render;
+use crate::health::{self, Check, Failure};
 use crate::slot::Slot;
 use crate::state::{Pending, PendingPhase, SlotState, SlotStatus, State};
 
 use super::flip::image_name;
-use super::{fallback_health, load_slot_config, ActivateError, Run};
+use super::{ActivateError, Run};
+
+/// The state as recovery leaves it where no machine needs asking: a
+/// prepared flip set aside, dirty slots emptied. `plan` decides on this
+/// (it recovers nothing); a trying flip stays, since only its machine's
+/// gate tells whether recovery commits or rolls it back.
+pub(super) fn as_recovered(state: &State) -> State {
+    let mut s = state.clone();
+    if s.pending.as_ref().map(|p| p.phase) == Some(PendingPhase::Prepared) {
+        s.pending = None;
+    }
+    for slot in Slot::ALL {
+        if s.slot(slot).status == SlotStatus::Dirty {
+            *s.slot_mut(slot) = SlotState::default();
+        }
+    }
+    s
+}
 
 impl Run<'_> {
     /// Finishes or undoes what a dead run left; returns what it did.
@@ -49,18 +65,7 @@ impl Run<'_> {
         state: &mut State,
         p: &Pending,
     ) -> Result<String, ActivateError> {
-        let (gate, gpu) = match load_slot_config(self.root, p.to) {
-            Ok(c) => {
-                let gpu = render::gather(self.root, &c)
-                    .map(|f| f.gpu.devices)
-                    .unwrap_or_default();
-                (Gate::on_host(&c.health, self.root), gpu)
-            }
-            Err(_) => (
-                Gate::on_host(&fallback_health(self.root), self.root),
-                Vec::new(),
-            ),
-        };
+        let (gate, gpu) = self.gate_of(p.to);
         let verdict = if self.systemd.is_active(&p.to.unit())? {
             health::wait_healthy(self.systemd, p.to, &gate, &gpu)
         } else {

@@ -8,7 +8,7 @@ use crate::health::Gate;
 use crate::lock::Lock;
 use crate::overlay;
 use crate::paths::Root;
-use crate::plan;
+use crate::plan::{self, Reason};
 use crate::render;
 use crate::report::{Outcome, Report};
 use crate::slot::Slot;
@@ -62,10 +62,11 @@ pub(super) fn run_rollback(
     report.slot = Some(rb.to);
     report.digest = rb.digest;
     if run.running(rb.to)? {
-        return Err(ActivateError::MachineRunning {
+        return Err(Reason::MachineRunning {
             machine: rb.to,
             why: format!(" beside the committed node {}", rb.from),
-        });
+        }
+        .into());
     }
     if overlay::is_overlay(root, rb.to) {
         if clean {

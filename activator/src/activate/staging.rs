@@ -149,6 +149,7 @@ impl Run<'_> {
 
     /// Step 5: the target slot staged and rendered, "pending, prepared".
     pub(super) fn prepare(&self, b: &mut Begun, report: &mut Report) -> Result<(), ActivateError> {
+        let (inputs, release) = (b.inputs().to_string(), b.release());
         let (flip, config, state) = (&b.flip, &b.config, &mut b.state);
         let to = flip.to;
         report.phase("stage");
@@ -164,7 +165,7 @@ impl Run<'_> {
         *state.slot_mut(to) = SlotState {
             status: SlotStatus::Staged,
             digest: Some(flip.digest),
-            inputs: Some(b.inputs.clone()),
+            inputs: Some(inputs.clone()),
             adopted: false,
         };
         self.save(state)?;
@@ -175,8 +176,8 @@ impl Run<'_> {
             to,
             digest: Some(flip.digest),
             from: flip.from,
-            inputs: b.inputs.clone(),
-            release: b.release.clone(),
+            inputs,
+            release,
         });
         self.save(state)?;
         failpoint::hit("after-pending");

@@ -60,17 +60,18 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let opts = Options {
+        force: args.force,
+        allow_downgrade: args.allow_downgrade,
+    };
     if args.dry_run {
-        return super::plan::show(&args.host, args.force, args.json);
+        return super::plan::show(&args.host, &opts, args.json);
     }
     let ran = activate::activate(
         &args.host.root(),
         &args.host.config_path(),
         &SystemCtl,
-        &Options {
-            force: args.force,
-            allow_downgrade: args.allow_downgrade,
-        },
+        &opts,
     );
     super::conclude(ran, args.json)
 }

@@ -1,10 +1,12 @@
 //! `kubeslot-activator plan` (and `activate --dry-run`): what `activate`
-//! would change, computed by [`kubeslot_activator::activate::preview`]
-//! without the lock and without writing anything (it does read the image
-//! source to resolve the reference).
+//! would do, decided by [`kubeslot_activator::activate::preview`] with the
+//! same decision function as `activate`, without the lock and without
+//! writing anything (it reads the image source to resolve the reference,
+//! and asks systemd which machines run).
 
-use kubeslot_activator::activate::{self, Preview};
-use kubeslot_activator::plan::Plan;
+use kubeslot_activator::activate::{self, Options, Preview};
+use kubeslot_activator::plan::{Decision, Reason};
+use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;
 
@@ -12,9 +14,14 @@ use super::HostArgs;
 /// digests, a diff of the host files it would write, and of the host
 /// settings (sysctl.d, modules-load.d) it writes before a flip.
 ///
-/// Resolves and verifies the configured image (fetching no layer) and reads
-/// the state; writes nothing and does not take the run lock. Exit code 0
-/// whatever the plan is, 1 or 3 when it cannot be computed.
+/// Decides as `activate` does (the same checks: a bad image, a downgrade, a
+/// machine kubeslot has no record of, the preflight): a refusal is shown
+/// with the exit code `activate` would end with. A committed node that is
+/// not running is started and checked by `activate` first; the plan says
+/// so. Resolves and verifies the configured image (fetching no layer),
+/// reads the state and asks systemd which machines run; writes nothing,
+/// starts nothing and does not take the run lock. Exit code 0 whatever the
+/// plan is, 1 or 3 when it cannot be computed.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -28,17 +35,22 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    show(&args.host, args.force, args.json)
+    let opts = Options {
+        force: args.force,
+        ..Options::default()
+    };
+    show(&args.host, &opts, args.json)
 }
 
-pub fn show(host: &HostArgs, force: bool, json: bool) -> anyhow::Result<()> {
-    let p = activate::preview(&host.root(), &host.config_path(), force).map_err(|e| {
-        let code = e.exit_code();
-        super::Failed {
-            code,
-            message: kubeslot_image::error_chain(&e),
-        }
-    })?;
+pub fn show(host: &HostArgs, opts: &Options, json: bool) -> anyhow::Result<()> {
+    let p =
+        activate::preview(&host.root(), &host.config_path(), &SystemCtl, opts).map_err(|e| {
+            let code = e.exit_code();
+            super::Failed {
+                code,
+                message: kubeslot_image::error_chain(&e),
+            }
+        })?;
     if json {
         println!("{}", serde_json::to_string_pretty(&to_json(&p))?);
     } else {
@@ -52,22 +64,30 @@ fn to_json(p: &Preview) -> serde_json::Value {
         "image": p.image,
         "active": p.state.active,
         "pending": p.state.pending,
-        "summary": p.plan.to_string(),
+        "summary": p.decision.to_string(),
+        "if_down": p.if_down.as_ref().map(ToString::to_string),
         "files": p.diffs.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
         "host_settings": p.host_settings.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
     });
-    match &p.plan {
-        Plan::UpToDate { slot, digest } => {
+    match &p.decision {
+        Decision::UpToDate { slot, digest } => {
             v["action"] = "none".into();
             v["slot"] = serde_json::json!(slot);
             v["digest"] = serde_json::json!(digest);
         }
-        Plan::Refused(bad) => {
+        Decision::Refused(reason) => {
             v["action"] = "refused".into();
-            v["digest"] = serde_json::json!(bad.digest);
-            v["reason"] = bad.reason.clone().into();
+            v["refusal"] = reason.name().into();
+            v["exit_code"] = reason.exit_code().into();
+            if let Reason::Bad(bad) = reason {
+                v["digest"] = serde_json::json!(bad.digest);
+                v["reason"] = bad.reason.clone().into();
+            } else {
+                v["digest"] = serde_json::json!(p.situation.as_ref().map(|s| s.digest));
+                v["reason"] = reason.to_string().into();
+            }
         }
-        Plan::Flip(f) => {
+        Decision::Flip(f) => {
             v["action"] = "flip".into();
             v["from"] = serde_json::json!(f.from);
             v["from_digest"] = serde_json::json!(f.from_digest);
@@ -80,7 +100,16 @@ fn to_json(p: &Preview) -> serde_json::Value {
 }
 
 fn to_text(p: &Preview) -> String {
-    let mut s = format!("image {}\n{}\n", p.image, p.plan);
+    let mut s = match &p.image {
+        Some(image) => format!("image {image}\n{}\n", p.decision),
+        None => format!("{}\n", p.decision),
+    };
+    if let Decision::Refused(reason) = &p.decision {
+        s += &format!("activate would exit {}\n", reason.exit_code());
+    }
+    if let Some(note) = unchecked_note(p) {
+        s += &note;
+    }
     if let Some(pending) = &p.state.pending {
         s += &format!(
             "note: a dead run left a {} flip to {} pending; activate recovers it first\n",
@@ -100,4 +129,31 @@ fn to_text(p: &Preview) -> String {
         }
     }
     s
+}
+
+/// What `plan` cannot know, said: `activate` starts (or, forced, gates) the
+/// committed node first; what it does when the node does not come up.
+fn unchecked_note(p: &Preview) -> Option<String> {
+    let s = p.situation.as_ref()?;
+    let if_down = p.if_down.as_ref()?;
+    let active = s.state.active?;
+    let first = if s.machines.runs(active) {
+        format!("note: --force: activate checks the running committed node {active} first")
+    } else {
+        format!(
+            "note: the committed node {active} is not running: activate starts it and checks it first"
+        )
+    };
+    let then = match if_down {
+        Decision::Refused(Reason::NotHealthy { slot, .. }) => format!(
+            "activate exits 1 (`activate --force` stages the image afresh into {})",
+            slot.other()
+        ),
+        Decision::Refused(reason) => format!(
+            "activate refuses to stage the image afresh (exit {}): {reason}",
+            reason.exit_code()
+        ),
+        other => format!("{other}"),
+    };
+    Some(format!("{first}; if it does not come up: {then}\n"))
 }

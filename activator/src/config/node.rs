@@ -455,6 +455,151 @@ fn check_bundle(config: &Config) -> Result<(), Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ConfigError;
+    use std::path::Path;
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
+    }
+
+    fn with_top(image: &str, top: &str) -> String {
+        format!(
+            r#"{{"image":"{image}","kubelet":{{"api_server":"https://10.0.0.1:6443",
+            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"}}{top}}}"#
+        )
+    }
+
+    #[test]
+    fn extra_mounts_are_absolute_and_stay_clear_of_what_kubeslot_binds() {
+        let with = |m: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","extra_mounts":[{m}]"#),
+            ))
+        };
+        let c = with(
+            r#"{"host_path":"/srv/models","machine_path":"/var/lib/models","read_only":true}"#,
+        )
+        .unwrap();
+        assert!(c.extra_mounts[0].read_only);
+        for (m, want) in [
+            (
+                r#"{"host_path":"srv","machine_path":"/x"}"#,
+                "\"srv\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/a:b","machine_path":"/x"}"#,
+                "\"/srv/a:b\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/../etc","machine_path":"/x"}"#,
+                "is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/"}"#,
+                "\"/\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/var/lib/kubeslot/blobs","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot, which is kubeslot's own",
+            ),
+            (
+                r#"{"host_path":"/var","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/var/lib/kubelet/plugins"}"#,
+                "overlaps /var/lib/kubelet inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/etc"}"#,
+                "overlaps /etc/kubeslot inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/sys/fs/bpf"}"#,
+                "overlaps /sys inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/opt/a"},{"host_path":"/srv2","machine_path":"/opt/a/b"}"#,
+                "overlaps another extra mount's machine_path /opt/a",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/x","rw":true}"#,
+                "unknown field `rw`",
+            ),
+        ] {
+            let e = with(m).unwrap_err().to_string();
+            assert!(e.contains(want), "{m}: {e}");
+            assert!(e.contains("activator.json"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_image_must_be_preloaded_or_mirrored() {
+        let top = |extra: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(
+                    r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"{extra}}}"#
+                ),
+            ))
+        };
+        let e = top("").unwrap_err().to_string();
+        assert!(
+            e.contains("containerd.sandbox_image: \"registry.example/pause:3.9\" is neither preloaded (no images.bundle entry has this name) nor reachable through a mirror (containerd.registry_mirrors has no mirror for registry.example)"),
+            "{e}"
+        );
+        top(r#","registry_mirrors":{"registry.example":{"mirrors":["mirror.internal"]}}"#).unwrap();
+        // a CA alone is no mirror
+        assert!(top(r#","registry_mirrors":{"registry.example":{"ca_file":"/ca.pem"}}"#).is_err());
+        let bundled = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            &format!(
+                r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"}},"images":{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"pause.tar","name":"registry.example/pause:3.9","digest":"{}"}}]}}"#,
+                kubeslot_image::Digest::of(b"x")
+            ),
+        ));
+        let c = bundled.unwrap();
+        assert!(c.containerd.has_dropin());
+        // Docker Hub short names are docker.io's
+        assert_eq!(registry_of("library/pause:3"), "docker.io");
+        assert_eq!(registry_of("localhost:5000/p:1"), "localhost:5000");
+        let e = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            r#","containerd":{"metrics_address":"everywhere"}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("containerd.metrics_address: \"everywhere\" is not an address:port"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bundle_entries_are_file_names_with_a_directory() {
+        let d = kubeslot_image::Digest::of(b"x");
+        let with = |images: String| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","images":{images}"#),
+            ))
+        };
+        with(format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#)).unwrap();
+        for (images, want) in [
+            (format!(r#"{{"bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "needs images.bundle_dir"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"../a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is not a file name"),
+            (format!(r#"{{"bundle_dir":"/var/lib/kubeslot/b","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "overlaps /var/lib/kubeslot"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"a b","digest":"{d}"}}]}}"#), "is not an image reference"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}},{{"file":"b.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is listed twice"),
+            (r#"{"bundle_dir":"/srv/bundle","bundle":[{"file":"a.tar","name":"r.example/a:1","digest":"sha256:12"}]}"#.to_string(), "digest"),
+        ] {
+            let e = with(images.clone()).unwrap_err().to_string();
+            assert!(e.contains(want), "{images}: {e}");
+        }
+    }
 
     #[test]
     fn label_and_taint_syntax() {
