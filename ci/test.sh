@@ -33,6 +33,10 @@ if ! KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"
 fi
 rm -f "$demo_log"
 echo "ci/demo.sh: ok"
+# The real-GPU check without a GPU: --prepare writes a complete dir under
+# 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
+# stand-in driver), and the check itself exits 77 here.
+ci/gpu/node-root-check-test.sh
 if [ -x ci/e2e/run.sh ]; then
   # Both slot modes pass the same scenarios: the default (overlay where the
   # outer host can, which it can here) and copied trees (about 7 more

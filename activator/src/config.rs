@@ -9,12 +9,15 @@
 //! (labels, taints, node name, mirrors) by [`node::check`].
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
 
 pub mod node;
+mod pods;
+
+pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
@@ -35,9 +38,11 @@ pub struct Config {
     pub trust: Trust,
     /// Node settings rendered into the kubelet's host-side files.
     pub kubelet: Kubelet,
-    /// GPU binding.
+    /// GPU binding: a mode (`"gpu": "auto"`), or a mode and where the
+    /// host's driver lives (`"gpu": {"mode": "auto", "driver_root":
+    /// "/run/nvidia/driver"}`).
     #[serde(default)]
-    pub gpu: GpuMode,
+    pub gpu: Gpu,
     /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
@@ -163,106 +168,6 @@ impl Default for Download {
     }
 }
 
-/// Settings rendered for the containerd inside the node machine.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Containerd {
-    /// Per registry host (`host[:port]`, as pod images name it): mirrors,
-    /// rendered as `/etc/containerd/certs.d/<host>/hosts.toml`. Unset: the
-    /// mirrors of `registries` (those the activator uses for the node image);
-    /// `{}`: none.
-    #[serde(default)]
-    pub registry_mirrors: Option<BTreeMap<String, RegistryMirror>>,
-    /// The pod sandbox (pause) image instead of the one the image pins
-    /// (`pinned_images.sandbox`). Refused unless `images.bundle` carries it
-    /// or `registry_mirrors` has a mirror for its registry: a node must
-    /// never wait on a registry it cannot reach for its first pod.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox_image: Option<String>,
-    /// `host:port` containerd serves its Prometheus metrics on (`[metrics]
-    /// address`; the unbounded agent's is `0.0.0.0:10257`). Unset: none
-    /// (the endpoint has no authentication and the node uses the host's
-    /// network).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics_address: Option<String>,
-}
-
-impl Containerd {
-    /// Whether anything is rendered into containerd's drop-in.
-    pub fn has_dropin(&self) -> bool {
-        self.sandbox_image.is_some() || self.metrics_address.is_some()
-    }
-}
-
-/// A host path bound into the machine.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ExtraMount {
-    /// An absolute path on the host (it must exist when the machine starts).
-    pub host_path: PathBuf,
-    /// Where it appears inside the machine (absolute).
-    pub machine_path: PathBuf,
-    /// `BindReadOnly=` instead of `Bind=`.
-    #[serde(default)]
-    pub read_only: bool,
-}
-
-/// Container images the host hands the node (config `images`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Images {
-    /// A host directory of OCI archives (`oci-archive` tars), bound
-    /// read-only into the machine; only the files `bundle` lists are used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bundle_dir: Option<PathBuf>,
-    /// The images of `bundle_dir`: each archive is verified against its
-    /// digest before the machine starts, and imported into containerd's
-    /// `k8s.io` namespace before the kubelet starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub bundle: Vec<BundleImage>,
-}
-
-impl Images {
-    pub fn is_empty(&self) -> bool {
-        self.bundle_dir.is_none() && self.bundle.is_empty()
-    }
-}
-
-/// One image of the offline bundle.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct BundleImage {
-    /// The archive's file name in `images.bundle_dir`.
-    pub file: String,
-    /// The name pods use (`registry.k8s.io/kube-proxy:v1.36.4`); the
-    /// archive's `index.json` must name the image so
-    /// (`io.containerd.image.name`, or `org.opencontainers.image.ref.name`
-    /// as a full reference), which is how containerd names what it imports.
-    pub name: String,
-    /// The image's digest (its manifest or index): the `index.json` entry
-    /// of that name must point at it, and every blob of the archive must
-    /// hash to its name.
-    pub digest: kubeslot_image::Digest,
-}
-
-/// One registry's mirrors for containerd.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct RegistryMirror {
-    /// Tried in order, then the registry itself: `host[:port][/path]`
-    /// (https, or http when `insecure` or loopback) or a full
-    /// `http://`/`https://` URL.
-    #[serde(default)]
-    pub mirrors: Vec<String>,
-    /// Mirrors without a scheme speak plain HTTP.
-    #[serde(default)]
-    pub insecure: bool,
-    /// A PEM CA on the host that signs the mirrors' (and the registry's)
-    /// certificates; copied into the host files and named in `hosts.toml`.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-}
-
 /// Top-level `kubelet.config` keys the activator renders itself (or the
 /// image's contract with its containerd fixes), refused in the object so
 /// that a setting has exactly one place.
@@ -364,6 +269,86 @@ pub struct Trust {
     /// the identity (`activate --allow-downgrade` for one run).
     #[serde(default)]
     pub allow_downgrade: bool,
+    /// Keyless (Sigstore) signatures, verified offline against a trusted
+    /// root; beside `public_keys`, either kind of signature is enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyless: Option<Keyless>,
+}
+
+/// `trust.keyless`: which Fulcio certificates a host accepts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Keyless {
+    /// Sigstore's `trusted_root.json` (a host path), shipped with the
+    /// config and refreshed out of band: the only source of CAs and log
+    /// keys.
+    pub trusted_root: PathBuf,
+    /// The OIDC issuer, exactly (GitHub Actions:
+    /// `https://token.actions.githubusercontent.com`).
+    pub issuer: String,
+    /// The certificate identity (SAN), exactly.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// A regular expression the whole identity must match (anchored at
+    /// both ends whether or not it says so).
+    #[serde(default)]
+    pub identity_regexp: Option<String>,
+    /// Optional exact matches on Fulcio's GitHub claims.
+    #[serde(default)]
+    pub github: KeylessGithub,
+    /// Require an SCT from a CT log of the trusted root (default true).
+    #[serde(default = "default_true")]
+    pub require_sct: bool,
+    /// Accept a certificate that names its issuer only in the deprecated
+    /// 1.3.6.1.4.1.57264.1.1 extension (Fulcio before late 2022).
+    #[serde(default)]
+    pub accept_deprecated_issuer_extension: bool,
+}
+
+/// `trust.keyless.github`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KeylessGithub {
+    /// Source Repository URI, e.g. `https://github.com/org/repo`.
+    #[serde(default)]
+    pub source_repository: Option<String>,
+    /// Source Repository Ref, e.g. `refs/tags/v1.2.3`.
+    #[serde(default, rename = "ref")]
+    pub source_ref: Option<String>,
+    /// Build Config URI: the workflow that ran, e.g.
+    /// `https://github.com/org/repo/.github/workflows/publish.yml@refs/tags/v1.2.3`.
+    #[serde(default)]
+    pub workflow: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Keyless {
+    /// The certificate rules, or what is wrong with the section.
+    pub fn rules(&self) -> Result<kubeslot_image::keyless::Rules, String> {
+        use kubeslot_image::keyless::{GithubRule, IdentityRule, Rules};
+        if self.issuer.is_empty() {
+            return Err("issuer is empty".into());
+        }
+        let identity = match (&self.identity, &self.identity_regexp) {
+            (Some(id), None) if !id.is_empty() => IdentityRule::Exact(id.clone()),
+            (None, Some(re)) if !re.is_empty() => IdentityRule::regexp(re)?,
+            _ => return Err("name exactly one of identity and identity_regexp".into()),
+        };
+        Ok(Rules {
+            issuer: self.issuer.clone(),
+            identity,
+            github: GithubRule {
+                source_repository: self.github.source_repository.clone(),
+                source_ref: self.github.source_ref.clone(),
+                workflow: self.github.workflow.clone(),
+            },
+            require_sct: self.require_sct,
+            accept_deprecated_issuer: self.accept_deprecated_issuer_extension,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -427,6 +412,71 @@ pub struct ExecCredential {
 
 fn default_exec_api_version() -> String {
     "client.authentication.k8s.io/v1".into()
+}
+
+/// The `"gpu"` setting. Written as a mode alone (`"auto"`, the form every
+/// earlier config uses, and the one it is written back in when no driver
+/// root is set) or as an object with the mode and the driver root.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gpu {
+    pub mode: GpuMode,
+    /// The root of the tree that holds the host's NVIDIA driver, when it is
+    /// not the host's own (the NVIDIA GPU operator's driver container is
+    /// mounted at `/run/nvidia/driver`): its libraries are found there,
+    /// not through the host's loader cache. `/` means the host's own driver
+    /// (and turns the detection of `/run/nvidia/driver` off). Unset: the
+    /// operator's root when it holds a driver, else the host's own.
+    pub driver_root: Option<PathBuf>,
+}
+
+/// The object form of [`Gpu`].
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct GpuTable {
+    #[serde(default)]
+    mode: GpuMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    driver_root: Option<PathBuf>,
+}
+
+impl Serialize for Gpu {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.driver_root {
+            None => self.mode.serialize(s),
+            Some(root) => GpuTable {
+                mode: self.mode,
+                driver_root: Some(root.clone()),
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Gpu {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Gpu, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Gpu;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#""auto", "on", "off" or {"mode": ..., "driver_root": ...}"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Gpu, E> {
+                let mode = GpuMode::deserialize(serde::de::value::StrDeserializer::<E>::new(v))?;
+                Ok(Gpu {
+                    mode,
+                    driver_root: None,
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Gpu, A::Error> {
+                let t = GpuTable::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Gpu {
+                    mode: t.mode,
+                    driver_root: t.driver_root,
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -561,6 +611,27 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(root) = &self.gpu.driver_root {
+            let plain = root.is_absolute()
+                && root
+                    .components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+            if !plain {
+                return Err(invalid(
+                    "gpu.driver_root",
+                    "must be an absolute path without '.' or '..' (the directory the driver's tree is mounted at, e.g. /run/nvidia/driver)",
+                ));
+            }
+        }
+        if let Some(k) = &self.trust.keyless {
+            if let Err(reason) = k.rules() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: "trust.keyless",
+                    reason,
+                });
+            }
+        }
         if let Some(identity) = &self.trust.identity {
             if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
                 return Err(invalid("trust.identity", e.reason));
@@ -719,137 +790,4 @@ fn has_user_info(url: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-
-    #[test]
-    fn swap_is_allowed_by_the_kubelet_config_or_the_preflight_knob() {
-        let base = serde_json::json!({
-            "image": "ghcr.io/o/node:v1",
-            "kubelet": {"api_server": "https://10.0.0.1:6443", "bootstrap_token": "abcdef.0123456789abcdef"}
-        });
-        let parse = |v: serde_json::Value| -> Config { serde_json::from_value(v).unwrap() };
-        assert_eq!(parse(base.clone()).kubelet_allows_swap(), None);
-        let mut c = base.clone();
-        c["kubelet"]["config"] = serde_json::json!({"failSwapOn": false});
-        assert_eq!(
-            parse(c).kubelet_allows_swap().as_deref(),
-            Some("kubelet.config.failSwapOn: false")
-        );
-        let mut c = base.clone();
-        c["kubelet"]["config"] = serde_json::json!({"failSwapOn": true});
-        assert_eq!(parse(c).kubelet_allows_swap(), None);
-        let mut c = base;
-        c["preflight"] = serde_json::json!({"allow_swap": true});
-        assert!(parse(c).kubelet_allows_swap().is_some());
-    }
-
-    use super::*;
-
-    const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
-
-    fn parse(json: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
-    }
-
-    fn minimal(extra: &str) -> String {
-        format!(
-            r#"{{"image":"ghcr.io/org/node:v1","kubelet":{{"api_server":"https://10.0.0.1:6443",
-            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"{extra}}}}}"#
-        )
-    }
-
-    #[test]
-    fn minimal_config_parses_with_defaults() {
-        let c = parse(&minimal("")).unwrap();
-        assert_eq!(c.gpu, GpuMode::Auto);
-        assert!(!c.trust.allow_unsigned);
-        assert_eq!(c.network, NetworkMode::Host);
-        assert_eq!(c.download.deadline_secs, 1200);
-    }
-
-    #[test]
-    fn the_download_deadline_is_positive() {
-        let c = parse(
-            &minimal("").replace(r#"{"image""#, r#"{"download":{"deadline_secs":90},"image""#),
-        )
-        .unwrap();
-        assert_eq!(c.download.deadline_secs, 90);
-        let e = parse(
-            &minimal("").replace(r#"{"image""#, r#"{"download":{"deadline_secs":0},"image""#),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("download.deadline_secs: must be positive"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn bad_configs_name_the_problem() {
-        let e = parse(&minimal(r#","typo":1"#)).unwrap_err().to_string();
-        assert!(
-            e.contains("unknown field `typo`") && e.contains("activator.json"),
-            "{e}"
-        );
-        let e = parse(&minimal(r#","exec_credential":{"command":"x"}"#))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not both"), "{e}");
-        let e = parse(r#"{"image":"x","kubelet":{"ca_data":"y"}}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("api_server"), "{e}");
-    }
-
-    fn with_top(image: &str, top: &str) -> String {
-        format!(
-            r#"{{"image":"{image}","kubelet":{{"api_server":"https://10.0.0.1:6443",
-            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"}}{top}}}"#
-        )
-    }
-
-    #[test]
-    fn mirror_urls_with_user_info_are_refused_without_echoing_them() {
-        let e = parse(&with_top(
-            "ghcr.io/org/node:v1",
-            r#","registries":{"ghcr.io":{"mirrors":["https://bob:hunter2@mirror.example"]}}"#,
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("user info") && e.contains("mirror 1"), "{e}");
-        assert!(!e.contains("hunter2"), "{e}");
-        let e = parse(&with_top(
-            "ghcr.io/org/node:v1",
-            r#","containerd":{"registry_mirrors":{"docker.io":{"mirrors":["http://mirror.example","https://u:pw-9@m2.example/v2"]}}}"#,
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("mirror 2") && !e.contains("pw-9"), "{e}");
-        // An '@' in a path is not user info.
-        assert!(!has_user_info("https://mirror.example/a@b"));
-    }
-
-    #[test]
-    fn a_layout_image_needs_an_identity_unless_unsigned_is_allowed() {
-        let layout = |trust: &str| with_top("oci:/srv/node:v1", &format!(r#","trust":{trust}"#));
-        let e = parse(&layout(r#"{"public_keys":["/k.pem"]}"#))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("trust.identity") && e.contains("required"),
-            "{e}"
-        );
-        parse(&layout(
-            r#"{"public_keys":["/k.pem"],"identity":"ghcr.io/org/node"}"#,
-        ))
-        .unwrap();
-        parse(&layout(r#"{"allow_unsigned":true}"#)).unwrap();
-        let e = parse(&layout(
-            r#"{"public_keys":["/k.pem"],"identity":"ghcr.io/org/node:v1"}"#,
-        ))
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("trust.identity") && e.contains("no tag"), "{e}");
-    }
-}
+mod tests;

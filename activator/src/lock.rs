@@ -16,7 +16,19 @@ use crate::paths::Root;
 /// A held lock; released on drop (or when the process dies).
 #[derive(Debug)]
 pub struct Lock {
-    _file: File,
+    file: File,
+}
+
+impl Drop for Lock {
+    /// Unlocks explicitly before the descriptor closes. A `flock` belongs to
+    /// the open file description, and a child forked by another thread of
+    /// this process (tests run flips side by side; each spawns `systemctl`)
+    /// keeps a copy of the descriptor until its `exec` closes it: without
+    /// the unlock the lock outlives this `Lock` for that moment, and a
+    /// second run of the same process is refused as busy.
+    fn drop(&mut self) {
+        let _ = flock(&self.file, FlockOperation::Unlock);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +70,7 @@ impl Lock {
     pub fn try_exclusive(root: &Root) -> Result<Lock, LockError> {
         let (f, path) = open(root)?;
         match flock(&f, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Lock { _file: f }),
+            Ok(()) => Ok(Lock { file: f }),
             Err(rustix::io::Errno::WOULDBLOCK) => Err(LockError::Busy { path }),
             Err(e) => Err(LockError::Io {
                 path,
@@ -72,7 +84,7 @@ impl Lock {
     pub fn try_shared(root: &Root) -> Result<Option<Lock>, LockError> {
         let (f, path) = open(root)?;
         match flock(&f, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => Ok(Some(Lock { _file: f })),
+            Ok(()) => Ok(Some(Lock { file: f })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(LockError::Io {
                 path,
@@ -88,7 +100,7 @@ impl Lock {
             path,
             source: e.into(),
         })?;
-        Ok(Lock { _file: f })
+        Ok(Lock { file: f })
     }
 }
 

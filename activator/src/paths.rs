@@ -157,6 +157,12 @@ impl Root {
         self.join("dev")
     }
 
+    /// `/sys/bus/pci/devices`: the PCI devices (an NVIDIA GPU whose driver
+    /// is not loaded has no `/dev` node yet).
+    pub fn pci_devices(&self) -> PathBuf {
+        self.join("sys/bus/pci/devices")
+    }
+
     /// `/run/systemd/resolve/resolv.conf`: the host's real upstream DNS
     /// servers (systemd-resolved), never the 127.0.0.53 stub.
     pub fn resolved_upstream(&self) -> PathBuf {
@@ -342,6 +348,22 @@ pub mod host {
     /// Where the activator binary is installed (units call it; the Debian
     /// package puts it there).
     pub const ACTIVATOR_BIN: &str = "/usr/bin/kubeslot-activator";
+    /// Where the NVIDIA GPU operator mounts its driver container's root
+    /// (the driver's libraries and tools, in no cache of the host's).
+    pub const OPERATOR_DRIVER_ROOT: &str = "/run/nvidia/driver";
+    /// The distribution's program directory (of the host, or of a driver
+    /// tree): where the driver's tools are looked for last.
+    pub const DISTRO_BIN: &str = "/usr/bin";
+    /// Program directories never bound into a machine whole (of the host,
+    /// or of a driver tree): the node would get every program in them.
+    pub const SYSTEM_BIN_DIRS: &[&str] = &[
+        "/bin",
+        "/sbin",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/local/bin",
+        "/usr/local/sbin",
+    ];
 }
 
 /// `systemd-escape --path`: `/` separators become `-`, every byte outside
@@ -432,7 +454,8 @@ pub mod machine {
     pub const HOST_NVIDIA: &str = "/run/host-nvidia";
     /// 32-bit (i386) NVIDIA library directories of amd64 hosts, at `<this>/<i>`.
     pub const HOST_NVIDIA_I386: &str = "/run/host-nvidia-i386";
-    /// The directory of the host's `nvidia-smi`.
+    /// The driver's tools (`nvidia-smi`, ...): the driver's own `bin`
+    /// directory bound here whole, or each tool at `<this>/<name>`.
     pub const HOST_NVIDIA_BIN: &str = "/run/host-nvidia-bin";
     /// The kubelet's own kubeconfig, written by TLS bootstrap into its state.
     pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";

@@ -35,7 +35,7 @@ use crate::bundle::{self, BundleError};
 use crate::config::node::{self, check_node_name};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
 use crate::extra_args::{self, ExtraArgsError};
-use crate::gpu::{self, GpuBinds, GpuError};
+use crate::gpu::{self, GpuBinds, GpuError, ToolBind};
 use crate::paths::{self, host, host_files, machine as inside, Root};
 use crate::slot::Slot;
 
@@ -187,7 +187,7 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
     }
     let nameservers = nameservers(root, config)?;
     let ca_pem = read_ca(root, config)?;
-    let gpu = gpu::discover(root, config.gpu, gpu::Arch::host(), || {
+    let gpu = gpu::discover(root, &config.gpu, gpu::Arch::host(), || {
         gpu::run_ldconfig(root)
     })?;
     let devices = gpu::extra_devices(root, &config.devices)?;
@@ -201,8 +201,14 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
     for d in &gpu.device_dirs {
         check_bind_path("gpu device directory", &d.path)?;
     }
-    if let Some(d) = &gpu.bin_dir {
-        check_bind_path("nvidia-smi directory", d)?;
+    match &gpu.tools.bind {
+        ToolBind::None => {}
+        ToolBind::Dir(d) => check_bind_path("gpu tool directory", d)?,
+        ToolBind::Files(tools) => {
+            for t in tools {
+                check_bind_path("gpu tool", &t.file)?;
+            }
+        }
     }
     for m in &config.extra_mounts {
         let path = root.join(&m.host_path.to_string_lossy());
@@ -568,9 +574,45 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     for (i, lib) in facts.gpu.library_dirs_32.iter().enumerate() {
         let _ = writeln!(s, "BindReadOnly={lib}:{}/{i}", inside::HOST_NVIDIA_I386);
     }
-    if let Some(bin) = &facts.gpu.bin_dir {
-        let _ = writeln!(s, "BindReadOnly={bin}:{}", inside::HOST_NVIDIA_BIN);
+    match &facts.gpu.tools.bind {
+        ToolBind::None => {}
+        ToolBind::Dir(bin) => {
+            let _ = writeln!(s, "BindReadOnly={bin}:{}", inside::HOST_NVIDIA_BIN);
+        }
+        ToolBind::Files(tools) => {
+            for t in tools {
+                let _ = writeln!(
+                    s,
+                    "BindReadOnly={}:{}/{}",
+                    t.file,
+                    inside::HOST_NVIDIA_BIN,
+                    t.name
+                );
+            }
+        }
     }
+    // what looked like a driver tool but is not bound, and why (plan shows
+    // it); quoted, as a path may hold anything
+    for skipped in &facts.gpu.tools.skipped {
+        let _ = writeln!(
+            s,
+            "# not bound: {:?} {}",
+            skipped.path,
+            skipped
+                .reason
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect::<String>()
+        );
+    }
+    host_binds(config, machine, &mut s);
+    s
+}
+
+/// The `.nspawn` binds of what the host hands the machine: its host-files
+/// dir and files, the node state, the private bpffs, extra mounts, the
+/// offline bundle.
+fn host_binds(config: &Config, machine: &str, s: &mut String) {
     let dir = Root::host().host_files(machine);
     let d = dir.display();
     let _ = writeln!(s, "BindReadOnly={d}:{}", inside::HOST_FILES);
@@ -655,7 +697,6 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
     {
         let _ = writeln!(s, "BindReadOnly={}:{}", dir.display(), inside::BUNDLE_DIR);
     }
-    s
 }
 
 /// The machine's private BPF filesystem (`bpf` mounted at

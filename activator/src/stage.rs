@@ -114,8 +114,9 @@ pub struct Staged {
     pub tree: PathBuf,
 }
 
-/// Resolves `source` once, picks the manifest for `platform`, reads its
-/// config and checks the trust policy. Fetches no layer.
+/// Resolves `source` once, picks the manifest for `platform`, checks the
+/// trust policy, then reads and checks the manifest and its config
+/// (nothing signed by nobody is parsed beyond the index). Fetches no layer.
 pub fn resolve_and_verify(
     source: &Source,
     policy: &Policy,
@@ -134,8 +135,9 @@ pub fn resolve_and_verify_with(
 ) -> Result<Verified, StageError> {
     let top = source.resolve()?;
     resolved();
+    let manifest = source.select_manifest(&top, platform)?;
+    let verdict = verify::check_digests(source, top.digest, manifest.digest, policy)?;
     let image = source.select(&top, platform)?;
-    let verdict = verify::check(source, &image, policy)?;
     Ok(Verified { image, verdict })
 }
 

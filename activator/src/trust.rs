@@ -1,5 +1,6 @@
 //! The host's inputs to the image crate, read from the config through the
-//! root handle: the trust policy (public key files), the registry settings
+//! root handle: the trust policy (public key files, the keyless policy's
+//! `trusted_root.json`), the registry settings
 //! (mirrors, `insecure`, password files) and the pacing of registry requests
 //! (the `download` deadline, or the short one of a mere look at the image;
 //! waits shown as progress lines).
@@ -13,13 +14,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kubeslot_image::keyless::{KeylessPolicy, TrustedRoot};
 use kubeslot_image::reference::{Identity, ImageSource};
 use kubeslot_image::registry::{Credentials, Registries, RegistrySettings};
 use kubeslot_image::retry::{self, Pacing};
 use kubeslot_image::signature::TrustedKeys;
 use kubeslot_image::verify::{Policy, VerifyError};
 
-use crate::config::{Download, RegistryConfig, Trust};
+use crate::config::{Download, Keyless, RegistryConfig, Trust};
 use crate::paths::Root;
 
 /// Loads the keys named by `trust` (host paths under `root`) and the
@@ -33,7 +35,11 @@ pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy,
         .map(|p| root.join(&p.to_string_lossy()))
         .collect();
     let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
-    let policy = Policy::usable(keys, trust.allow_unsigned)?;
+    let keyless = match &trust.keyless {
+        Some(k) => Some(keyless(k, root)?),
+        None => None,
+    };
+    let policy = Policy::usable_with(keys, keyless, trust.allow_unsigned)?;
     if let Some(id) = &trust.identity {
         Identity::repository(id).map_err(|e| VerifyError::BadIdentity {
             identity: id.clone(),
@@ -45,6 +51,19 @@ pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy,
         return Err(VerifyError::NoIdentity);
     }
     Ok(policy.with_identity(identity))
+}
+
+/// `trust.keyless` as a policy: its rules and the trusted root read from
+/// the host (under `root`) and parsed now, so a missing or malformed root
+/// is a config error before anything is resolved.
+fn keyless(k: &Keyless, root: &Root) -> Result<KeylessPolicy, VerifyError> {
+    let rules = k.rules().map_err(VerifyError::Keyless)?;
+    let path = root.join(&k.trusted_root.to_string_lossy());
+    let bytes = std::fs::read(&path)
+        .map_err(|e| VerifyError::Keyless(format!("trusted_root {}: {e}", path.display())))?;
+    let root = TrustedRoot::parse(&bytes)
+        .map_err(|e| VerifyError::Keyless(format!("trusted_root {}: {e}", path.display())))?;
+    Ok(KeylessPolicy { root, rules })
 }
 
 /// The identity this host's signatures must name: `trust.identity`, else

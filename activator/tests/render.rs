@@ -236,7 +236,7 @@ fn tree(dir: &Path) -> BTreeMap<PathBuf, (u32, u64, Vec<u8>)> {
 /// so the golden files do not depend on the machine running the test.
 fn scenario_facts(host: &Host, config: &Config, gpu_arch: Option<Arch>) -> HostFacts {
     let mut no_gpu = config.clone();
-    no_gpu.gpu = GpuMode::Off;
+    no_gpu.gpu.mode = GpuMode::Off;
     let mut facts = render::gather(&host.root, &no_gpu).unwrap();
     if let Some(arch) = gpu_arch {
         let fixture = match arch {
@@ -244,7 +244,7 @@ fn scenario_facts(host: &Host, config: &Config, gpu_arch: Option<Arch>) -> HostF
             Arch::Arm64 => "gpu/ldconfig-arm64.txt",
         };
         host.materialize(fixture);
-        facts.gpu = gpu::discover(&host.root, config.gpu, Some(arch), || {
+        facts.gpu = gpu::discover(&host.root, &config.gpu, Some(arch), || {
             Ok(fs::read_to_string(testdata(fixture)).unwrap())
         })
         .unwrap();
@@ -388,6 +388,7 @@ fn check_invariants(files: &HostFiles, machine: &str) {
     ] {
         assert!(nspawn.lines().any(|l| l == key), "{key} missing:\n{nspawn}");
     }
+    assert_eq!(system_bin_binds(nspawn), Vec::<&str>::new(), "{nspawn}");
     let unit_section = dropin.split("[Service]").next().unwrap();
     assert!(
         unit_section.contains("StartLimitIntervalSec=0\n"),
@@ -412,6 +413,49 @@ fn check_invariants(files: &HostFiles, machine: &str) {
     let mut sorted = paths.clone();
     sorted.sort();
     assert_eq!(paths, sorted);
+}
+
+/// The bind sources in a `.nspawn` file that are a system program
+/// directory (of the host or of a driver tree): the node would get every
+/// program in it.
+fn system_bin_binds(nspawn: &str) -> Vec<&str> {
+    nspawn
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("BindReadOnly=")
+                .or_else(|| l.strip_prefix("Bind="))
+        })
+        .map(|l| l.split(':').next().unwrap().trim_end_matches('/'))
+        .filter(|src| {
+            kubeslot_activator::paths::host::SYSTEM_BIN_DIRS
+                .iter()
+                .any(|d| *src == *d || (d.starts_with("/usr/") && src.ends_with(d)))
+        })
+        .collect()
+}
+
+#[test]
+fn no_golden_binds_a_system_program_directory() {
+    let mut seen = 0;
+    for scenario in fs::read_dir(testdata("render")).unwrap() {
+        let nspawn_dir = scenario.unwrap().path().join("files/etc/systemd/nspawn");
+        for f in fs::read_dir(&nspawn_dir).unwrap() {
+            let text = fs::read_to_string(f.unwrap().path()).unwrap();
+            assert_eq!(
+                system_bin_binds(&text),
+                Vec::<&str>::new(),
+                "{}",
+                nspawn_dir.display()
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 12);
+    // the check itself finds what issue 25's host was given
+    assert_eq!(
+        system_bin_binds("BindReadOnly=/usr/bin:/run/host-nvidia-bin\nBind=/usr/local/bin/\nBindReadOnly=/run/nvidia/driver/usr/bin:/x\nBindReadOnly=/usr/local/nvidia/bin:/y\n"),
+        ["/usr/bin", "/usr/local/bin", "/run/nvidia/driver/usr/bin"]
+    );
 }
 
 fn load_scenario(name: &str) -> Config {
@@ -552,20 +596,65 @@ fn build_so(work: &Path, out: &Path, soname: &str, bits32: bool) {
     assert!(o.status.success(), "cc {}: {}", out.display(), stderr(&o));
 }
 
-/// A fake NVIDIA driver of `version` under the host root, laid out like the
-/// `.run` installer and Ubuntu's packages (files in the multiarch library
-/// dirs, `vdpau/` beside them, 32-bit libraries in `i386-linux-gnu`,
-/// `nvidia-smi` in `/usr/bin`), or with `packaged` like Debian's packages
-/// (files in `nvidia/current/`, reached through `/etc/alternatives`). The
-/// real `ldconfig -r <root>` then makes the soname links and the cache, and
-/// `<root>/sbin/ldconfig` runs it against the root, so the activator parses
-/// what the real tool prints for real ELF objects.
-fn install_fake_driver(host: &Host, version: &str, packaged: bool) {
+/// How a host carries its NVIDIA driver.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// The `.run` installer and Ubuntu's packages: the multiarch library
+    /// dirs, `vdpau/` beside, 32-bit libraries in `i386-linux-gnu`, ELF
+    /// tools in `/usr/bin`.
+    Distro,
+    /// Debian's packages: files in `nvidia/current/`, reached through
+    /// `/etc/alternatives`.
+    DebianPackaged,
+    /// The GPU host of issue 25 (a read-only `/usr/local/nvidia` image):
+    /// `lib64` named in `/etc/ld.so.conf.d`, the tools in
+    /// `/usr/local/nvidia/bin`, and `/usr/bin/nvidia-smi` a shell wrapper
+    /// that execs the real one.
+    UsrLocalNvidia,
+    /// The NVIDIA GPU operator: the driver container's tree mounted at
+    /// `/run/nvidia/driver` (its own distro layout and loader cache),
+    /// nothing of the driver in the host's loader cache.
+    Operator,
+}
+
+/// An executable `cc` makes that prints `text` (a driver tool stand-in: a
+/// real ELF file, as the driver's are).
+fn build_exe(work: &Path, out: &Path, text: &str) {
+    let cc = kubeslot_test_support::require_tool("cc", "gcc");
+    let src = work.join("tool.c");
+    fs::write(
+        &src,
+        format!("#include <stdio.h>\nint main(void) {{ puts({text:?}); return 0; }}\n"),
+    )
+    .unwrap();
+    fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let o = Command::new(&cc)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "cc {}: {}", out.display(), stderr(&o));
+}
+
+/// A fake NVIDIA driver of `version` under the host root in `layout`, its
+/// libraries real ELF objects made by `cc`, its tools real executables.
+/// The real `ldconfig -r <root>` then makes the soname links and the cache
+/// (for the operator layout: the driver tree's own), and
+/// `<root>/sbin/ldconfig` runs it against the root, so the activator
+/// parses what the real tool prints for real ELF objects.
+fn install_fake_driver(host: &Host, version: &str, layout: Layout) {
     let work = tempfile::tempdir().unwrap();
-    let lib64 = if packaged {
-        "usr/lib/x86_64-linux-gnu/nvidia/current"
-    } else {
-        "usr/lib/x86_64-linux-gnu"
+    // (64-bit library dir, 32-bit library dir, vdpau) relative to the root
+    let (lib64, lib32, vdpau) = match layout {
+        Layout::Distro => (
+            "usr/lib/x86_64-linux-gnu",
+            Some("usr/lib/i386-linux-gnu"),
+            true,
+        ),
+        Layout::DebianPackaged => ("usr/lib/x86_64-linux-gnu/nvidia/current", None, false),
+        Layout::UsrLocalNvidia => ("usr/local/nvidia/lib64", None, false),
+        Layout::Operator => ("run/nvidia/driver/usr/lib/x86_64-linux-gnu", None, false),
     };
     for (stem, so) in FAKE_DRIVER_LIBS {
         let file = format!("{stem}.so.{version}");
@@ -573,7 +662,7 @@ fn install_fake_driver(host: &Host, version: &str, packaged: bool) {
         let dir = host.path(lib64);
         fs::create_dir_all(&dir).unwrap();
         build_so(work.path(), &dir.join(&file), &soname, false);
-        if packaged {
+        if layout == Layout::DebianPackaged {
             // libcuda.so.1 -> /etc/alternatives/... -> nvidia/current/libcuda.so.1
             let alt = format!("etc/alternatives/nvidia--{soname}-x86_64-linux-gnu");
             fs::create_dir_all(host.path("etc/alternatives")).unwrap();
@@ -582,14 +671,15 @@ fn install_fake_driver(host: &Host, version: &str, packaged: bool) {
             let link = host.path(&format!("usr/lib/x86_64-linux-gnu/{soname}"));
             let _ = fs::remove_file(&link);
             std::os::unix::fs::symlink(format!("/{alt}"), link).unwrap();
-        } else {
-            let dir32 = host.path("usr/lib/i386-linux-gnu");
+        }
+        if let Some(lib32) = lib32 {
+            let dir32 = host.path(lib32);
             fs::create_dir_all(&dir32).unwrap();
             build_so(work.path(), &dir32.join(&file), &soname, true);
         }
     }
-    if !packaged {
-        let vdpau = host.path("usr/lib/x86_64-linux-gnu/vdpau");
+    if vdpau {
+        let vdpau = host.path(&format!("{lib64}/vdpau"));
         fs::create_dir_all(&vdpau).unwrap();
         let file = format!("libvdpau_nvidia.so.{version}");
         build_so(
@@ -599,27 +689,81 @@ fn install_fake_driver(host: &Host, version: &str, packaged: bool) {
             false,
         );
     }
-    let smi = if packaged {
-        "usr/lib/nvidia/current/nvidia-smi"
-    } else {
-        "usr/bin/nvidia-smi"
+    let tool = |rel: &str| {
+        let _ = fs::remove_file(host.path(rel));
+        build_exe(
+            work.path(),
+            &host.path(rel),
+            &format!("GPU 0: Fake {version}"),
+        );
     };
-    fs::create_dir_all(host.path(smi).parent().unwrap()).unwrap();
-    fs::write(
-        host.path(smi),
-        format!("#!/bin/sh\necho 'GPU 0: Fake {version}'\n"),
-    )
-    .unwrap();
-    fs::set_permissions(host.path(smi), fs::Permissions::from_mode(0o755)).unwrap();
-    if packaged {
-        fs::create_dir_all(host.path("usr/bin")).unwrap();
-        let _ = fs::remove_file(host.path("usr/bin/nvidia-smi"));
-        std::os::unix::fs::symlink(format!("/{smi}"), host.path("usr/bin/nvidia-smi")).unwrap();
+    match layout {
+        Layout::Distro => tool("usr/bin/nvidia-smi"),
+        Layout::DebianPackaged => {
+            tool("usr/lib/nvidia/current/nvidia-smi");
+            fs::create_dir_all(host.path("usr/bin")).unwrap();
+            let _ = fs::remove_file(host.path("usr/bin/nvidia-smi"));
+            std::os::unix::fs::symlink(
+                "/usr/lib/nvidia/current/nvidia-smi",
+                host.path("usr/bin/nvidia-smi"),
+            )
+            .unwrap();
+        }
+        Layout::UsrLocalNvidia => {
+            for name in [
+                "nvidia-smi",
+                "nvidia-debugdump",
+                "nvidia-persistenced",
+                "nvidia-cuda-mps-control",
+                "nvidia-cuda-mps-server",
+            ] {
+                tool(&format!("usr/local/nvidia/bin/{name}"));
+            }
+            fs::create_dir_all(host.path("etc/ld.so.conf.d")).unwrap();
+            fs::write(
+                host.path("etc/ld.so.conf.d/000_nvidia.conf"),
+                "/usr/local/nvidia/lib64\n",
+            )
+            .unwrap();
+            let wrapper = |name: &str, target: &str| {
+                let p = host.path(&format!("usr/bin/{name}"));
+                fs::create_dir_all(p.parent().unwrap()).unwrap();
+                fs::write(&p, format!("#!/bin/sh\nexec {target} \"$@\"\n")).unwrap();
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+            };
+            wrapper("nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi");
+            // a wrapper an older install left, pointing at nothing
+            wrapper("nvidia-imex", "/opt/nvidia-imex/bin/nvidia-imex");
+        }
+        Layout::Operator => {
+            tool("run/nvidia/driver/usr/bin/nvidia-smi");
+            // the driver container's own programs beside it
+            build_exe(
+                work.path(),
+                &host.path("run/nvidia/driver/usr/bin/sh"),
+                "not a driver tool",
+            );
+            // its own loader cache, made by its ldconfig
+            let ldconfig = kubeslot_test_support::require_tool("ldconfig", "libc-bin");
+            let tree = host.path("run/nvidia/driver");
+            fs::create_dir_all(tree.join("etc")).unwrap();
+            fs::write(tree.join("etc/ld.so.conf"), "/usr/lib/x86_64-linux-gnu\n").unwrap();
+            let o = Command::new(&ldconfig)
+                .arg("-r")
+                .arg(&tree)
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "ldconfig -r (driver tree): {}",
+                stderr(&o)
+            );
+        }
     }
     host_ldconfig(host);
 }
 
-/// Removes the driver files of `install_fake_driver(_, version, false)`.
+/// Removes the driver files of `install_fake_driver(_, version, Distro)`.
 fn remove_fake_driver(host: &Host, version: &str) {
     for dir in [
         "usr/lib/x86_64-linux-gnu",
@@ -639,13 +783,14 @@ fn remove_fake_driver(host: &Host, version: &str) {
 }
 
 /// The real ldconfig on the host root: `<root>/etc/ld.so.conf` lists the
-/// multiarch dirs, `ldconfig -r` makes soname links and the cache, and
-/// `<root>/sbin/ldconfig` (what the activator runs) reads that cache.
+/// multiarch dirs and includes `ld.so.conf.d`, `ldconfig -r` makes soname
+/// links and the cache, and `<root>/sbin/ldconfig` (what the activator
+/// runs) reads that cache.
 fn host_ldconfig(host: &Host) {
     let ldconfig = kubeslot_test_support::require_tool("ldconfig", "libc-bin");
     fs::write(
         host.path("etc/ld.so.conf"),
-        "/usr/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu/vdpau\n\
+        "include /etc/ld.so.conf.d/*.conf\n/usr/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu/vdpau\n\
          /usr/lib/x86_64-linux-gnu/nvidia/current\n/usr/lib/i386-linux-gnu\n",
     )
     .unwrap();
@@ -669,6 +814,16 @@ fn host_ldconfig(host: &Host) {
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// What `<root>/sbin/ldconfig -p` lists.
+fn host_cache(host: &Host) -> String {
+    let out = Command::new(host.path("sbin/ldconfig"))
+        .arg("-p")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ldconfig -p: {}", stderr(&out));
+    stdout(&out)
+}
+
 fn require_x86_64() {
     assert_eq!(
         std::env::consts::ARCH,
@@ -678,17 +833,42 @@ fn require_x86_64() {
     );
 }
 
+/// The `.nspawn` lines that bind the driver (libraries and tools), and
+/// the comments on what was left out.
+fn driver_lines(nspawn: &str) -> Vec<&str> {
+    nspawn
+        .lines()
+        .filter(|l| l.contains(":/run/host-nvidia") || l.starts_with("# not bound"))
+        .collect()
+}
+
+/// Renders `scenario` on a host with GPUs and the fake driver installed:
+/// the invariants, the driver's lines in the `.nspawn` file (`want`) and
+/// the golden files; returns the facts.
+fn driver_layout_golden(host: &Host, scenario: &str, want: &[&str]) -> HostFacts {
+    let config = load_scenario(scenario);
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    assert_eq!(driver_lines(nspawn), want, "{nspawn}");
+    for line in [
+        "Bind=/dev/nvidia-caps",
+        "Bind=/dev/nvidia-caps-imex-channels",
+    ] {
+        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
+    }
+    check_golden(scenario, &files);
+    facts
+}
+
 #[test]
-fn golden_gpu_driver_root() {
+fn golden_gpu_driver_distro() {
     require_x86_64();
     let host = Host::new();
     host.add_gpus();
-    install_fake_driver(&host, "550.127.05", false);
-    let ldconfig = Command::new(host.path("sbin/ldconfig"))
-        .arg("-p")
-        .output()
-        .unwrap();
-    let listing = stdout(&ldconfig);
+    install_fake_driver(&host, "550.127.05", Layout::Distro);
+    let listing = host_cache(&host);
     // what the real tool says about the objects cc made
     assert!(
         listing.contains("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1")
@@ -696,31 +876,81 @@ fn golden_gpu_driver_root() {
                 .contains("libnvidia-ml.so.1 (libc6) => /usr/lib/i386-linux-gnu/libnvidia-ml.so.1"),
         "{listing}"
     );
-    let config = load_scenario("gpu-driver-root");
-    let facts = render::gather(&host.root, &config).unwrap();
-    assert_eq!(
-        facts.gpu.library_dirs,
-        [
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib/x86_64-linux-gnu/vdpau"
-        ]
+    // /usr/bin is the host's: only the driver's tool in it is bound
+    driver_layout_golden(
+        &host,
+        "gpu-driver-distro",
+        &[
+            "BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
+            "BindReadOnly=/usr/lib/x86_64-linux-gnu/vdpau:/run/host-nvidia/1",
+            "BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0",
+            "BindReadOnly=/usr/bin/nvidia-smi:/run/host-nvidia-bin/nvidia-smi",
+        ],
     );
-    assert_eq!(facts.gpu.library_dirs_32, ["/usr/lib/i386-linux-gnu"]);
-    assert_eq!(facts.gpu.bin_dir.as_deref(), Some("/usr/bin"));
-    let files = render::render(&config, Slot::Kube1, &facts);
-    check_invariants(&files, "kube1");
-    let nspawn = file(&files, ".nspawn");
-    for line in [
-        "BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
-        "BindReadOnly=/usr/lib/x86_64-linux-gnu/vdpau:/run/host-nvidia/1",
-        "BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0",
-        "BindReadOnly=/usr/bin:/run/host-nvidia-bin",
-        "Bind=/dev/nvidia-caps",
-        "Bind=/dev/nvidia-caps-imex-channels",
-    ] {
-        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
-    }
-    check_golden("gpu-driver-root", &files);
+}
+
+#[test]
+fn golden_gpu_driver_usr_local_nvidia() {
+    require_x86_64();
+    let host = Host::new();
+    host.add_gpus();
+    install_fake_driver(&host, "580.159.04", Layout::UsrLocalNvidia);
+    assert!(
+        host_cache(&host)
+            .contains("libcuda.so.1 (libc6,x86-64) => /usr/local/nvidia/lib64/libcuda.so.1"),
+        "lib64 is in the loader cache through ld.so.conf.d"
+    );
+    // the driver's own bin holds only its tools: bound whole, so the
+    // wrapper's target is what the node runs; the stale wrapper is named
+    driver_layout_golden(
+        &host,
+        "gpu-driver-usr-local-nvidia",
+        &[
+            "BindReadOnly=/usr/local/nvidia/lib64:/run/host-nvidia/0",
+            "BindReadOnly=/usr/local/nvidia/bin:/run/host-nvidia-bin",
+            "# not bound: \"/usr/bin/nvidia-imex\" is a script that runs \
+             /opt/nvidia-imex/bin/nvidia-imex, which is not a driver tool beside the \
+             driver's libraries or in /usr/bin",
+        ],
+    );
+}
+
+#[test]
+fn golden_gpu_driver_operator() {
+    require_x86_64();
+    let host = Host::new();
+    host.add_gpus();
+    install_fake_driver(&host, "570.172.08", Layout::Operator);
+    assert!(
+        !host_cache(&host).contains("libcuda"),
+        "the host's loader cache knows nothing of the driver container's libraries"
+    );
+    // the config names the driver root (the object form of "gpu"); the
+    // container's /usr/bin is a system dir too: each tool alone
+    let config = load_scenario("gpu-driver-operator");
+    assert_eq!(
+        config.gpu.driver_root.as_deref(),
+        Some(Path::new("/run/nvidia/driver"))
+    );
+    let facts = driver_layout_golden(
+        &host,
+        "gpu-driver-operator",
+        &[
+            "BindReadOnly=/run/nvidia/driver/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0",
+            "BindReadOnly=/run/nvidia/driver/usr/bin/nvidia-smi:/run/host-nvidia-bin/nvidia-smi",
+        ],
+    );
+    // without gpu.driver_root the same driver is found: the operator's
+    // root holds one
+    let mut detected = config.clone();
+    detected.gpu.driver_root = None;
+    let again = render::gather(&host.root, &detected).unwrap();
+    assert_eq!(again.gpu, facts.gpu);
+    // an empty mount point (the driver container not running) holds none
+    fs::remove_dir_all(host.path("run/nvidia/driver")).unwrap();
+    fs::create_dir_all(host.path("run/nvidia/driver")).unwrap();
+    let none = render::gather(&host.root, &detected).unwrap();
+    assert!(none.gpu.library_dirs.is_empty() && none.gpu.tools.tools.is_empty());
 }
 
 /// The host files are rendered again before every start of the machine
@@ -736,19 +966,20 @@ fn a_driver_upgraded_under_the_node_is_bound_at_the_next_start() {
     host.fake_systemctl();
     host.add_gpus();
     host.write_config(&CLI_CONFIG.replace("LABEL", "a"));
-    install_fake_driver(&host, "550.127.05", false);
+    install_fake_driver(&host, "550.127.05", Layout::Distro);
     ok(host.render(&["kube1"]));
     assert_eq!(host.systemctl_calls(), ["daemon-reload"]);
     let before = host.read("etc/systemd/nspawn/kube1.nspawn");
     assert!(
         before.contains("BindReadOnly=/usr/lib/x86_64-linux-gnu:/run/host-nvidia/0\n")
-            && before.contains("BindReadOnly=/usr/bin:/run/host-nvidia-bin\n"),
+            && before
+                .contains("BindReadOnly=/usr/bin/nvidia-smi:/run/host-nvidia-bin/nvidia-smi\n"),
         "{before}"
     );
 
     // 550 -> 570 in place: the same directories, nothing to rewrite
     remove_fake_driver(&host, "550.127.05");
-    install_fake_driver(&host, "570.86.10", false);
+    install_fake_driver(&host, "570.86.10", Layout::Distro);
     // ldconfig moved the soname link to the new file
     assert_eq!(
         fs::read_link(host.path("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
@@ -765,7 +996,7 @@ fn a_driver_upgraded_under_the_node_is_bound_at_the_next_start() {
     for dir in ["usr/lib/i386-linux-gnu", "usr/lib/x86_64-linux-gnu/vdpau"] {
         fs::remove_dir_all(host.path(dir)).unwrap();
     }
-    install_fake_driver(&host, "580.65.06", true);
+    install_fake_driver(&host, "580.65.06", Layout::DebianPackaged);
     let out = ok(host.render(&["kube1"]));
     assert!(
         out.contains("wrote etc/systemd/nspawn/kube1.nspawn"),
@@ -777,7 +1008,9 @@ fn a_driver_upgraded_under_the_node_is_bound_at_the_next_start() {
     assert!(
         after
             .contains("BindReadOnly=/usr/lib/x86_64-linux-gnu/nvidia/current:/run/host-nvidia/0\n")
-            && after.contains("BindReadOnly=/usr/lib/nvidia/current:/run/host-nvidia-bin\n"),
+            && after.contains(
+                "BindReadOnly=/usr/lib/nvidia/current/nvidia-smi:/run/host-nvidia-bin/nvidia-smi\n"
+            ),
         "{after}"
     );
     assert!(
@@ -1854,5 +2087,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 10, "one check per golden scenario");
+    assert_eq!(checked, 12, "one check per golden scenario");
 }

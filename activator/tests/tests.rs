@@ -9,6 +9,7 @@ mod fetch;
 mod help;
 mod host;
 mod identity;
+mod keyless;
 mod overlay;
 mod render;
 mod throttle;

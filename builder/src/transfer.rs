@@ -10,7 +10,10 @@
 //! check, `index.json` updated last), or to an archive (a layout in a temp
 //! dir, tarred, renamed into place). Attachments are found the cosign way:
 //! the tag `sha256-<hex>.sig` / `.sbom` of every manifest in the image, which
-//! in layouts is an `index.json` entry's `org.opencontainers.image.ref.name`.
+//! in layouts is an `index.json` entry's `org.opencontainers.image.ref.name`;
+//! and the referrers (Sigstore bundles, …) the OCI way, through the
+//! referrers fallback tag `sha256-<hex>` (an index of referrer manifests,
+//! carried whole: the index, each manifest, their blobs).
 //!
 //! It deliberately never parses and re-serialises a manifest it carries (the
 //! digests would change) and never retries on its own: running the same
@@ -100,12 +103,26 @@ impl Graph {
     }
 }
 
-/// An attachment found in a layout: its tag and manifest descriptor.
+/// An attachment found in a layout: its tag and manifest descriptor (an
+/// index for referrers), the manifests below it (children first) and every
+/// blob.
 #[derive(Clone, Debug)]
 pub struct Attachment {
     pub tag: String,
     pub manifest: Descriptor,
+    pub children: Vec<Descriptor>,
     pub blobs: Vec<Descriptor>,
+}
+
+/// The tags attached to `digest`: `.sig`, `.sbom`, and the referrers
+/// fallback tag.
+fn attachment_tags(digest: &Digest) -> Vec<String> {
+    let mut tags: Vec<String> = ATTACHMENT_KINDS
+        .iter()
+        .map(|k| digest.attachment_tag(k))
+        .collect();
+    tags.push(digest.referrers_tag());
+    tags
 }
 
 /// What a transfer did, for humans (`Display`) and pipelines (`--json`).
@@ -215,8 +232,7 @@ impl Staged {
         let graph = staged.graph()?;
         let mut entries = vec![staged.root_entry()];
         for digest in graph.manifest_digests() {
-            for kind in ATTACHMENT_KINDS {
-                let tag = digest.attachment_tag(kind);
+            for tag in attachment_tags(&digest) {
                 if let Some(mut d) = fetch_attachment(remote, &tag, &staged.layout).await? {
                     d.annotations.insert(ANNOTATION_REF_NAME.into(), tag);
                     entries.push(d);
@@ -249,8 +265,7 @@ impl Staged {
         let index = self.layout.index()?;
         let mut out = Vec::new();
         for digest in graph.manifest_digests() {
-            for kind in ATTACHMENT_KINDS {
-                let tag = digest.attachment_tag(kind);
+            for tag in attachment_tags(&digest) {
                 let Some(entry) = index
                     .manifests
                     .iter()
@@ -258,28 +273,24 @@ impl Staged {
                 else {
                     continue;
                 };
-                let m: Manifest = self
-                    .layout
-                    .read_json(&entry.digest, Some(entry.size))
-                    .map_err(|e| self.bad(entry.digest, e.to_string()))?;
-                let mut blobs = vec![m.config.clone()];
-                blobs.extend(m.layers.iter().cloned());
+                let mut g = Graph::default();
+                walk(
+                    &self.layout,
+                    &plain(entry),
+                    &self.name,
+                    &mut g,
+                    &mut BTreeSet::new(),
+                )?;
+                let manifest = g.manifests.pop().expect("the walk records its root");
                 out.push(Attachment {
                     tag,
-                    manifest: plain(entry),
-                    blobs,
+                    manifest,
+                    children: g.manifests,
+                    blobs: g.blobs,
                 });
             }
         }
         Ok(out)
-    }
-
-    fn bad(&self, manifest: Digest, reason: String) -> TransferError {
-        TransferError::Manifest {
-            source_name: self.name.clone(),
-            manifest,
-            reason,
-        }
     }
 
     fn read(&self, d: &Descriptor) -> Result<Vec<u8>, TransferError> {
@@ -407,6 +418,12 @@ impl Staged {
             .push_manifest(&root_ref, &root_bytes, &self.root.media_type)
             .await?;
         for a in &attachments {
+            for c in &a.children {
+                let bytes = self.read(c)?;
+                remote
+                    .push_manifest(&c.digest.to_string(), &bytes, &c.media_type)
+                    .await?;
+            }
             let bytes = self.read(&a.manifest)?;
             remote
                 .push_manifest(&a.tag, &bytes, &a.manifest.media_type)
@@ -453,6 +470,7 @@ impl Staged {
         let mut all: Vec<&Descriptor> = graph.manifests.iter().chain(&graph.blobs).collect();
         for a in &attachments {
             all.push(&a.manifest);
+            all.extend(a.children.iter());
             all.extend(a.blobs.iter());
         }
         let mut done = BTreeSet::new();
@@ -559,9 +577,11 @@ pub fn select_root(index: &Index, tag: Option<&str>) -> Result<Descriptor, Strin
     }
 }
 
-/// `sha256-<64 hex>.<kind>` for a kind this tool carries (`.sig`, `.sbom`).
+/// `sha256-<64 hex>.<kind>` for a kind this tool carries (`.sig`, `.sbom`),
+/// or the referrers fallback tag `sha256-<64 hex>`.
 pub fn is_attachment_tag(tag: &str) -> bool {
     Digest::parse_attachment_tag(tag).is_some_and(|(_, kind)| ATTACHMENT_KINDS.contains(&kind))
+        || Digest::parse_referrers_tag(tag).is_some()
 }
 
 fn walk(
@@ -765,6 +785,7 @@ mod tests {
         assert!(is_attachment_tag(&d.attachment_tag("sig")));
         assert!(is_attachment_tag(&d.attachment_tag("sbom")));
         assert!(!is_attachment_tag(&d.attachment_tag("att")));
+        assert!(is_attachment_tag(&d.referrers_tag()));
         assert!(!is_attachment_tag("v1"));
     }
 }

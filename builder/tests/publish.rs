@@ -851,3 +851,85 @@ fn build_identity_is_the_repository_every_signature_names() {
         "{err}"
     );
 }
+
+/// Keyless material travels with the image: cosign's real v0.3 bundle,
+/// attached as a referrer (fallback tag `sha256-<hex>`) to the exact image
+/// it signs, is carried by `copy` layout → registry → archive → registry →
+/// layout, and every copy still verifies with the hosts' code.
+#[test]
+fn copy_carries_referrers_bundles() {
+    use kubeslot_image::keyless::{GithubRule, IdentityRule, KeylessPolicy, Rules, TrustedRoot};
+    use kubeslot_image::reference::Identity;
+    use kubeslot_image::registry::Registries;
+    use kubeslot_image::signature::TrustedKeys;
+    use kubeslot_image::source::Source;
+    use kubeslot_image::verify::{self, Policy, Verdict};
+    use kubeslot_test_support::keyless as kl;
+
+    let reg = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let layout = Layout::create(&src).unwrap();
+    let image = kl::write_empty_image(&layout, "v1");
+    kl::attach_bundle(&layout, &image, &kl::cosign_bundle());
+
+    let archive = tmp.path().join("node.tar");
+    let copied = tmp.path().join("copied");
+    let steps = [
+        (
+            format!("oci:{}:v1", p(&src)),
+            format!("{}/keyless/node:v1", reg.host()),
+        ),
+        (
+            format!("{}/keyless/node:v1", reg.host()),
+            format!("oci-archive:{}:v1", p(&archive)),
+        ),
+        (
+            format!("oci-archive:{}:v1", p(&archive)),
+            format!("{}/airgap/node:v1", reg.host()),
+        ),
+        (
+            format!("{}/airgap/node:v1", reg.host()),
+            format!("oci:{}:v1", p(&copied)),
+        ),
+    ];
+    for (from, to) in &steps {
+        let out = run_json(&["copy", from, to]);
+        assert_eq!(out["digest"], kl::COSIGN_SUBJECT, "{from} → {to}");
+        let tags: Vec<String> = serde_json::from_value(out["attachments"].clone()).unwrap();
+        assert!(
+            tags.contains(&image.digest.referrers_tag()),
+            "{from} → {to}: {tags:?}"
+        );
+    }
+
+    let root = TrustedRoot::parse(&std::fs::read(kl::production_root()).unwrap()).unwrap();
+    let policy = Policy::new(TrustedKeys::default(), false)
+        .with_keyless(Some(KeylessPolicy {
+            root,
+            rules: Rules {
+                issuer: kl::COSIGN_ISSUER.into(),
+                identity: IdentityRule::Exact(kl::COSIGN_SAN.into()),
+                github: GithubRule::default(),
+                require_sct: true,
+                accept_deprecated_issuer: false,
+            },
+        }))
+        .with_identity(Some(Identity::repository(kl::COSIGN_SUBJECT_NAME).unwrap()));
+    for dst in [
+        format!("{}/keyless/node:v1", reg.host()),
+        format!("oci-archive:{}:v1", p(&archive)),
+        format!("{}/airgap/node:v1", reg.host()),
+        format!("oci:{}:v1", p(&copied)),
+    ] {
+        let s: kubeslot_image::ImageSource = dst.parse().unwrap();
+        let source = Source::open(&s, &Registries::new(), tmp.path()).unwrap();
+        let top = source.resolve().unwrap();
+        let v = verify::check_digests(&source, top.digest, top.digest, &policy)
+            .unwrap_or_else(|e| panic!("{dst}: {e}"));
+        assert!(
+            matches!(&v, Verdict::Keyless { san, .. } if san == kl::COSIGN_SAN),
+            "{dst}: {v:?}"
+        );
+    }
+}

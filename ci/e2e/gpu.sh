@@ -1,8 +1,11 @@
 # shellcheck shell=bash
 # The GPU scenario, sourced by ci/e2e/run.sh: a fake NVIDIA driver on the
 # outer host (character devices made with mknod with NVIDIA's major numbers,
-# real ELF shared objects built here with cc and named like the driver's,
-# the outer's real ldconfig), the e2e test variant of the NVIDIA image
+# real ELF shared objects and an nvidia-smi executable built here with cc
+# and named like the driver's, the outer's real ldconfig), laid out like the
+# GPU host of issue 25: the driver under /usr/local/nvidia (lib64 named in
+# ld.so.conf.d, its tools in bin) and /usr/bin/nvidia-smi a wrapper script
+# that execs the real one; the e2e test variant of the NVIDIA image
 # (testdata/e2e/node-nvidia.toml.in: Debian trixie, the production image's
 # kubeslot-nvidia-setup and its unit), activated by the real activator, and
 # then inside the machine: the libraries linked and known to `ldconfig -p`,
@@ -18,7 +21,12 @@ GPU_DRIVER_OLD=550.127.05
 GPU_DRIVER_NEW=570.86.10
 # The fake driver's libraries: file stem and soname version.
 GPU_FAKE_LIBS="libcuda:1 libnvidia-ml:1 libnvidia-ptxjitcompiler:1 libnvidia-encode:1"
+# Where the node's setup links the driver's libraries (inside the machine).
 GPU_LIBDIR=/usr/lib/x86_64-linux-gnu
+# Where the host keeps the driver (the /usr/local/nvidia layout).
+GPU_HOST_LIB64=/usr/local/nvidia/lib64
+GPU_HOST_LIB32=/usr/local/nvidia/lib
+GPU_HOST_BIN=/usr/local/nvidia/bin
 
 # gpu_build_driver VERSION: the fake driver's files under
 # WORK/gpu/driver-VERSION/ as they sit on a host (relative to /): 64-bit
@@ -26,25 +34,28 @@ GPU_LIBDIR=/usr/lib/x86_64-linux-gnu
 # as libc6 like the real ones: this machine has no 32-bit C library)
 # libraries with their sonames, the vdpau driver, the container toolkit's
 # libnvidia-container.so.1 (on the host beside the driver, never to be
-# linked into the machine), and an nvidia-smi that prints the version.
+# linked into the machine), an nvidia-smi executable that prints the
+# version, and the /usr/bin/nvidia-smi wrapper that execs it.
 gpu_build_driver() {
   local v=$1 out=$WORK/gpu/driver-$1 src=$WORK/gpu/src spec stem so
-  mkdir -p "$src" "$out$GPU_LIBDIR/vdpau" "$out/usr/lib/i386-linux-gnu" "$out/usr/bin"
+  mkdir -p "$src" "$out$GPU_HOST_LIB64/vdpau" "$out$GPU_HOST_LIB32" "$out$GPU_HOST_BIN" "$out/usr/bin"
   echo 'int kubeslot_stub(void) { return 0; }' >"$src/stub.c"
   cc -m32 -shared -nostdlib -fPIC -Wl,-soname,libc.so.6 -o "$src/libc.so.6" "$src/stub.c"
   for spec in $GPU_FAKE_LIBS; do
     stem=${spec%:*} so=${spec#*:}
     echo "int kubeslot_fake_${stem//-/_}(void) { return ${v%%.*}; }" >"$src/$stem.c"
-    cc -shared -fPIC -Wl,-soname,"$stem.so.$so" -o "$out$GPU_LIBDIR/$stem.so.$v" "$src/$stem.c"
-    cc -m32 -shared -nostdlib -fPIC -Wl,-soname,"$stem.so.$so" -o "$out/usr/lib/i386-linux-gnu/$stem.so.$v" \
+    cc -shared -fPIC -Wl,-soname,"$stem.so.$so" -o "$out$GPU_HOST_LIB64/$stem.so.$v" "$src/$stem.c"
+    cc -m32 -shared -nostdlib -fPIC -Wl,-soname,"$stem.so.$so" -o "$out$GPU_HOST_LIB32/$stem.so.$v" \
       "$src/$stem.c" -Wl,--no-as-needed "$src/libc.so.6"
   done
-  ln -sf libcuda.so.1 "$out$GPU_LIBDIR/libcuda.so"
+  ln -sf libcuda.so.1 "$out$GPU_HOST_LIB64/libcuda.so"
   echo 'int kubeslot_fake_vdpau(void) { return 1; }' >"$src/vdpau.c"
-  cc -shared -fPIC -Wl,-soname,libvdpau_nvidia.so.1 -o "$out$GPU_LIBDIR/vdpau/libvdpau_nvidia.so.$v" "$src/vdpau.c"
+  cc -shared -fPIC -Wl,-soname,libvdpau_nvidia.so.1 -o "$out$GPU_HOST_LIB64/vdpau/libvdpau_nvidia.so.$v" "$src/vdpau.c"
   echo 'int kubeslot_fake_toolkit(void) { return 1; }' >"$src/toolkit.c"
-  cc -shared -fPIC -Wl,-soname,libnvidia-container.so.1 -o "$out$GPU_LIBDIR/libnvidia-container.so.1.17.0" "$src/toolkit.c"
-  printf '#!/bin/sh\necho "GPU 0: Fake kubeslot e2e GPU (driver %s)"\n' "$v" >"$out/usr/bin/nvidia-smi"
+  cc -shared -fPIC -Wl,-soname,libnvidia-container.so.1 -o "$out$GPU_HOST_LIB64/libnvidia-container.so.1.17.0" "$src/toolkit.c"
+  printf '#include <stdio.h>\nint main(void) { puts("GPU 0: Fake kubeslot e2e GPU (driver %s)"); return 0; }\n' "$v" >"$src/smi.c"
+  cc -o "$out$GPU_HOST_BIN/nvidia-smi" "$src/smi.c"
+  printf '#!/bin/sh\nexec %s/nvidia-smi "$@"\n' "$GPU_HOST_BIN" >"$out/usr/bin/nvidia-smi"
   chmod 0755 "$out/usr/bin/nvidia-smi"
 }
 
@@ -53,7 +64,7 @@ gpu_build_driver() {
 # the soname links and the cache the activator reads with `ldconfig -p`).
 gpu_install_driver() {
   cp -a "$WORK/gpu/driver-$1/." "$OUTER/"
-  printf '%s\n' "$GPU_LIBDIR/vdpau" /usr/lib/i386-linux-gnu >"$OUTER/etc/ld.so.conf.d/zz-kubeslot-e2e-fake-nvidia.conf"
+  printf '%s\n' "$GPU_HOST_LIB64" "$GPU_HOST_LIB64/vdpau" "$GPU_HOST_LIB32" >"$OUTER/etc/ld.so.conf.d/zz-kubeslot-e2e-fake-nvidia.conf"
   outer ldconfig
 }
 
@@ -151,7 +162,8 @@ scenario_gpu_setup() {
   got=$(grep -E '^\[[A-Z]+\] gpu-' "$ACT_LOG" | sed 's/;.*//' | paste -sd'|')
   want="[IGNORED] gpu-driver: seen /proc/driver/nvidia/version missing|[PASS] gpu-nvidiactl: seen character device"
   want+="|[PASS] gpu-nvidia-uvm: seen character device"
-  want+="|[PASS] gpu-libraries: seen libnvidia-ml.so.1 -> $GPU_LIBDIR/libnvidia-ml.so.$GPU_DRIVER_OLD, libcuda.so.1 -> $GPU_LIBDIR/libcuda.so.$GPU_DRIVER_OLD"
+  want+="|[PASS] gpu-libraries: seen libnvidia-ml.so.1 -> $GPU_HOST_LIB64/libnvidia-ml.so.$GPU_DRIVER_OLD, libcuda.so.1 -> $GPU_HOST_LIB64/libcuda.so.$GPU_DRIVER_OLD"
+  want+="|[PASS] gpu-tools: seen nvidia-smi from $GPU_HOST_BIN (bound whole)"
   want+="|[WARN] gpu-persistenced: seen no live process in /run/nvidia-persistenced/nvidia-persistenced.pid"
   check_eq "preflight's GPU checks on the fake driver" "$got" "$want" || { show_log; return 1; }
   before=$(active_machines)
@@ -161,8 +173,8 @@ scenario_gpu_setup() {
   check "systemd-nspawn@$m active with the GPU image" unit_active "$m" || return 1
   got=$(grep -E '^(Bind|BindReadOnly)=(/dev/nvidia|.*:/run/host-nvidia)' "$OUTER/etc/systemd/nspawn/$m.nspawn" | paste -sd' ')
   want="Bind=/dev/nvidia-uvm Bind=/dev/nvidia0 Bind=/dev/nvidiactl Bind=/dev/nvidia-caps Bind=/dev/nvidia-caps-imex-channels"
-  want+=" BindReadOnly=$GPU_LIBDIR:/run/host-nvidia/0 BindReadOnly=$GPU_LIBDIR/vdpau:/run/host-nvidia/1"
-  want+=" BindReadOnly=/usr/lib/i386-linux-gnu:/run/host-nvidia-i386/0 BindReadOnly=/usr/bin:/run/host-nvidia-bin"
+  want+=" BindReadOnly=$GPU_HOST_LIB64:/run/host-nvidia/0 BindReadOnly=$GPU_HOST_LIB64/vdpau:/run/host-nvidia/1"
+  want+=" BindReadOnly=$GPU_HOST_LIB32:/run/host-nvidia-i386/0 BindReadOnly=$GPU_HOST_BIN:/run/host-nvidia-bin"
   check_eq "GPU binds in $m.nspawn" "$got" "$want" || return 1
   check "DeviceAllow=char-nvidia-caps in the drop-in" grep -qx 'DeviceAllow=char-nvidia-caps rwm' \
     "$OUTER/etc/systemd/system/systemd-nspawn@$m.service.d/override.conf" || return 1
@@ -175,9 +187,10 @@ scenario_gpu_setup() {
     readlink -f '"$GPU_LIBDIR"'/libcuda.so.1
     readlink '"$GPU_LIBDIR"'/vdpau/libvdpau_nvidia.so.1
     test -e '"$GPU_LIBDIR"'/libnvidia-container.so.1 && echo toolkit-lib-linked || echo toolkit-lib-not-linked
+    readlink /usr/bin/nvidia-smi
     nvidia-smi' | paste -sd' ')
   want="/run/host-nvidia/0/libcuda.so.1 /run/host-nvidia/0/libcuda.so.$GPU_DRIVER_OLD /run/host-nvidia/1/libvdpau_nvidia.so.1"
-  want+=" toolkit-lib-not-linked GPU 0: Fake kubeslot e2e GPU (driver $GPU_DRIVER_OLD)"
+  want+=" toolkit-lib-not-linked /run/host-nvidia-bin/nvidia-smi GPU 0: Fake kubeslot e2e GPU (driver $GPU_DRIVER_OLD)"
   check_eq "in $m: links to the host driver, its nvidia-smi" "$got" "$want" || { gpu_setup_journal "$m" >&2; return 1; }
   # (trixie's loader searches /lib/<triplet> first: with the merged /usr,
   # the same directory as /usr/lib/<triplet>)
@@ -226,7 +239,7 @@ scenario_gpu_setup() {
   check_eq "in $m after the upgrade: new driver linked, no link to the old one left" "$got" "$want" || { gpu_setup_journal "$m" >&2; return 1; }
 
   # --- a broken driver (libnvidia-ml gone): the unit fails and says what
-  rm -f "$OUTER$GPU_LIBDIR"/libnvidia-ml.so* "$OUTER"/usr/lib/i386-linux-gnu/libnvidia-ml.so*
+  rm -f "$OUTER$GPU_HOST_LIB64"/libnvidia-ml.so* "$OUTER$GPU_HOST_LIB32"/libnvidia-ml.so*
   outer ldconfig
   gpu_restart "$m" || return 1
   check_eq "kubeslot-nvidia-setup with libnvidia-ml missing" "$(gpu_setup_result "$m")" "exit-code failed" || return 1

@@ -15,6 +15,15 @@
 #      tag back and verifies the signatures in the registry; REF@digest goes
 #      to WORK/pushed.
 #
+# Keyless instead, when no signing key is configured (no KUBESLOT_SIGNING_KEY,
+# KUBESLOT_EPHEMERAL_KEY not 1) and the run can get an OIDC token (GitHub
+# Actions with `id-token: write`) and has cosign: the image is pushed
+# unsigned, then `cosign sign` signs the index and every platform manifest
+# with a Fulcio certificate naming this workflow run (KEYLESS_IDENTITY,
+# env.sh; the bundle goes to the registry as an OCI referrer, or under the
+# referrers fallback tag), and the archive is copied back from the registry
+# with those referrers. WORK/keyless records the identity for verify.sh.
+#
 # Inputs (environment; plus env.sh's):
 #   KUBESLOT_RECIPE         the recipe file (required)
 #   KUBESLOT_SIGNING_KEY    (secret) the PKCS#8 PEM private key from
@@ -39,7 +48,7 @@ kubeslot_image "$KUBESLOT_RECIPE"
 push=${KUBESLOT_PUSH:-0}
 
 # The key first: a run that cannot sign fails before it builds.
-signing_key=''
+signing_key='' keyless=0
 if [ -n "${KUBESLOT_SIGNING_KEY:-}" ]; then
   need_env KUBESLOT_PUBLIC_KEY "the PEM public key hosts trust, to check the signatures against before anything is pushed"
   signing_key=$(private_copy signing.key "$KUBESLOT_SIGNING_KEY")
@@ -47,8 +56,11 @@ elif [ "${KUBESLOT_EPHEMERAL_KEY:-0}" = 1 ]; then
   [ "$push" != 1 ] || die "KUBESLOT_EPHEMERAL_KEY=1 with KUBESLOT_PUSH=1: a throwaway key's signatures would be published; set KUBESLOT_SIGNING_KEY"
   kb keygen --out "$PRIVATE/ephemeral" >/dev/null
   signing_key=$PRIVATE/ephemeral.key
+elif [ -n "${ACTIONS_ID_TOKEN_REQUEST_URL:-}" ] && [ -n "$KEYLESS_IDENTITY" ] && command -v cosign >/dev/null; then
+  [ "$push" = 1 ] || die "keyless signing signs the image in the registry: it needs KUBESLOT_PUSH=1 (or set KUBESLOT_EPHEMERAL_KEY=1)"
+  keyless=1
 else
-  die "KUBESLOT_SIGNING_KEY is not set (the repository secret with the PEM private key), and KUBESLOT_EPHEMERAL_KEY is not 1"
+  die "KUBESLOT_SIGNING_KEY is not set (the repository secret with the PEM private key), KUBESLOT_EPHEMERAL_KEY is not 1, and keyless signing is not possible here (it needs cosign and a GitHub Actions OIDC token: the job's permission id-token: write)"
 fi
 # Nothing started from here on inherits the secret.
 unset KUBESLOT_SIGNING_KEY
@@ -78,6 +90,23 @@ digest=$(tail -n1 "$WORK/build.out")
 [[ $digest =~ ^sha256:[0-9a-f]{64}$ ]] || die "build printed no index digest (last line: $digest)"
 printf '%s\n' "$digest" >"$WORK/digest"
 log "built $digest"
+
+if [ "$keyless" = 1 ]; then
+  docker_config
+  log "push $REF (unsigned: keyless signatures are made in the registry)"
+  kb push "oci:$WORK/layout:$TAG" "$REF" >&2
+  index_blob=$WORK/layout/blobs/sha256/${digest#sha256:}
+  for d in "$digest" $(jq -r '.manifests[].digest' "$index_blob"); do
+    log "cosign sign $IMAGE@$d (keyless, as $KEYLESS_IDENTITY)"
+    cosign sign --yes "$IMAGE@$d" >&2
+  done
+  printf '%s\n' "$KEYLESS_IDENTITY" >"$WORK/keyless"
+  printf '%s\n' "$IMAGE@$digest" >"$WORK/pushed"
+  log "archive $WORK/$STEM.tar (from the registry, with the signatures' referrers)"
+  kb copy "$IMAGE@$digest" "oci-archive:$WORK/$STEM.tar:$TAG" >&2
+  printf '%s\n' "$IMAGE@$digest"
+  exit 0
+fi
 
 log "sign oci:$WORK/layout:$TAG as $IDENTITY"
 kb sign --key "$signing_key" --identity "$IDENTITY" "oci:$WORK/layout:$TAG" >&2

@@ -130,6 +130,29 @@ skopeo_auth() {
   SKOPEO_ARGS+=(--authfile "$PRIVATE/skopeo-auth.json")
 }
 
+# Keyless signing (no signing key configured): the certificate Fulcio gives
+# this workflow run names it as https://github.com/OWNER/REPO/.github/
+# workflows/FILE@REF (GITHUB_WORKFLOW_REF), issued for GitHub's OIDC issuer.
+# A host's trust.keyless names the same (README, "Keyless signatures").
+KEYLESS_ISSUER=https://token.actions.githubusercontent.com
+KEYLESS_IDENTITY=''
+if [ -n "${GITHUB_WORKFLOW_REF:-}" ]; then
+  KEYLESS_IDENTITY=${GITHUB_SERVER_URL:-https://github.com}/$GITHUB_WORKFLOW_REF
+fi
+
+# docker_config: DOCKER_CONFIG (for cosign) pointing at a private copy of
+# skopeo's auth file (the same credentials). Call it in the script.
+docker_config() {
+  skopeo_auth
+  mkdir -p "$PRIVATE/docker"
+  if [ -f "$PRIVATE/skopeo-auth.json" ]; then
+    cp "$PRIVATE/skopeo-auth.json" "$PRIVATE/docker/config.json"
+  else
+    printf '{}\n' >"$PRIVATE/docker/config.json"
+  fi
+  export DOCKER_CONFIG=$PRIVATE/docker
+}
+
 # trusted_key: prints the path of the public key the images must verify
 # with: KUBESLOT_PUBLIC_KEY (PEM text; the key hosts trust, a repository
 # variable), else the throwaway key build.sh made for an unpublished run.

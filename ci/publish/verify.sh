@@ -9,19 +9,41 @@
 #      key hosts trust;
 #   3. every signature payload names IDENTITY (env.sh) and the digest it signs.
 #
+# Keyless images (WORK/keyless, build.sh): `cosign verify` of the index and
+# every platform manifest with the identity and issuer hosts name, then the
+# full pull of 2.
+#
 # Inputs (environment; plus env.sh's):
 #   KUBESLOT_RECIPE       the recipe build.sh pushed (required)
-#   KUBESLOT_PUBLIC_KEY   the PEM public key hosts trust (required)
+#   KUBESLOT_PUBLIC_KEY   the PEM public key hosts trust (required unless keyless)
 # Reads WORK/digest and WORK/pushed (build.sh); writes WORK/pulled.
 set -euo pipefail
 # shellcheck source=ci/publish/env.sh
 . "$(dirname "$0")/env.sh"
 
 need_env KUBESLOT_RECIPE "the recipe whose image to verify"
-need_env KUBESLOT_PUBLIC_KEY "the PEM public key hosts trust"
 kubeslot_image "$KUBESLOT_RECIPE"
 [ -f "$WORK/pushed" ] || die "$WORK/pushed is missing: build.sh did not push $REF (KUBESLOT_PUSH=1)"
 digest=$(cat "$WORK/digest")
+
+# Keyless (build.sh signed with cosign): cosign verifies each digest
+# against the identity and issuer a host's trust.keyless names, and the
+# image (with its referrers) is pulled through kubeslot-builder.
+if [ -f "$WORK/keyless" ]; then
+  identity=$(cat "$WORK/keyless")
+  docker_config
+  index_blob=$WORK/layout/blobs/sha256/${digest#sha256:}
+  for d in "$digest" $(jq -r '.manifests[].digest' "$index_blob"); do
+    cosign verify --certificate-identity "$identity" --certificate-oidc-issuer "$KEYLESS_ISSUER" \
+      "$IMAGE@$d" >/dev/null || die "cosign does not verify $IMAGE@$d as $identity"
+  done
+  rm -rf "$WORK/pulled"
+  kb copy "$IMAGE@$digest" "oci:$WORK/pulled:$TAG" >&2
+  log "verified: $IMAGE@$digest, keyless signatures by $identity"
+  exit 0
+fi
+
+need_env KUBESLOT_PUBLIC_KEY "the PEM public key hosts trust"
 key=$(trusted_key)
 skopeo_auth
 

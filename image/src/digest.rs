@@ -68,6 +68,18 @@ impl Digest {
         Some((Digest::from_hex(hex).ok()?, kind))
     }
 
+    /// The OCI referrers fallback tag of this digest, `sha256-<hex>`: an
+    /// index of the manifests whose `subject` it is, for registries without
+    /// the referrers API (distribution-spec 1.1).
+    pub fn referrers_tag(&self) -> String {
+        format!("sha256-{}", self.hex())
+    }
+
+    /// The inverse of [`Digest::referrers_tag`].
+    pub fn parse_referrers_tag(tag: &str) -> Option<Digest> {
+        Digest::from_hex(tag.strip_prefix("sha256-")?).ok()
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

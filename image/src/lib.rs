@@ -5,7 +5,8 @@
 //! It knows OCI images and nothing about a host: digests and references,
 //! the OCI types, layout directories and `oci-archive` files, the registry
 //! client (given plain settings: mirrors, credentials, a CA), image sources,
-//! signature verification and the trust check, the safe layer unpacker,
+//! signature verification (keys, and keyless Sigstore material checked
+//! against a trusted root) and the trust check, the safe layer unpacker,
 //! atomic file writes and timestamps. It has no notion of a root handle,
 //! a config file, slots, state or systemd (the activator owns those), and
 //! none of recipes, signing keys or publishing (the builder owns those).
@@ -14,6 +15,7 @@
 pub mod archive;
 pub mod atomic;
 pub mod digest;
+pub mod keyless;
 pub mod layout;
 pub mod oci;
 pub mod reference;

@@ -254,7 +254,13 @@ pub struct RuntimeConfig {
 pub struct RootFs {
     #[serde(rename = "type")]
     pub kind: String,
+    /// `null` (what Go writes for an image without layers) reads as none.
+    #[serde(deserialize_with = "null_as_empty")]
     pub diff_ids: Vec<Digest>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Digest>, D::Error> {
+    Ok(Option::<Vec<Digest>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

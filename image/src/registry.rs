@@ -440,6 +440,54 @@ impl Client {
         })
     }
 
+    /// The referrers index of `digest` from the OCI referrers API
+    /// (`GET /v2/<repo>/referrers/<digest>`), or `None` when the registry
+    /// does not have the API (404, or 400/405 from registries that route the
+    /// path elsewhere): the caller then reads the fallback tag. Endpoints
+    /// are tried in order as for manifests.
+    pub fn referrers(
+        &self,
+        image: &ImageRef,
+        digest: &Digest,
+    ) -> Result<Option<Document>, RegistryError> {
+        let mut attempts = Vec::new();
+        for ep in self.endpoints(image) {
+            match self.referrers_at(&ep, &image.repository, digest) {
+                Ok(found) => return Ok(found),
+                Err(why) => attempts.push((ep.to_string(), why)),
+            }
+        }
+        Err(RegistryError::AllFailed {
+            what: format!(
+                "referrers of {digest} in {}/{}",
+                image.registry, image.repository
+            ),
+            attempts,
+        })
+    }
+
+    fn referrers_at(
+        &self,
+        ep: &Endpoint,
+        repo: &str,
+        digest: &Digest,
+    ) -> Attempt<Option<Document>> {
+        let path = format!("/v2/{repo}/referrers/{digest}");
+        let resp = self.get(ep, repo, &path, &[("Accept", crate::oci::MEDIA_TYPE_INDEX)])?;
+        match resp.status().as_u16() {
+            200 => {}
+            400 | 404 | 405 => return Ok(None),
+            status => return Err(format!("HTTP {status} for {path}")),
+        }
+        let bytes = read_document(resp, &path)?;
+        Ok(Some(Document {
+            media_type: crate::oci::MEDIA_TYPE_INDEX.to_string(),
+            digest: Digest::of(&bytes),
+            bytes,
+            endpoint: ep.to_string(),
+        }))
+    }
+
     fn manifest_at(
         &self,
         ep: &Endpoint,
@@ -465,17 +513,7 @@ impl Client {
         };
         let content_type = header("content-type").unwrap_or_default();
         let header_digest = header("docker-content-digest");
-        let mut bytes = Vec::new();
-        resp.into_body()
-            .into_reader()
-            .take(MAX_DOCUMENT_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("reading {path}: {e}"))?;
-        if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
-            return Err(format!(
-                "{path}: manifest larger than the {MAX_DOCUMENT_BYTES}-byte limit"
-            ));
-        }
+        let bytes = read_document(resp, &path)?;
         let digest = Digest::of(&bytes);
         if let Some(w) = wanted {
             if w != digest {
@@ -791,6 +829,22 @@ fn describe(e: &ureq::Error) -> String {
 /// The media type of a served manifest: from `Content-Type`, else the
 /// body's `mediaType`; both must agree when both are set, and it must be a
 /// known manifest or index type.
+/// A document's body, capped at [`MAX_DOCUMENT_BYTES`].
+fn read_document(resp: ureq::http::Response<ureq::Body>, path: &str) -> Attempt<Vec<u8>> {
+    let mut bytes = Vec::new();
+    resp.into_body()
+        .into_reader()
+        .take(MAX_DOCUMENT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading {path}: {e}"))?;
+    if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
+        return Err(format!(
+            "{path}: document larger than the {MAX_DOCUMENT_BYTES}-byte limit"
+        ));
+    }
+    Ok(bytes)
+}
+
 pub fn document_media_type(content_type: &str, bytes: &[u8]) -> Result<String, String> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]

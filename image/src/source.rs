@@ -8,9 +8,11 @@
 //! is resolved exactly once, later reads use the digest), read a document
 //! (manifest, index, config) by descriptor with its size, digest and media
 //! type checked and its size capped, open a blob stream (optionally from an
-//! offset, to resume), and find the cosign `.sig` artifact for a digest
+//! offset, to resume), find the cosign `.sig` artifact for a digest
 //! (`sha256-<hex>.sig` tag in a registry; the `index.json` entry of that name
-//! in a layout or archive). [`Source::select`] picks the manifest for a
+//! in a layout or archive) and the digest's referrers (the registry's
+//! referrers API, else the fallback tag `sha256-<hex>`; in a layout or
+//! archive the `index.json` entry of that name). [`Source::select`] picks the manifest for a
 //! platform from an index and checks the manifest and config: known media
 //! types only, no foreign `urls`, one `diff_id` per layer, the config's
 //! platform matches. What a registry source read once (documents, the
@@ -328,7 +330,12 @@ impl Source {
             None => index
                 .manifests
                 .iter()
-                .filter(|d| ref_name(d).is_none_or(|n| Digest::parse_attachment_tag(&n).is_none()))
+                .filter(|d| {
+                    ref_name(d).is_none_or(|n| {
+                        Digest::parse_attachment_tag(&n).is_none()
+                            && Digest::parse_referrers_tag(&n).is_none()
+                    })
+                })
                 .collect(),
         };
         match candidates.as_slice() {
@@ -520,6 +527,21 @@ impl Source {
         }
     }
 
+    /// In a layout or archive: the document `index.json` names `tag`
+    /// (an attachment's tag), if there is one.
+    fn local_tagged(&self, tag: &str) -> Result<Option<Vec<u8>>, SourceError> {
+        let (layout, _) = self.local().expect("local source");
+        let index = layout.index().map_err(|e| self.layout_err(e))?;
+        let Some(desc) = index
+            .manifests
+            .iter()
+            .find(|d| d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag))
+        else {
+            return Ok(None);
+        };
+        self.read_blob(desc, MAX_DOCUMENT_BYTES).map(Some)
+    }
+
     /// The cosign `.sig` artifact attached to `digest`, if there is one.
     pub fn signature(&self, digest: &Digest) -> Result<Option<Manifest>, SourceError> {
         let tag = digest.attachment_tag("sig");
@@ -533,16 +555,10 @@ impl Source {
                     None => return Ok(None),
                 }
             }
-            _ => {
-                let (layout, _) = self.local().expect("local source");
-                let index = layout.index().map_err(|e| self.layout_err(e))?;
-                let Some(desc) = index.manifests.iter().find(|d| {
-                    d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag.as_str())
-                }) else {
-                    return Ok(None);
-                };
-                self.read_blob(desc, MAX_DOCUMENT_BYTES)?
-            }
+            _ => match self.local_tagged(&tag)? {
+                Some(bytes) => bytes,
+                None => return Ok(None),
+            },
         };
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             self.doc_err(
@@ -552,13 +568,47 @@ impl Source {
         })
     }
 
-    /// Picks the manifest for `platform` (from an index, or the manifest
-    /// itself), reads it and its config, and checks both.
-    pub fn select(
+    /// The referrers of `digest` (descriptors of manifests whose `subject`
+    /// it is; the caller checks each manifest's subject): the registry's
+    /// referrers API, else its fallback tag `sha256-<hex>`; in a layout or
+    /// archive the `index.json` entry of that name. Empty when there are
+    /// none.
+    pub fn referrers(&self, digest: &Digest) -> Result<Vec<Descriptor>, SourceError> {
+        let tag = digest.referrers_tag();
+        let bytes = match self {
+            Source::Registry { client, image, .. } => {
+                let found = match client
+                    .referrers(image, digest)
+                    .map_err(|e| self.registry_err(e))?
+                {
+                    Some(doc) => Some(doc),
+                    None => client
+                        .manifest_or_missing(image, &tag)
+                        .map_err(|e| self.registry_err(e))?,
+                };
+                match found {
+                    Some(doc) => doc.bytes,
+                    None => return Ok(Vec::new()),
+                }
+            }
+            _ => match self.local_tagged(&tag)? {
+                Some(bytes) => bytes,
+                None => return Ok(Vec::new()),
+            },
+        };
+        let index: Index = serde_json::from_slice(&bytes)
+            .map_err(|e| self.doc_err(*digest, format!("referrers {tag}: invalid index: {e}")))?;
+        Ok(index.manifests)
+    }
+
+    /// The platform manifest's descriptor for `platform`: `top` itself, or
+    /// the matching entry of the index `top` (only the index is read, so a
+    /// signature can be checked before the manifest and config are).
+    pub fn select_manifest(
         &self,
         top: &Descriptor,
         platform: &Platform,
-    ) -> Result<SelectedImage, SourceError> {
+    ) -> Result<Descriptor, SourceError> {
         let manifest_descriptor = if is_index_type(&top.media_type) {
             let index: Index = self.read_json(top)?;
             let mut available = Vec::new();
@@ -591,6 +641,17 @@ impl Source {
                 ),
             ));
         };
+        Ok(manifest_descriptor)
+    }
+
+    /// Picks the manifest for `platform` (from an index, or the manifest
+    /// itself), reads it and its config, and checks both.
+    pub fn select(
+        &self,
+        top: &Descriptor,
+        platform: &Platform,
+    ) -> Result<SelectedImage, SourceError> {
+        let manifest_descriptor = self.select_manifest(top, platform)?;
         let md = manifest_descriptor.digest;
         let manifest: Manifest = self.read_json(&manifest_descriptor)?;
         let config_mt = manifest.config.media_type.as_str();

@@ -14,15 +14,24 @@
 //! With an identity in the policy, a signature counts only when its
 //! `docker-reference` names that repository ([`crate::signature`]).
 //!
+//! With a keyless policy ([`crate::keyless`]), the same two digests are also
+//! checked for keyless signatures: the `.sig` artifact's keyless layers and
+//! the Sigstore bundles among the digest's referrers
+//! ([`Source::referrers`]). Key-based and keyless signatures are
+//! alternatives: either kind, valid, is enough.
+//!
 //! Unsigned or wrongly signed images are refused unless `allow_unsigned` is
 //! true in the config; there is deliberately no command-line bypass. With
 //! `allow_unsigned`, the outcome says why the image was accepted anyway.
 //!
 //! It does not fetch layers or decide where images come from.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use crate::digest::Digest;
+use crate::keyless::{self, KeylessPolicy};
 use crate::layout::MAX_DOCUMENT_BYTES;
 use crate::reference::Identity;
 use crate::signature::{self, SignatureError, TrustedKeys, MAX_PAYLOAD_BYTES};
@@ -34,6 +43,7 @@ pub struct Policy {
     keys: TrustedKeys,
     allow_unsigned: bool,
     identity: Option<Identity>,
+    keyless: Option<Arc<KeylessPolicy>>,
 }
 
 /// Why an image was refused or the policy could not be loaded.
@@ -41,8 +51,10 @@ pub struct Policy {
 pub enum VerifyError {
     #[error("trust policy: {0}")]
     Key(SignatureError),
-    #[error("trust policy: no trusted keys (trust.public_keys is empty) and trust.allow_unsigned is false: no image can be accepted")]
+    #[error("trust policy: no trusted keys (trust.public_keys is empty), no trust.keyless and trust.allow_unsigned is false: no image can be accepted")]
     NoKeys,
+    #[error("trust.keyless: {0}")]
+    Keyless(String),
     #[error("trust.identity {identity:?}: {reason}")]
     BadIdentity { identity: String, reason: String },
     #[error("trust.identity is required for an oci: or oci-archive: image unless trust.allow_unsigned: set it to the repository the image's signatures name (e.g. ghcr.io/org/node)")]
@@ -62,6 +74,14 @@ pub enum VerifyError {
 pub enum Verdict {
     /// A trusted key signed `digest` (the index or the platform manifest).
     Signed { digest: Digest },
+    /// A keyless signature on `digest` by the certificate identity `san`
+    /// of `issuer`, logged at `integrated_time` (Unix seconds).
+    Keyless {
+        digest: Digest,
+        san: String,
+        issuer: String,
+        integrated_time: i64,
+    },
     /// No valid signature, accepted because `trust.allow_unsigned` is true.
     AllowedUnsigned { reasons: Vec<String> },
 }
@@ -71,10 +91,26 @@ impl Policy {
     /// is refused (no image could ever pass): decided here, before anything
     /// is resolved or fetched.
     pub fn usable(keys: TrustedKeys, allow_unsigned: bool) -> Result<Policy, VerifyError> {
-        if keys.is_empty() && !allow_unsigned {
+        Policy::usable_with(keys, None, allow_unsigned)
+    }
+
+    /// [`Policy::usable`] with an optional keyless policy beside the keys.
+    pub fn usable_with(
+        keys: TrustedKeys,
+        keyless: Option<KeylessPolicy>,
+        allow_unsigned: bool,
+    ) -> Result<Policy, VerifyError> {
+        if keys.is_empty() && keyless.is_none() && !allow_unsigned {
             return Err(VerifyError::NoKeys);
         }
-        Ok(Policy::new(keys, allow_unsigned))
+        Ok(Policy::new(keys, allow_unsigned).with_keyless(keyless))
+    }
+
+    /// The same policy, also accepting keyless signatures that `keyless`
+    /// accepts.
+    pub fn with_keyless(mut self, keyless: Option<KeylessPolicy>) -> Policy {
+        self.keyless = keyless.map(Arc::new);
+        self
     }
 
     /// A policy from keys already in memory (the builder checks its output
@@ -84,6 +120,7 @@ impl Policy {
             keys,
             allow_unsigned,
             identity: None,
+            keyless: None,
         }
     }
 
@@ -114,13 +151,29 @@ pub fn check(
     image: &SelectedImage,
     policy: &Policy,
 ) -> Result<Verdict, VerifyError> {
-    let top = image.image_digest();
-    if policy.keys.is_empty() && !policy.allow_unsigned {
+    check_digests(
+        source,
+        image.image_digest(),
+        image.manifest_digest(),
+        policy,
+    )
+}
+
+/// [`check`] given the two digests alone (`top`, what the reference
+/// resolved to, and the platform `manifest`), so that a host decides trust
+/// before it reads the manifest's config.
+pub fn check_digests(
+    source: &Source,
+    top: Digest,
+    manifest: Digest,
+    policy: &Policy,
+) -> Result<Verdict, VerifyError> {
+    if policy.keys.is_empty() && policy.keyless.is_none() && !policy.allow_unsigned {
         return Err(VerifyError::NoKeys);
     }
     let mut digests = vec![top];
-    if image.manifest_digest() != top {
-        digests.push(image.manifest_digest());
+    if manifest != top {
+        digests.push(manifest);
     }
     let mut reasons = Vec::new();
     for digest in digests {
@@ -130,24 +183,50 @@ pub fn check(
                 image: top,
                 error: Box::new(error),
             })?;
-        let Some(sig) = sig else {
-            reasons.push(format!("no signature on {digest}"));
-            continue;
+        let read_payload = |layer: &crate::oci::Descriptor| {
+            source
+                .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
+                .map_err(|e| std::io::Error::other(e.to_string()))
         };
-        let result = signature::verify(
-            &policy.keys,
-            digest,
-            policy.identity.as_ref(),
-            &sig,
-            |layer| {
-                source
-                    .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            },
-        );
-        match result {
-            Ok(()) => return Ok(Verdict::Signed { digest }),
-            Err(e) => reasons.push(e.to_string()),
+        match &sig {
+            None if policy.keyless.is_none() => reasons.push(format!("no signature on {digest}")),
+            None => {}
+            Some(sig) if !policy.keys.is_empty() => {
+                let result = signature::verify(
+                    &policy.keys,
+                    digest,
+                    policy.identity.as_ref(),
+                    sig,
+                    read_payload,
+                );
+                match result {
+                    Ok(()) => return Ok(Verdict::Signed { digest }),
+                    // keyless layers are reported by the keyless check
+                    Err(SignatureError::Missing { .. }) if policy.keyless.is_some() => {}
+                    Err(e) => reasons.push(e.to_string()),
+                }
+            }
+            Some(_) => {}
+        }
+        if let Some(k) = &policy.keyless {
+            match check_keyless(
+                source,
+                k,
+                policy.identity.as_ref(),
+                digest,
+                sig.as_ref(),
+                top,
+            )? {
+                Ok(v) => {
+                    return Ok(Verdict::Keyless {
+                        digest,
+                        san: v.san,
+                        issuer: v.issuer,
+                        integrated_time: v.integrated_time,
+                    })
+                }
+                Err(why) => reasons.extend(why),
+            }
         }
     }
     if policy.allow_unsigned {
@@ -157,4 +236,50 @@ pub fn check(
         image: top,
         reasons,
     })
+}
+
+/// The keyless signatures of `digest`: the `.sig` artifact's keyless
+/// layers, then the bundles among its referrers. The outer error is a
+/// source that could not be read (not "unsigned"); the inner one the
+/// reasons nothing verified.
+fn check_keyless(
+    source: &Source,
+    policy: &KeylessPolicy,
+    identity: Option<&Identity>,
+    digest: Digest,
+    sig: Option<&crate::oci::Manifest>,
+    top: Digest,
+) -> Result<Result<keyless::Verified, Vec<String>>, VerifyError> {
+    let source_err = |error| VerifyError::Source {
+        image: top,
+        error: Box::new(error),
+    };
+    let mut reasons = Vec::new();
+    if let Some(sig) = sig {
+        let read = |layer: &crate::oci::Descriptor| {
+            source
+                .read_blob(layer, MAX_PAYLOAD_BYTES.min(MAX_DOCUMENT_BYTES))
+                .map_err(|e| e.to_string())
+        };
+        match keyless::oci::check_sig_layers(policy, digest, identity, sig, read) {
+            Ok(v) => return Ok(Ok(v)),
+            Err(why) => reasons.extend(why),
+        }
+    }
+    let referrers = source.referrers(&digest).map_err(source_err)?;
+    let result = keyless::oci::check_referrers(
+        policy,
+        digest,
+        identity,
+        &referrers,
+        |d| source.read_json(d).map_err(|e| e.to_string()),
+        |d, limit| source.read_blob(d, limit).map_err(|e| e.to_string()),
+    );
+    match result {
+        Ok(v) => Ok(Ok(v)),
+        Err(why) => {
+            reasons.extend(why);
+            Ok(Err(reasons))
+        }
+    }
 }

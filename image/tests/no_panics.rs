@@ -1,7 +1,8 @@
 //! Every decoder of input an image, an archive or a registry controls
 //! returns an error on garbage, never panics: random and mutated tar
 //! streams through the unpacker, random JSON shapes through the OCI and
-//! signature types, random header values through the registry and time
+//! signature types, mutated Sigstore bundles and trusted roots through
+//! keyless verification, random header values through the registry and time
 //! parsers. The case count is bounded (256 per property) so the suite stays
 //! fast; a failure prints the minimal input.
 
@@ -113,6 +114,33 @@ proptest! {
     }
 
     #[test]
+    fn mutated_keyless_material_never_panics(at in any::<usize>(), byte in any::<u8>(), doc in json()) {
+        use kubeslot_image::keyless::{GithubRule, IdentityRule, KeylessPolicy, Rules, Target, TrustedRoot};
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/keyless");
+        let root = std::fs::read(data.join("cosign/trusted_root_pgi.json")).unwrap();
+        let policy = KeylessPolicy {
+            root: TrustedRoot::parse(&root).unwrap(),
+            rules: Rules {
+                issuer: "https://github.com/login/oauth".into(),
+                identity: IdentityRule::Exact("cody@soyland.com".into()),
+                github: GithubRule::default(),
+                require_sct: true,
+                accept_deprecated_issuer: false,
+            },
+        };
+        let mut bundle = std::fs::read(data.join("cosign/oci-attestation.sigstore.json")).unwrap();
+        let i = at % bundle.len();
+        bundle[i] = byte;
+        let _ = policy.verify_bundle(&bundle, Target([0; 32]));
+        let _ = policy.verify_bundle(doc.to_string().as_bytes(), Target([0; 32]));
+        let mut root = root;
+        let i = at % root.len();
+        root[i] = byte;
+        let _ = TrustedRoot::parse(&root);
+        let _ = policy.verify_legacy([0; 32], &bundle[..i % 80], &bundle, Some(&root), Some(&doc.to_string()), false);
+    }
+
+    #[test]
     fn header_values_never_panic_their_parsers(v in "\\PC{0,80}") {
         let _ = kubeslot_image::registry::parse_challenge(&v);
         let _ = kubeslot_image::retry::retry_after(&v, std::time::SystemTime::now());
@@ -120,6 +148,7 @@ proptest! {
         let _ = v.parse::<kubeslot_image::ImageRef>();
         let _ = v.parse::<kubeslot_image::ImageSource>();
         let _ = Digest::parse_attachment_tag(&v);
+        let _ = Digest::parse_referrers_tag(&v);
         let _ = kubeslot_image::reference::Identity::repository(&v);
     }
 }

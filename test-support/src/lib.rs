@@ -14,6 +14,7 @@ pub mod debian;
 pub mod golden;
 pub mod host;
 pub mod image;
+pub mod keyless;
 pub mod registry;
 pub mod relay;
 pub mod tar;

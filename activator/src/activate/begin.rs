@@ -230,7 +230,7 @@ pub(super) fn preflight_inputs(
     settings_pending: bool,
 ) -> preflight::Inputs {
     preflight::Inputs {
-        gpu: config.gpu,
+        gpu: config.gpu.clone(),
         ignore: config.preflight.ignore.clone(),
         disk,
         swap_allowed: config.kubelet_allows_swap(),

@@ -3,7 +3,7 @@
 //! arguments; calls [`kubeslot_activator::preflight::run`].
 
 use kubeslot_activator::activate;
-use kubeslot_activator::config::{Config, GpuMode, SlotMode};
+use kubeslot_activator::config::{Config, SlotMode};
 use kubeslot_activator::host_settings;
 use kubeslot_activator::overlay;
 use kubeslot_activator::preflight::{self, Inputs};
@@ -52,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let root = args.host.root();
     let path = args.host.config_path();
     let mut inputs = Inputs {
-        gpu: GpuMode::Auto,
+        gpu: Default::default(),
         ignore: args.ignore.clone(),
         disk: Default::default(),
         swap_allowed: None,
@@ -64,7 +64,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             code: exit::CONFIG,
             message: error_chain(&e),
         })?;
-        inputs.gpu = config.gpu;
+        inputs.gpu = config.gpu.clone();
         inputs.swap_allowed = config.kubelet_allows_swap();
         slot_mode = config.slots.mode;
         inputs

@@ -21,8 +21,8 @@ use serde::Deserialize;
 /// The trust policy comes from the config's "trust" section. Without
 /// --config the policy is the default one: unsigned images are refused and no
 /// key is trusted, so every image is refused; pass a config with
-/// "trust.public_keys" (or "trust.allow_unsigned": true). There is no flag
-/// that bypasses the policy.
+/// "trust.public_keys" or "trust.keyless" (or "trust.allow_unsigned": true).
+/// There is no flag that bypasses the policy.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Activator config (JSON); its "registries" (mirrors, credentials,
@@ -82,16 +82,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     // The library refuses this too, but only the command line knows where
     // the policy came from: name it, so the operator knows what to edit.
-    if settings.trust.public_keys.is_empty() && !settings.trust.allow_unsigned {
+    if settings.trust.public_keys.is_empty()
+        && settings.trust.keyless.is_none()
+        && !settings.trust.allow_unsigned
+    {
         match &args.config {
             Some(p) => anyhow::bail!(
-                "config {}: trust.public_keys is empty and trust.allow_unsigned is false: \
-                 every image would be refused; list a public key",
+                "config {}: trust.public_keys is empty, there is no trust.keyless and \
+                 trust.allow_unsigned is false: every image would be refused; list a public key",
                 p.display()
             ),
             None => anyhow::bail!(
                 "no --config: the default trust policy has no keys and trust.allow_unsigned \
-                 is false, so it refuses every image; pass --config with trust.public_keys"
+                 is false, so it refuses every image; pass --config with trust.public_keys or trust.keyless"
             ),
         }
     }
@@ -161,6 +164,15 @@ fn print_summary(image: &ImageSource, s: &Staged) {
     println!("  manifest {}", s.manifest_digest);
     match &s.verdict {
         Verdict::Signed { digest } => println!("  signature valid (signed digest {digest})"),
+        Verdict::Keyless {
+            digest,
+            san,
+            issuer,
+            integrated_time,
+        } => println!(
+            "  keyless signature valid (signed digest {digest}, identity {san}, issuer {issuer}, logged {})",
+            kubeslot_image::time::rfc3339_seconds((*integrated_time).max(0) as u64)
+        ),
         Verdict::AllowedUnsigned { reasons } => println!(
             "  signature NOT verified, accepted by trust.allow_unsigned: {}",
             reasons.join("; ")

@@ -1,18 +1,27 @@
 //! GPU checks: run when the config binds GPUs (`"gpu"` not `off`) and the
-//! host has an NVIDIA GPU device node (`/dev/nvidia<N>`), or must have one
-//! (`"gpu": "on"`). Is the host's NVIDIA driver in a state a GPU node
-//! machine can use?
+//! host has an NVIDIA GPU device node (`/dev/nvidia<N>`) or an NVIDIA GPU
+//! on the PCI bus without its driver, or must have one (`"gpu": "on"`).
+//! Is the host's NVIDIA driver in a state a GPU node machine can use?
 //!
+//! * `gpu-pci`: every NVIDIA display controller under `/sys/bus/pci/devices`
+//!   is driven by `nvidia` (one with no driver, or `nouveau`, fails naming
+//!   its PCI address, `"gpu": "auto"` included: the node would come up
+//!   without the GPU the host has; one given to `vfio-pci` for virtual
+//!   machines does not count);
 //! * `gpu-driver`: the kernel module is loaded (`/proc/driver/nvidia/version`);
 //! * `gpu-nvidiactl`: `/dev/nvidiactl` is a character device;
 //! * `gpu-nvidia-uvm`: `/dev/nvidia-uvm` is one (a warning: CUDA needs it,
 //!   nothing inside the machine can create it later);
 //! * `gpu-libraries`: `libnvidia-ml.so.1` and `libcuda.so.1` of the host's
-//!   architecture are in `ldconfig -p` (the process boundary
-//!   `gpu::run_ldconfig`, the same listing the render binds the library
-//!   directories from), resolve to files under the root, and are of the
-//!   loaded module's version (else NVML's "Driver/library version mismatch",
-//!   the usual state after an upgrade without a reboot);
+//!   architecture are where the render finds the driver (`ldconfig -p`
+//!   through `gpu::run_ldconfig`, or the driver tree: `gpu.driver_root`, the
+//!   GPU operator's `/run/nvidia/driver`), resolve to files under the root,
+//!   and are of the loaded module's version (else NVML's "Driver/library
+//!   version mismatch", the usual state after an upgrade without a reboot);
+//! * `gpu-tools`: the driver's `nvidia-smi` (and its other tools) is an
+//!   executable the render binds (a warning, naming each file named like a
+//!   tool that is left out and why, e.g. a wrapper script whose target is
+//!   not found);
 //! * `gpu-persistenced`: nvidia-persistenced runs (a warning: without it the
 //!   driver tears the GPUs down whenever no process holds them, and every
 //!   first use pays the initialisation).
@@ -23,44 +32,82 @@
 use std::path::Path;
 
 use super::{is_char_device, read, Finding, Status};
-use crate::config::GpuMode;
-use crate::gpu::{self, Arch, GpuError};
-use crate::paths::Root;
+use crate::config::{Gpu, GpuMode};
+use crate::gpu::pci::{self, PciGpu};
+use crate::gpu::{self, tools, Arch, DriverLibraries, DriverSource, GpuError, ToolBind};
+use crate::paths::{host, Root};
 
 /// `/proc/driver/nvidia/version`: present once the kernel module is loaded.
 const DRIVER_VERSION: &str = "proc/driver/nvidia/version";
 /// nvidia-persistenced's pid file (its default `--pid-file` dir is /var/run).
 const PERSISTENCED_PID: &str = "run/nvidia-persistenced/nvidia-persistenced.pid";
 
-pub fn checks(root: &Root, mode: GpuMode) -> Vec<Finding> {
-    checks_with(root, mode, Arch::host(), || gpu::run_ldconfig(root))
+pub fn checks(root: &Root, setting: &Gpu) -> Vec<Finding> {
+    checks_with(root, setting, Arch::host(), || gpu::run_ldconfig(root))
 }
 
 /// [`checks`] with the architecture and the `ldconfig -p` listing handed in
 /// (tests give a recorded or a fake one).
 pub fn checks_with(
     root: &Root,
-    mode: GpuMode,
+    setting: &Gpu,
     arch: Option<Arch>,
     ldconfig: impl FnOnce() -> Result<String, GpuError>,
 ) -> Vec<Finding> {
-    let has_gpu = gpu::discover_devices(root).is_ok_and(|d| !d.is_empty());
-    let wanted = match mode {
-        GpuMode::Off => false,
-        GpuMode::On => true,
-        GpuMode::Auto => has_gpu,
-    };
-    if !wanted {
+    if setting.mode == GpuMode::Off {
         return Vec::new();
     }
+    let has_gpu = gpu::discover_devices(root).is_ok_and(|d| !d.is_empty());
+    let on_bus = pci::nvidia_gpus(root);
+    let without_driver = on_bus.iter().any(|g| pci_problem(g).is_some());
+    if !(setting.mode == GpuMode::On || has_gpu || without_driver) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if !on_bus.is_empty() {
+        out.push(pci_devices(&on_bus));
+    }
     let (driver, module_version) = driver(root);
-    vec![
-        driver,
-        nvidiactl(root),
-        nvidia_uvm(root),
-        libraries(root, arch, ldconfig, module_version.as_deref()),
-        persistenced(root),
-    ]
+    out.push(driver);
+    out.push(nvidiactl(root));
+    out.push(nvidia_uvm(root));
+    let source = DriverSource::choose(root, setting, arch);
+    let (libs, found) = libraries(root, arch, &source, ldconfig, module_version.as_deref());
+    out.push(libs);
+    if let (Some(arch), Some(found)) = (arch, found) {
+        out.push(driver_tools(root, arch, &source, &found));
+    }
+    out.push(persistenced(root));
+    out
+}
+
+/// What is wrong with one NVIDIA GPU on the bus, if anything.
+fn pci_problem(gpu: &PciGpu) -> Option<String> {
+    match gpu.driver.as_deref() {
+        Some("nvidia") => None,
+        // given to virtual machines: not this host's to bind
+        Some("vfio-pci" | "pci-stub") => None,
+        Some(other) => Some(format!("{} is driven by {other}, not nvidia", gpu.address)),
+        None => Some(format!("{} has no driver loaded", gpu.address)),
+    }
+}
+
+/// `gpu-pci`.
+fn pci_devices(gpus: &[PciGpu]) -> Finding {
+    let needed = "every NVIDIA GPU on the PCI bus driven by the nvidia kernel driver";
+    let problems: Vec<String> = gpus.iter().filter_map(pci_problem).collect();
+    if problems.is_empty() {
+        let seen = gpus
+            .iter()
+            .map(|g| format!("{} ({})", g.address, g.driver.as_deref().unwrap_or("none")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Finding::new("gpu-pci", Status::Pass, seen, needed);
+    }
+    Finding::new("gpu-pci", Status::Fail, problems.join(", "), needed).hint(
+        "install the NVIDIA driver for this kernel and load it (modprobe nvidia; blacklist nouveau), \
+         or set \"gpu\": \"off\" to run the node without the GPU",
+    )
 }
 
 /// `gpu-driver`, and the loaded module's version.
@@ -128,32 +175,35 @@ fn nvidia_uvm(root: &Root) -> Finding {
 /// and nvidia-smi, the CUDA driver API).
 const REQUIRED_LIBRARIES: &[&str] = &["libnvidia-ml.so.1", "libcuda.so.1"];
 
+/// `gpu-libraries`, and the driver's libraries when they could be listed.
 fn libraries(
     root: &Root,
     arch: Option<Arch>,
+    source: &DriverSource,
     ldconfig: impl FnOnce() -> Result<String, GpuError>,
     module_version: Option<&str>,
-) -> Finding {
+) -> (Finding, Option<DriverLibraries>) {
     const NAME: &str = "gpu-libraries";
+    let wanted = REQUIRED_LIBRARIES.join(" and ");
     let needed = match module_version {
         Some(v) => format!(
-            "{} in ldconfig -p, of the kernel module's version {v}",
-            REQUIRED_LIBRARIES.join(" and ")
+            "{wanted} in {}, of the kernel module's version {v}",
+            source.describe()
         ),
-        None => format!("{} in ldconfig -p", REQUIRED_LIBRARIES.join(" and ")),
+        None => format!("{wanted} in {}", source.describe()),
     };
     let fail = |seen: String| Finding::new(NAME, Status::Fail, seen, needed.clone());
     let Some(arch) = arch else {
-        return fail(format!(
+        let f = fail(format!(
             "an architecture ({}) without NVIDIA driver libraries kubeslot binds",
             std::env::consts::ARCH
         ));
+        return (f, None);
     };
-    let listing = match ldconfig() {
+    let libs = match source.libraries(root, arch, ldconfig) {
         Ok(l) => l,
-        Err(e) => return fail(e.to_string()),
+        Err(e) => return (fail(e.to_string()), None),
     };
-    let libs = gpu::parse_ldconfig(&listing, arch);
     let mut found = Vec::new();
     for soname in REQUIRED_LIBRARIES {
         let listed = libs
@@ -161,14 +211,21 @@ fn libraries(
             .iter()
             .find(|p| Path::new(p).file_name().is_some_and(|n| n == *soname));
         let Some(listed) = listed else {
-            return fail(format!("no {soname} for this architecture")).hint(
-                "install the driver's user-space libraries (the package matching the kernel module) and run ldconfig",
+            let hint = match source {
+                DriverSource::LoaderCache => "install the driver's user-space libraries (the package matching the kernel module) and run ldconfig",
+                DriverSource::Tree { .. } => "the driver tree is incomplete, or not mounted yet (the GPU operator's driver container mounts it when it runs)",
+            };
+            return (
+                fail(format!("no {soname} for this architecture")).hint(hint),
+                Some(libs),
             );
         };
-        let Some(file) = gpu::resolve_in_root(root, listed).filter(|f| root.join(f).is_file())
-        else {
-            return fail(format!("{listed} does not resolve to a file"))
-                .hint("the linker cache is stale: run ldconfig");
+        let Some(file) = source.resolve_file(root, listed) else {
+            return (
+                fail(format!("{listed} does not resolve to a file"))
+                    .hint("the linker cache is stale: run ldconfig"),
+                Some(libs),
+            );
         };
         found.push(format!("{soname} -> {file}"));
     }
@@ -176,7 +233,7 @@ fn libraries(
         let suffix = format!(".so.{v}");
         let other: Vec<&String> = found.iter().filter(|f| !f.ends_with(&suffix)).collect();
         if !other.is_empty() {
-            return fail(
+            let f = fail(
                 other
                     .iter()
                     .map(|s| s.as_str())
@@ -184,9 +241,59 @@ fn libraries(
                     .join(", "),
             )
             .hint("driver/library version mismatch: the libraries were upgraded without the module; reboot (or reload the module)");
+            return (f, Some(libs));
         }
     }
-    Finding::new(NAME, Status::Pass, found.join(", "), needed)
+    (
+        Finding::new(NAME, Status::Pass, found.join(", "), needed),
+        Some(libs),
+    )
+}
+
+/// `gpu-tools`: what the render binds at `/run/host-nvidia-bin`.
+fn driver_tools(root: &Root, arch: Arch, source: &DriverSource, libs: &DriverLibraries) -> Finding {
+    const NAME: &str = "gpu-tools";
+    let needed = format!(
+        "nvidia-smi (and the driver's other tools) as executables beside the driver's libraries or in {}",
+        source.outer(host::DISTRO_BIN)
+    );
+    let dirs: Vec<String> = source
+        .library_dirs(root, &libs.native)
+        .into_iter()
+        .chain(source.library_dirs(root, &libs.i386))
+        .collect();
+    let found = tools::find(root, source, &dirs, arch);
+    let mut seen = match &found.bind {
+        ToolBind::None => "no driver tool".to_string(),
+        ToolBind::Dir(d) => format!(
+            "{} from {d} (bound whole)",
+            found
+                .tools
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        ToolBind::Files(tools) => format!(
+            "{} (bound one by one)",
+            tools
+                .iter()
+                .map(|t| format!("{} ({})", t.name, t.file))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    for s in &found.skipped {
+        seen += &format!("; not bound: {} {}", s.path, s.reason);
+    }
+    let has_smi = found.tools.iter().any(|t| t.name == "nvidia-smi");
+    if has_smi && found.skipped.is_empty() {
+        return Finding::new(NAME, Status::Pass, seen, needed);
+    }
+    Finding::new(NAME, Status::Warn, seen, needed).hint(
+        "the node and its containers get no nvidia-smi, or not every driver tool: \
+         install the driver's tools beside its libraries, or point a wrapper at them",
+    )
 }
 
 fn persistenced(root: &Root) -> Finding {
@@ -255,12 +362,30 @@ mod tests {
         }
         w(PERSISTENCED_PID, "4242\n");
         w("proc/4242/comm", "nvidia-persiste\n");
+        tool(&root, "usr/bin/nvidia-smi");
+        pci::fake_pci_device(&root, "0000:41:00.0", 0x10de, 0x030200, Some("nvidia"));
         (d, root)
+    }
+
+    /// An executable ELF file (its header: what discovery reads).
+    fn tool(root: &Root, rel: &str) {
+        let p = root.join(rel);
+        gpu::write_elf(&p, true, 62);
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+
+    fn mode(mode: GpuMode) -> Gpu {
+        Gpu {
+            mode,
+            driver_root: None,
+        }
     }
 
     fn run(root: &Root, listing: &str) -> Vec<Finding> {
         let listing = listing.to_string();
-        checks_with(root, GpuMode::Auto, Some(Arch::Amd64), move || Ok(listing))
+        checks_with(root, &Gpu::default(), Some(Arch::Amd64), move || {
+            Ok(listing)
+        })
     }
 
     fn finding(findings: &[Finding], name: &str) -> Finding {
@@ -279,14 +404,21 @@ mod tests {
         assert_eq!(
             names,
             [
+                "gpu-pci",
                 "gpu-driver",
                 "gpu-nvidiactl",
                 "gpu-nvidia-uvm",
                 "gpu-libraries",
+                "gpu-tools",
                 "gpu-persistenced"
             ]
         );
         assert!(out.iter().all(|c| c.status == Status::Pass), "{out:#?}");
+        assert_eq!(finding(&out, "gpu-pci").seen, "0000:41:00.0 (nvidia)");
+        assert_eq!(
+            finding(&out, "gpu-tools").seen,
+            "nvidia-smi (/usr/bin/nvidia-smi) (bound one by one)"
+        );
         let libs = finding(&out, "gpu-libraries");
         assert_eq!(
             libs.seen,
@@ -301,9 +433,141 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = Root::new(d.path());
         let never = || -> Result<String, GpuError> { panic!("ldconfig must not run") };
-        assert!(checks_with(&root, GpuMode::Auto, Some(Arch::Amd64), never).is_empty());
+        assert!(checks_with(&root, &Gpu::default(), Some(Arch::Amd64), never).is_empty());
         let (_d2, good) = good_host();
-        assert!(checks_with(&good, GpuMode::Off, Some(Arch::Amd64), never).is_empty());
+        assert!(checks_with(&good, &mode(GpuMode::Off), Some(Arch::Amd64), never).is_empty());
+        // a GPU given to virtual machines is not this host's
+        pci::fake_pci_device(&root, "0000:01:00.0", 0x10de, 0x030200, Some("vfio-pci"));
+        assert!(checks_with(&root, &Gpu::default(), Some(Arch::Amd64), never).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_without_its_driver_fails_auto_and_on_naming_its_pci_address() {
+        // a fresh host: the card is on the bus, no driver, no /dev/nvidia*
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        pci::fake_pci_device(&root, "0000:17:00.0", 0x10de, 0x030200, None);
+        // its audio function and another vendor's card do not count
+        pci::fake_pci_device(&root, "0000:17:00.1", 0x10de, 0x040300, None);
+        pci::fake_pci_device(&root, "0000:03:00.0", 0x1a03, 0x030000, Some("ast"));
+        for m in [GpuMode::Auto, GpuMode::On] {
+            let out = checks_with(&root, &mode(m), Some(Arch::Amd64), || Ok(String::new()));
+            let f = finding(&out, "gpu-pci");
+            assert_eq!(
+                (f.status, f.seen.as_str()),
+                (Status::Fail, "0000:17:00.0 has no driver loaded"),
+                "{m:?}"
+            );
+            assert!(f.hint.unwrap().contains("modprobe nvidia"));
+            assert_eq!(finding(&out, "gpu-driver").status, Status::Fail);
+        }
+        // nouveau drives it: no nvidia device node will ever appear
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        pci::fake_pci_device(&root, "0000:65:00.0", 0x10de, 0x030000, Some("nouveau"));
+        let out = checks_with(&root, &Gpu::default(), Some(Arch::Amd64), || {
+            Ok(String::new())
+        });
+        let f = finding(&out, "gpu-pci");
+        assert_eq!(f.status, Status::Fail);
+        assert_eq!(f.seen, "0000:65:00.0 is driven by nouveau, not nvidia");
+    }
+
+    /// The GPU operator's layout: the driver container's tree mounted at
+    /// /run/nvidia/driver, nothing of the driver in the host's own dirs.
+    fn operator_host() -> (tempfile::TempDir, Root) {
+        let (d, root) = good_host();
+        let lib = root.join("usr/lib/x86_64-linux-gnu");
+        std::fs::remove_dir_all(&lib).unwrap();
+        std::fs::remove_file(root.join("usr/bin/nvidia-smi")).unwrap();
+        let tree = "run/nvidia/driver";
+        for stem in ["libnvidia-ml", "libcuda"] {
+            let file = root.join(&format!(
+                "{tree}/usr/lib/x86_64-linux-gnu/{stem}.so.550.127.05"
+            ));
+            gpu::write_elf(&file, true, 62);
+            std::os::unix::fs::symlink(
+                format!("{stem}.so.550.127.05"),
+                file.with_file_name(format!("{stem}.so.1")),
+            )
+            .unwrap();
+        }
+        tool(&root, &format!("{tree}/usr/bin/nvidia-smi"));
+        (d, root)
+    }
+
+    #[test]
+    fn the_operator_driver_root_is_found_without_the_loader_cache() {
+        let (_d, root) = operator_host();
+        let never = || -> Result<String, GpuError> { panic!("ldconfig must not run") };
+        let out = checks_with(&root, &Gpu::default(), Some(Arch::Amd64), never);
+        let libs = finding(&out, "gpu-libraries");
+        assert_eq!(libs.status, Status::Pass, "{libs:?}");
+        assert_eq!(
+            libs.seen,
+            "libnvidia-ml.so.1 -> /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.127.05, \
+             libcuda.so.1 -> /run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.127.05"
+        );
+        assert!(libs
+            .needed
+            .contains("/run/nvidia/driver (the GPU operator's, detected)"));
+        let tools = finding(&out, "gpu-tools");
+        assert_eq!(
+            (tools.status, tools.seen.as_str()),
+            (
+                Status::Pass,
+                "nvidia-smi (/run/nvidia/driver/usr/bin/nvidia-smi) (bound one by one)"
+            )
+        );
+        // configured as "/": the host's own driver (the cache, which has none)
+        let host_only = Gpu {
+            mode: GpuMode::Auto,
+            driver_root: Some("/".into()),
+        };
+        let out = checks_with(&root, &host_only, Some(Arch::Amd64), || Ok(String::new()));
+        let libs = finding(&out, "gpu-libraries");
+        assert_eq!(libs.status, Status::Fail);
+        assert_eq!(libs.seen, "no libnvidia-ml.so.1 for this architecture");
+        // a configured root elsewhere is searched the same way
+        std::fs::create_dir_all(root.join("opt")).unwrap();
+        std::fs::rename(root.join("run/nvidia/driver"), root.join("opt/driver")).unwrap();
+        let configured = Gpu {
+            mode: GpuMode::On,
+            driver_root: Some("/opt/driver".into()),
+        };
+        let out = checks_with(&root, &configured, Some(Arch::Amd64), never);
+        let libs = finding(&out, "gpu-libraries");
+        assert_eq!(libs.status, Status::Pass, "{libs:?}");
+        assert!(
+            libs.needed.contains("/opt/driver (gpu.driver_root)"),
+            "{libs:?}"
+        );
+        // an empty operator mount point (its driver container not running)
+        std::fs::create_dir_all(root.join("run/nvidia/driver")).unwrap();
+        let out = checks_with(&root, &Gpu::default(), Some(Arch::Amd64), || {
+            Ok(String::new())
+        });
+        assert!(finding(&out, "gpu-libraries")
+            .needed
+            .contains("in ldconfig -p"));
+    }
+
+    #[test]
+    fn a_wrapper_whose_target_is_not_a_driver_tool_is_a_warning() {
+        let (_d, root) = good_host();
+        std::fs::write(
+            root.join("usr/bin/nvidia-smi"),
+            "#!/bin/sh\nexec /opt/vendor/bin/nvidia-smi \"$@\"\n",
+        )
+        .unwrap();
+        let f = finding(&run(&root, LISTING), "gpu-tools");
+        assert_eq!(f.status, Status::Warn);
+        assert_eq!(
+            f.seen,
+            "no driver tool; not bound: /usr/bin/nvidia-smi is a script that runs \
+             /opt/vendor/bin/nvidia-smi, which is not a driver tool beside the driver's \
+             libraries or in /usr/bin"
+        );
     }
 
     #[test]
@@ -339,7 +603,7 @@ mod tests {
 
         // ldconfig itself fails
         let (_d, root) = good_host();
-        let out = checks_with(&root, GpuMode::Auto, Some(Arch::Amd64), || {
+        let out = checks_with(&root, &Gpu::default(), Some(Arch::Amd64), || {
             Err(GpuError::Ldconfig {
                 path: "/sbin/ldconfig".into(),
                 reason: "exited with 1".into(),

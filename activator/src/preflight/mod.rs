@@ -20,9 +20,10 @@
 //! * `host.rs` — `disk-space` (what staging the image writes, from what the
 //!   content store holds), `container-engine`;
 //! * `gpu.rs` — the GPU checks, run when the config binds GPUs and the host
-//!   has (or must have) them: `gpu-driver`, `gpu-nvidiactl`,
-//!   `gpu-nvidia-uvm`, `gpu-libraries` (the one check that runs a process:
-//!   `ldconfig -p`, through `gpu::run_ldconfig`, as the render does) and
+//!   has (or must have) them, or has an NVIDIA GPU without its driver:
+//!   `gpu-pci`, `gpu-driver`, `gpu-nvidiactl`, `gpu-nvidia-uvm`,
+//!   `gpu-libraries` (the one check that runs a process: `ldconfig -p`,
+//!   through `gpu::run_ldconfig`, as the render does), `gpu-tools` and
 //!   `gpu-persistenced`.
 //!
 //! It does not fix anything: the settings the activator can make itself
@@ -40,7 +41,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::GpuMode;
+use crate::config::Gpu;
 use crate::paths::Root;
 
 /// A check's verdict.
@@ -104,8 +105,9 @@ impl Finding {
 /// What the checks need besides the host's files.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
-    /// The config's GPU mode (GPU checks run unless `off`).
-    pub gpu: GpuMode,
+    /// The config's GPU setting (GPU checks run unless its mode is `off`;
+    /// the driver root says where the libraries are).
+    pub gpu: Gpu,
     /// Names of checks whose failure does not block: exact names, `all`,
     /// or a prefix ending in `*` (`sysctl-*`).
     pub ignore: Vec<String>,
@@ -186,7 +188,7 @@ pub fn run(root: &Root, inputs: &Inputs) -> Preflight {
         inputs.swap_allowed.as_deref(),
     ));
     checks.extend(host::checks(root, &inputs.disk));
-    checks.extend(gpu::checks(root, inputs.gpu));
+    checks.extend(gpu::checks(root, &inputs.gpu));
     for f in &mut checks {
         f.ignored = f.status == Status::Fail && is_ignored(&f.name, &inputs.ignore);
     }

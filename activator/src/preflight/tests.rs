@@ -5,6 +5,7 @@
 use std::fs;
 
 use super::*;
+use crate::config::GpuMode;
 use crate::host_settings::SYSCTLS;
 
 struct Fake {
@@ -327,7 +328,10 @@ fn gpu_checks_run_when_gpus_are_bound() {
         run(
             &h.root,
             &Inputs {
-                gpu: mode,
+                gpu: Gpu {
+                    mode,
+                    driver_root: None,
+                },
                 ..Inputs::default()
             },
         )
@@ -376,14 +380,15 @@ fn gpu_checks_run_when_gpus_are_bound() {
     .unwrap();
     let p = gpu(GpuMode::Auto);
     assert!(p.passed(), "{p}");
-    // what a GPU host without uvm and the persistence daemon is told
+    // what a GPU host without uvm, nvidia-smi and the persistence daemon
+    // is told
     let warned: Vec<&str> = p
         .checks
         .iter()
         .filter(|f| f.status == Status::Warn)
         .map(|f| f.name.as_str())
         .collect();
-    assert_eq!(warned, ["gpu-nvidia-uvm", "gpu-persistenced"]);
+    assert_eq!(warned, ["gpu-nvidia-uvm", "gpu-tools", "gpu-persistenced"]);
     assert!(p
         .checks
         .iter()

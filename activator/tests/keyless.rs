@@ -1,0 +1,353 @@
+//! Keyless signatures end to end without systemd: real Sigstore vectors
+//! (testdata/keyless) served from a real `docker-registry` (through the
+//! referrers fallback tag: Debian's 2.8 has no referrers API), an OCI
+//! layout and an `oci-archive`, read by the activator's own config loading
+//! (`trust.keyless`) and by the `kubeslot-activator unpack` binary.
+//!
+//! What is real and what is not: cosign's bundle, its certificate, Rekor
+//! entry and the production trusted root are real; the image it signs is
+//! go-containerregistry's empty image, rebuilt byte for byte (its digest is
+//! the statement's subject). That image names no OS or architecture, so
+//! `unpack` verifies its signature (the host decides trust before it reads
+//! the config) and then refuses it as not an image for this host: a refusal
+//! that comes only after the signature was accepted. Each mutation is
+//! refused at the signature, naming why.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kubeslot_activator::config::Trust;
+use kubeslot_activator::paths::Root;
+use kubeslot_image::layout::Layout;
+use kubeslot_image::oci::Descriptor;
+use kubeslot_image::registry::Registries;
+use kubeslot_image::source::Source;
+use kubeslot_image::verify::{self, Verdict};
+use kubeslot_image::{Digest, ImageSource};
+use kubeslot_test_support::keyless::{
+    attach_bundle, cosign_bundle, mutations, production_root, push_raw, write_empty_image,
+    COSIGN_ISSUER, COSIGN_SAN, COSIGN_SUBJECT, COSIGN_SUBJECT_NAME, DOCKER_MANIFEST,
+};
+use kubeslot_test_support::Registry;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
+
+struct Host {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(root.join("etc/kubeslot")).unwrap();
+        fs::copy(
+            production_root(),
+            root.join("etc/kubeslot/trusted_root.json"),
+        )
+        .unwrap();
+        Host { dir, root }
+    }
+
+    fn trust(&self, keyless: Value) -> Value {
+        let mut k = json!({
+            "trusted_root": "/etc/kubeslot/trusted_root.json",
+            "issuer": COSIGN_ISSUER,
+            "identity": COSIGN_SAN,
+        });
+        for (key, v) in keyless.as_object().unwrap() {
+            if v.is_null() {
+                k.as_object_mut().unwrap().remove(key);
+            } else {
+                k[key] = v.clone();
+            }
+        }
+        json!({"identity": COSIGN_SUBJECT_NAME, "keyless": k})
+    }
+
+    fn unpack(&self, image: &str, trust: &Value) -> Output {
+        let config = self.dir.path().join("activator.json");
+        fs::write(
+            &config,
+            serde_json::to_vec(&json!({"trust": trust})).unwrap(),
+        )
+        .unwrap();
+        let target = self.root.join("unpacked");
+        let _ = fs::remove_dir_all(&target);
+        let out = Command::new(BIN)
+            .args(["unpack", "--json", "--config"])
+            .arg(&config)
+            .arg("--root")
+            .arg(&self.root)
+            .arg(image)
+            .arg(&target)
+            .output()
+            .unwrap();
+        assert!(!target.exists(), "{image}: nothing may be unpacked");
+        out
+    }
+
+    /// The verdict of the activator's own policy (config → `trust::policy`)
+    /// over `image`'s single manifest.
+    fn verdict(&self, image: &str, trust: &Value) -> Result<Verdict, String> {
+        let trust: Trust = serde_json::from_value(trust.clone()).unwrap();
+        let src: ImageSource = image.parse().unwrap();
+        let policy = kubeslot_activator::trust::policy(&trust, &src, &Root::new(&self.root))
+            .map_err(|e| e.to_string())?;
+        let source = Source::open(&src, &Registries::new(), self.dir.path()).unwrap();
+        let top = source.resolve().unwrap();
+        verify::check_digests(&source, top.digest, top.digest, &policy).map_err(|e| e.to_string())
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    assert!(!o.status.success(), "unpack succeeded");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A layout with the empty image (tag v1) and `bundle` attached to it.
+fn layout_with(dir: &Path, bundle: &Value) -> Descriptor {
+    let layout = Layout::create(dir).unwrap();
+    let image = write_empty_image(&layout, "v1");
+    attach_bundle(&layout, &image, bundle);
+    image
+}
+
+/// The three places a host reads an image from, for one layout: a
+/// registry repository it is pushed to, the layout, an archive of it.
+fn sources(reg: &Registry, dir: &Path, repo: &str, image: &Descriptor) -> Vec<String> {
+    push_raw(dir, "v1", &reg.host(), repo);
+    push_raw(dir, &image.digest.referrers_tag(), &reg.host(), repo);
+    let archive = dir.with_extension("tar");
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    vec![
+        format!("{}/{repo}:v1", reg.host()),
+        format!("oci:{}:v1", dir.display()),
+        format!("oci-archive:{}:v1", archive.display()),
+    ]
+}
+
+#[test]
+fn cosign_bundle_from_a_registry_a_layout_and_an_archive() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new();
+    let dir = work.path().join("pristine");
+    let image = layout_with(&dir, &cosign_bundle());
+    assert_eq!(image.digest.to_string(), COSIGN_SUBJECT);
+    let trust = host.trust(json!({}));
+    for src in sources(&reg, &dir, "keyless/pristine", &image) {
+        match host.verdict(&src, &trust) {
+            Ok(Verdict::Keyless {
+                digest,
+                san,
+                issuer,
+                integrated_time,
+            }) => {
+                assert_eq!(digest.to_string(), COSIGN_SUBJECT, "{src}");
+                assert_eq!(
+                    (san.as_str(), issuer.as_str()),
+                    (COSIGN_SAN, COSIGN_ISSUER),
+                    "{src}"
+                );
+                assert_eq!(integrated_time, 1740770291, "{src}");
+            }
+            other => panic!("{src}: {other:?}"),
+        }
+        // The binary: the signature is accepted, then the image is refused
+        // for what it is (no OS, no architecture), never for its signature.
+        let e = stderr(&host.unpack(&src, &trust));
+        assert!(
+            e.contains("image is for /, this host is linux/"),
+            "{src}: {e}"
+        );
+        assert!(!e.contains("trust policy"), "{src}: {e}");
+        // Without the keyless policy the same image is refused as unsigned.
+        let e = stderr(&host.unpack(&src, &json!({"identity": COSIGN_SUBJECT_NAME})));
+        assert!(e.contains("there is no trust.keyless"), "{src}: {e}");
+    }
+}
+
+#[test]
+fn each_mutation_is_refused_naming_why() {
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let host = Host::new();
+    let trust = host.trust(json!({}));
+    for m in mutations() {
+        let dir = work.path().join(m.name);
+        let image = layout_with(&dir, &m.bundle);
+        for src in sources(&reg, &dir, &format!("keyless/{}", m.name), &image) {
+            let e = stderr(&host.unpack(&src, &trust));
+            assert!(
+                e.contains("refused by the trust policy") && e.contains(m.says),
+                "{}: {src}: {e}",
+                m.name
+            );
+            assert!(
+                e.contains("issuer https://"),
+                "{}: names the issuer: {e}",
+                m.name
+            );
+        }
+    }
+
+    // Another image digest: the real bundle attached to another image.
+    let dir = work.path().join("other-image");
+    let layout = Layout::create(&dir).unwrap();
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let cd = layout.blobs().put_bytes(config).unwrap();
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST}","config":{{"mediaType":"application/vnd.docker.container.image.v1+json","size":{},"digest":"{cd}"}},"layers":[]}}"#,
+        config.len()
+    );
+    let md = layout.blobs().put_bytes(manifest.as_bytes()).unwrap();
+    let other = Descriptor::new(DOCKER_MANIFEST, md, manifest.len() as u64);
+    kubeslot_test_support::image::tag_entry(&layout, "v1", other.clone());
+    attach_bundle(&layout, &other, &cosign_bundle());
+    for src in sources(&reg, &dir, "keyless/other-image", &other) {
+        let e = stderr(&host.unpack(&src, &trust));
+        assert!(
+            e.contains(COSIGN_SAN) && e.contains("do not include") && e.contains(&md.to_string()),
+            "{src}: {e}"
+        );
+    }
+
+    // The policy's own mutations, on the pristine material.
+    let dir = work.path().join("pristine");
+    let image = layout_with(&dir, &cosign_bundle());
+    let srcs = sources(&reg, &dir, "keyless/policy", &image);
+    // an unanchored-looking regexp matches only the whole identity
+    let regexp = host.trust(json!({"identity": null, "identity_regexp": "soyland.com"}));
+    // the statement names its repository: another trust.identity refuses
+    let mut other_repo = host.trust(json!({}));
+    other_repo["identity"] = json!("ghcr.io/org/node");
+    // another issuer
+    let issuer = host.trust(json!({"issuer": "https://token.actions.githubusercontent.com"}));
+    for src in &srcs {
+        let e = stderr(&host.unpack(src, &regexp));
+        assert!(
+            e.contains("anchored at both ends") && e.contains(COSIGN_SAN),
+            "{src}: {e}"
+        );
+        let e = stderr(&host.unpack(src, &other_repo));
+        assert!(
+            e.contains("names repository 127.0.0.1:60943/repo, not ghcr.io/org/node"),
+            "{src}: {e}"
+        );
+        let e = stderr(&host.unpack(src, &issuer));
+        assert!(e.contains("is not trust.keyless.issuer"), "{src}: {e}");
+    }
+    // A trusted root the host does not have is a config error, found first.
+    let missing = host.trust(json!({"trusted_root": "/etc/kubeslot/missing.json"}));
+    let e = stderr(&host.unpack(&srcs[0], &missing));
+    assert!(
+        e.contains("trust.keyless") && e.contains("missing.json"),
+        "{e}"
+    );
+}
+
+/// The sigstore-rs legacy keyless layer as a `.sig` artifact, for the image
+/// digest its payload names (the image itself is not public).
+#[test]
+fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
+    let data = kubeslot_test_support::keyless::vectors().join("sigstore-rs/legacy-layer");
+    let payload = fs::read(data.join("payload.json")).unwrap();
+    let annotations: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(&fs::read(data.join("annotations.json")).unwrap()).unwrap();
+    let image: Digest = "sha256:5f481572d088dc4023afb35fced9530ced3d9b03bf7299c6f492163cb9f0452e"
+        .parse()
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("legacy");
+    let layout = Layout::create(&dir).unwrap();
+    let pd = layout.blobs().put_bytes(&payload).unwrap();
+    let cd = layout.blobs().put_bytes(b"{}").unwrap();
+    let mut layer = Descriptor::new(
+        kubeslot_image::oci::MEDIA_TYPE_SIMPLE_SIGNING,
+        pd,
+        payload.len() as u64,
+    );
+    layer.annotations = annotations;
+    let manifest = kubeslot_image::oci::Manifest {
+        schema_version: 2,
+        media_type: Some(kubeslot_image::oci::MEDIA_TYPE_MANIFEST.into()),
+        artifact_type: None,
+        config: Descriptor::new(kubeslot_image::oci::MEDIA_TYPE_CONFIG, cd, 2),
+        layers: vec![layer],
+        subject: None,
+        annotations: Default::default(),
+    };
+    let bytes = serde_json::to_vec(&manifest).unwrap();
+    let md = layout.blobs().put_bytes(&bytes).unwrap();
+    let tag = image.attachment_tag("sig");
+    kubeslot_test_support::image::tag_entry(
+        &layout,
+        &tag,
+        Descriptor::new(
+            kubeslot_image::oci::MEDIA_TYPE_MANIFEST,
+            md,
+            bytes.len() as u64,
+        ),
+    );
+    let reg = Registry::start();
+    push_raw(
+        &dir,
+        &tag,
+        &reg.host(),
+        "kubewarden/disallow-service-nodeport",
+    );
+    let archive = work.path().join("legacy.tar");
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(&dir)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    let host = Host::new();
+    let trust: Trust = serde_json::from_value(json!({
+        "identity": "registry-testing.svc.lan/kubewarden/disallow-service-nodeport",
+        "keyless": {
+            "trusted_root": "/etc/kubeslot/trusted_root.json",
+            "issuer": COSIGN_ISSUER,
+            "identity": "flavio@castelli.me",
+            "require_sct": false
+        }
+    }))
+    .unwrap();
+    for src in [
+        format!("{}/kubewarden/disallow-service-nodeport:any", reg.host()),
+        format!("oci:{}", dir.display()),
+        format!("oci-archive:{}", archive.display()),
+    ] {
+        let s: ImageSource = src.parse().unwrap();
+        let policy = kubeslot_activator::trust::policy(&trust, &s, &Root::new(&host.root)).unwrap();
+        let source = Source::open(&s, &Registries::new(), host.dir.path()).unwrap();
+        // Read from the .sig tag, checked through SET, chain (the 2021
+        // Fulcio root, at the log's time) and the entry's body; the 2021
+        // certificate names no issuer, which the policy refuses by name.
+        let e = verify::check_digests(&source, image, image, &policy)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("certificate flavio@castelli.me (issuer none)")
+                && e.contains("names no OIDC issuer"),
+            "{src}: {e}"
+        );
+    }
+}
