@@ -1,7 +1,10 @@
 //! The health gate a freshly started node machine must pass before a flip is
 //! committed: its unit is active, the kubelet's `/healthz` answers 200 a
-//! number of times in a row before a deadline, and, when GPUs are bound, the
-//! GPU device nodes are visible inside the machine.
+//! number of times in a row, the node's container runtime reports
+//! `RuntimeReady` and `NetworkReady` over CRI (what a Ready node needs: the
+//! kubelet's `/healthz` is its own liveness and stays ok without them), all
+//! before one deadline; and, when GPUs are bound, the GPU device nodes are
+//! visible inside the machine.
 //!
 //! Given a [`Systemd`] (unit state, commands in the machine), the config's
 //! [`Health`] settings and the devices expected in the machine. The kubelet
@@ -11,8 +14,13 @@
 //! when the listening socket belongs to a process of the new machine
 //! (`/proc/net/tcp` → socket inode → `/proc/<pid>/fd` → the pid's cgroup
 //! under `systemd-nspawn@<machine>.service`): an old kubelet or anything
-//! else on the host answering on the port does not pass. It does not start
-//! or stop anything and does not decide what a failure means (that is
+//! else on the host answering on the port does not pass. The runtime is
+//! asked the way an operator asks it: the image's `crictl info --quiet`
+//! run inside the machine (`systemd-run -M`, through [`Systemd`]), its JSON
+//! read for `status.conditions` (cri-tools' `cmd/crictl/info.go` prints
+//! the CRI `Status` answer there); production images ship crictl, and
+//! nothing of the image runs on the host. It does not start or stop
+//! anything and does not decide what a failure means (that is
 //! `activate`).
 
 use std::io::{Read as _, Write as _};
@@ -41,6 +49,14 @@ pub enum Check {
     UnitActive,
     /// The kubelet health endpoint did not answer 200 often enough.
     KubeletHealthz,
+    /// The runtime could not be asked (`crictl info` failed or printed
+    /// something else than crictl's JSON).
+    CriStatus,
+    /// CRI `Status`: `RuntimeReady` is not true.
+    CriRuntimeReady,
+    /// CRI `Status`: `NetworkReady` is not true (no pod network: no CNI
+    /// config, or its plugins missing).
+    CriNetworkReady,
     /// A bound GPU device is not visible inside the machine.
     GpuDevices,
 }
@@ -51,6 +67,9 @@ impl Check {
             Check::UnitStart => "unit-start",
             Check::UnitActive => "unit-active",
             Check::KubeletHealthz => "kubelet-healthz",
+            Check::CriStatus => "cri-status",
+            Check::CriRuntimeReady => "cri-runtime-ready",
+            Check::CriNetworkReady => "cri-network-ready",
             Check::GpuDevices => "gpu-devices",
         }
     }
@@ -76,6 +95,9 @@ pub struct Gate {
     /// from a socket a process of the machine listens on. `None`: not
     /// checked.
     pub proc_dir: Option<PathBuf>,
+    /// Whether the machine's container runtime is asked over CRI. Only a
+    /// live host runs machines to ask ([`Gate::on_host`]).
+    pub runtime: bool,
 }
 
 impl From<&Health> for Gate {
@@ -86,6 +108,7 @@ impl From<&Health> for Gate {
             timeout: Duration::from_secs(h.timeout_secs),
             interval: Duration::from_millis(h.interval_ms),
             proc_dir: None,
+            runtime: false,
         }
     }
 }
@@ -93,10 +116,13 @@ impl From<&Health> for Gate {
 impl Gate {
     /// The gate for a machine on the host at `root`: answers are tied to
     /// the machine through `<root>/proc` (a root without `/proc/net/tcp`,
-    /// a test root, cannot tie them and is not checked).
+    /// a test root, cannot tie them and is not checked), and the machine's
+    /// runtime is asked over CRI where the root is a live host (its
+    /// `/proc/1` exists; a test root runs no machine).
     pub fn on_host(h: &Health, root: &Root) -> Gate {
         Gate {
             proc_dir: Some(root.dir().join("proc")),
+            runtime: root.dir().join("proc/1").is_dir(),
             ..Gate::from(h)
         }
     }
@@ -213,10 +239,89 @@ fn loopback_port(url: &str) -> Option<u16> {
     loopback.then_some(port)
 }
 
+/// The CRI endpoint of the image's kubelet and containerd (the image's
+/// `containerRuntimeEndpoint`; `kubelet.config` may not change it).
+pub const CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+
+/// What the gate runs inside the machine to ask the runtime: crictl's
+/// non-verbose `info` (CRI `Status`), JSON on stdout.
+pub const CRICTL_INFO: &[&str] = &[
+    "crictl",
+    "--runtime-endpoint",
+    CRI_ENDPOINT,
+    "info",
+    "--quiet",
+];
+
+/// The CRI conditions a Ready node needs, with the check each one fails.
+const CRI_CONDITIONS: &[(&str, Check)] = &[
+    ("RuntimeReady", Check::CriRuntimeReady),
+    ("NetworkReady", Check::CriNetworkReady),
+];
+
+/// Reads `crictl info`'s JSON: `Ok` when both conditions are true, else
+/// the first that is not, with its reason and message.
+pub fn runtime_conditions(info: &str) -> Result<(), (Check, String)> {
+    let v: serde_json::Value = serde_json::from_str(info).map_err(|e| {
+        (
+            Check::CriStatus,
+            format!("crictl info printed no JSON ({e}): {:?}", clip(info)),
+        )
+    })?;
+    let conditions = v["status"]["conditions"].as_array().ok_or_else(|| {
+        (
+            Check::CriStatus,
+            format!("crictl info has no status.conditions: {:?}", clip(info)),
+        )
+    })?;
+    for (kind, check) in CRI_CONDITIONS {
+        let c = conditions.iter().find(|c| c["type"] == *kind);
+        match c {
+            Some(c) if c["status"] == true => {}
+            Some(c) => {
+                return Err((
+                    *check,
+                    format!(
+                        "{kind} is false (reason {:?}, message {:?})",
+                        c["reason"].as_str().unwrap_or(""),
+                        c["message"].as_str().unwrap_or("")
+                    ),
+                ))
+            }
+            None => return Err((*check, format!("the runtime reports no {kind} condition"))),
+        }
+    }
+    Ok(())
+}
+
+fn clip(s: &str) -> String {
+    s.trim().chars().take(200).collect()
+}
+
+/// Asks `machine`'s runtime (`crictl info` inside it).
+fn runtime_ready(systemd: &dyn Systemd, machine: &str) -> Result<(), (Check, String)> {
+    let out = systemd
+        .output_in_machine(machine, CRICTL_INFO)
+        .map_err(|e| (Check::CriStatus, e.to_string()))?;
+    if !out.success {
+        return Err((
+            Check::CriStatus,
+            format!(
+                "'{}' in the machine failed: {}",
+                CRICTL_INFO.join(" "),
+                clip(&out.stderr)
+            ),
+        ));
+    }
+    runtime_conditions(&out.stdout)
+}
+
 /// Waits until `slot`'s machine is healthy or the gate's deadline passes.
 ///
 /// The unit must be active and the kubelet healthy `successes` times in a
-/// row; a failed probe or an inactive unit resets the count. Then each of
+/// row (a failed probe or an inactive unit resets the count), and then
+/// (with [`Gate::runtime`]) the runtime's `RuntimeReady` and `NetworkReady`
+/// true, asked again on every probe until they are. Then each of
 /// `gpu_devices` must be a character device inside the machine.
 pub fn wait_healthy(
     systemd: &dyn Systemd,
@@ -256,7 +361,13 @@ pub fn wait_healthy(
             // per probe would be the gate's hot path); an answer from outside
             // the machine starts the streak over.
             match answered_by_machine(gate, &machine) {
-                Ok(()) => break,
+                Ok(()) if !gate.runtime => break,
+                // the kubelet stays healthy meanwhile: the streak holds and
+                // the runtime is asked again after the next probe
+                Ok(()) => match runtime_ready(systemd, &machine) {
+                    Ok(()) => break,
+                    Err(why) => last = why,
+                },
                 Err(e) => {
                     streak = 0;
                     last = (Check::KubeletHealthz, e);
@@ -268,8 +379,11 @@ pub fn wait_healthy(
             return Err(fail(
                 check,
                 format!(
-                    "{why} ({streak} of {} consecutive healthy probes of {} within {:?})",
-                    gate.successes, gate.url, gate.timeout
+                    "{why} ({} of {} consecutive healthy probes of {} within {:?})",
+                    streak.min(gate.successes),
+                    gate.successes,
+                    gate.url,
+                    gate.timeout
                 ),
             ));
         }
@@ -419,6 +533,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             interval: Duration::from_millis(1),
             proc_dir: None,
+            runtime: false,
         }
     }
 
@@ -526,5 +641,112 @@ mod tests {
         let url = format!("http://127.0.0.1:{port}/healthz");
         let e = probe(&url, Duration::from_secs(1)).unwrap_err();
         assert!(e.contains(&url) && e.contains("connect"), "{e}");
+    }
+
+    /// `crictl info --quiet` as crictl 1.36 prints it for containerd 2.1
+    /// (keys sorted by Go's JSON encoder), with NetworkReady `net`.
+    fn crictl_info(net: bool) -> String {
+        let (reason, message) = if net {
+            ("", "")
+        } else {
+            (
+                "NetworkPluginNotReady",
+                "Network plugin returns error: cni plugin not initialized",
+            )
+        };
+        format!(
+            r#"{{
+  "runtimeHandlers": [{{"features": {{"recursive_read_only_mounts": true, "user_namespaces": true}}, "name": "runc"}}],
+  "status": {{
+    "conditions": [
+      {{"message": "", "reason": "", "status": true, "type": "RuntimeReady"}},
+      {{"message": "{message}", "reason": "{reason}", "status": {net}, "type": "NetworkReady"}},
+      {{"message": "", "reason": "", "status": true, "type": "ContainerdHasNoDeprecationWarnings"}}
+    ]
+  }}
+}}"#
+        )
+    }
+
+    #[test]
+    fn crictl_info_is_read_for_both_conditions() {
+        assert_eq!(runtime_conditions(&crictl_info(true)), Ok(()));
+        let (check, why) = runtime_conditions(&crictl_info(false)).unwrap_err();
+        assert_eq!(check, Check::CriNetworkReady);
+        assert!(
+            why.contains("NetworkReady is false")
+                && why.contains("NetworkPluginNotReady")
+                && why.contains("cni plugin not initialized"),
+            "{why}"
+        );
+        let no_runtime = crictl_info(true).replace(
+            r#""status": true, "type": "RuntimeReady""#,
+            r#""status": false, "type": "RuntimeReady""#,
+        );
+        assert_eq!(
+            runtime_conditions(&no_runtime).unwrap_err().0,
+            Check::CriRuntimeReady
+        );
+        let (check, why) = runtime_conditions(r#"{"status": {"conditions": []}}"#).unwrap_err();
+        assert_eq!(check, Check::CriRuntimeReady);
+        assert!(why.contains("no RuntimeReady condition"), "{why}");
+        assert_eq!(
+            runtime_conditions("FATA[0000] nope").unwrap_err().0,
+            Check::CriStatus
+        );
+        assert_eq!(
+            runtime_conditions(r#"{"config": {}}"#).unwrap_err().0,
+            Check::CriStatus
+        );
+    }
+
+    #[test]
+    fn the_gate_waits_for_the_runtime_and_names_the_condition() {
+        // the network turns ready on the third answer: the gate passes
+        let mut sd = up(true);
+        sd.machine_output = vec![crictl_info(false), crictl_info(false), crictl_info(true)];
+        let mut g = gate(server(vec![OK; 8]), 1);
+        g.runtime = true;
+        wait_healthy(&sd, Slot::Kube2, &g, &[]).unwrap();
+        assert_eq!(sd.outputs_read.get(), 3);
+
+        // never ready: the deadline passes naming NetworkReady
+        let mut sd = up(true);
+        sd.machine_output = vec![crictl_info(false)];
+        let mut g = gate(server(vec![OK; 64]), 1);
+        g.runtime = true;
+        g.timeout = Duration::from_millis(300);
+        g.interval = Duration::from_millis(20);
+        let e = wait_healthy(&sd, Slot::Kube2, &g, &[]).unwrap_err();
+        assert_eq!(e.check, Check::CriNetworkReady);
+        assert!(
+            e.to_string()
+                .contains("health check cri-network-ready failed: NetworkReady is false"),
+            "{e}"
+        );
+
+        // crictl itself fails (no runtime socket): named as the status check
+        let mut sd = up(true);
+        sd.machine_output = vec![String::new()];
+        let mut g = gate(server(vec![OK; 64]), 1);
+        g.runtime = true;
+        g.timeout = Duration::from_millis(200);
+        g.interval = Duration::from_millis(20);
+        let e = wait_healthy(&sd, Slot::Kube2, &g, &[]).unwrap_err();
+        assert_eq!(e.check, Check::CriStatus);
+        assert!(e.detail.contains("validate CRI v1 runtime API"), "{e}");
+
+        // a gate that does not ask (a test root) never runs crictl
+        let sd = up(true);
+        wait_healthy(&sd, Slot::Kube2, &gate(server(vec![OK]), 1), &[]).unwrap();
+        assert_eq!(sd.outputs_read.get(), 0);
+    }
+
+    #[test]
+    fn only_a_live_root_asks_the_runtime() {
+        let h = Health::default();
+        assert!(Gate::on_host(&h, &Root::new("/")).runtime);
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!Gate::on_host(&h, &Root::new(tmp.path())).runtime);
     }
 }

@@ -1,7 +1,8 @@
 //! The systemd boundary: the few things the activator asks of the host's
 //! service manager, as one small trait, and the real implementation that runs
-//! `systemctl`, `machinectl`, `systemd-run -M` and `journalctl -M` found on
-//! `PATH`.
+//! `systemctl`, `machinectl`, `systemd-run -M` and `journalctl -M` found
+//! on `PATH` (also to run a command inside a machine and read what it
+//! printed).
 //!
 //! Given unit and machine names (never paths). It does not decide when to
 //! start or stop anything (that is `activate`), and it does not parse unit
@@ -41,6 +42,28 @@ pub trait Systemd {
     /// The failed units inside a running machine (`systemctl -M <machine>
     /// --failed`), one line each.
     fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError>;
+    /// Runs a command inside a running machine and returns what it printed.
+    /// Provided for implementations that only model exit codes (the
+    /// library's unit-test fakes, which run no machine): they answer
+    /// [`SystemdError::Unsupported`]. [`SystemCtl`] captures the output.
+    fn output_in_machine(
+        &self,
+        machine: &str,
+        argv: &[&str],
+    ) -> Result<MachineOutput, SystemdError> {
+        let _ = (machine, argv);
+        Err(SystemdError::Unsupported {
+            what: "output_in_machine",
+        })
+    }
+}
+
+/// What a command run inside a machine printed, and whether it exited 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +74,8 @@ pub enum SystemdError {
         #[source]
         source: std::io::Error,
     },
+    #[error("this systemd boundary cannot {what}")]
+    Unsupported { what: &'static str },
     #[error("{command}: exited with {status}: {stderr}")]
     Failed {
         command: String,
@@ -180,5 +205,20 @@ impl Systemd for SystemCtl {
                 "--no-pager",
             ],
         )
+    }
+
+    fn output_in_machine(
+        &self,
+        machine: &str,
+        argv: &[&str],
+    ) -> Result<MachineOutput, SystemdError> {
+        let mut args = vec!["-M", machine, "--wait", "--pipe", "--quiet", "--"];
+        args.extend_from_slice(argv);
+        let out = run("systemd-run", &args)?;
+        Ok(MachineOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }

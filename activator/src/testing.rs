@@ -45,6 +45,13 @@ pub struct FakeSystemd {
     pub gpu_visible: bool,
     /// Machines machined knows that no unit of ours started.
     pub foreign: RefCell<BTreeSet<String>>,
+    /// What a command whose output is read inside a machine (the gate's
+    /// `crictl info`) prints, one answer per call, the last one repeating;
+    /// an empty answer is a failed command; none at all: the fake cannot
+    /// run it (`Unsupported`, as for a root that is not a live host).
+    pub machine_output: Vec<String>,
+    /// How many times a command's output was read inside a machine.
+    pub outputs_read: std::cell::Cell<usize>,
 }
 
 /// The machine of a node machine's unit (`systemd-nspawn@kube1.service`).
@@ -86,6 +93,8 @@ impl FakeSystemd {
             fail_start: false,
             gpu_visible: true,
             foreign: RefCell::default(),
+            machine_output: Vec::new(),
+            outputs_read: std::cell::Cell::new(0),
         }
     }
 
@@ -260,5 +269,30 @@ impl Systemd for FakeSystemd {
     fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError> {
         self.record(format!("failed-units {machine}"));
         Ok(vec!["kubelet.service loaded failed failed kubelet".into()])
+    }
+
+    fn output_in_machine(
+        &self,
+        machine: &str,
+        argv: &[&str],
+    ) -> Result<crate::systemd::MachineOutput, SystemdError> {
+        self.record(format!("output {machine} {}", argv.join(" ")));
+        let n = self.outputs_read.get();
+        self.outputs_read.set(n + 1);
+        let last = self.machine_output.len().saturating_sub(1);
+        let Some(text) = self.machine_output.get(n.min(last)) else {
+            return Err(SystemdError::Unsupported {
+                what: "output_in_machine",
+            });
+        };
+        Ok(crate::systemd::MachineOutput {
+            success: !text.is_empty(),
+            stdout: text.clone(),
+            stderr: if text.is_empty() {
+                "FATA[0000] validate service connection: validate CRI v1 runtime API for endpoint \"unix:///run/containerd/containerd.sock\": rpc error: code = Unavailable desc = connection error".into()
+            } else {
+                String::new()
+            },
+        })
     }
 }

@@ -687,9 +687,8 @@ fn recipe_files(recipe: &toml::Value) -> Vec<(String, String, String)> {
 
 /// The NVIDIA image's GPU setup and containerd settings, and the e2e test
 /// variant (testdata/e2e/node-nvidia.toml.in) that proves them on a real
-/// machine: the variant bakes the very same setup script and unit, and its
-/// containerd drop-in (version-2 schema, for Debian's containerd 1.7) says
-/// what the production drop-ins (version 3, containerd 2.x) say.
+/// machine: the variant bakes the very same setup script and unit, and the
+/// production containerd config and NVIDIA drop-ins themselves.
 #[test]
 fn the_nvidia_image_and_its_e2e_variant_configure_gpus_alike() {
     let prod = toml_file("recipes/ubuntu2404-nvidia.toml");
@@ -728,49 +727,45 @@ fn the_nvidia_image_and_its_e2e_variant_configure_gpus_alike() {
             .any(|u| u["unit"].as_str() == Some("kubeslot-nvidia-setup.service")));
     }
 
-    // the drop-ins sit where the main config imports them from
-    for main in [
-        "recipes/files/containerd-config.toml",
-        "testdata/e2e/nvidia/containerd-config.toml",
-    ] {
-        assert_eq!(
-            toml_file(main)["imports"],
-            toml::Value::Array(vec!["/etc/containerd/conf.d/*.toml".into()]),
-            "{main}"
-        );
-    }
-    let dropins = |files: &[(String, String, String)]| -> Vec<String> {
+    // containerd: the e2e variant carries the production config and both
+    // NVIDIA drop-ins themselves, at the same paths (no test-only config)
+    let containerd = |files: &[(String, String, String)], prefix: &str| -> Vec<(String, String)> {
         files
             .iter()
-            .filter(|f| f.0.starts_with("/etc/containerd/conf.d/"))
-            .map(|f| {
-                assert!(f.0.ends_with(".toml"), "{f:?}");
-                f.1.replace("files/", "recipes/files/")
-                    .replace("@NVIDIA@/", "testdata/e2e/nvidia/")
-            })
+            .filter(|f| f.0.starts_with("/etc/containerd/"))
+            .map(|f| (f.0.clone(), f.1.replace(prefix, "recipes/files/")))
             .collect()
     };
-    let prod_dropins = dropins(&prod_files);
+    let prod_containerd = containerd(&prod_files, "files/");
     assert_eq!(
-        prod_dropins,
+        prod_containerd,
+        containerd(&test_files, "@RECIPE_FILES@/"),
+        "the e2e variant's containerd files are the production recipe's"
+    );
+    assert_eq!(
+        prod_containerd
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
         [
-            "recipes/files/containerd-nvidia.toml",
-            "recipes/files/containerd-nvidia-default.toml"
+            "/etc/containerd/config.toml",
+            "/etc/containerd/conf.d/50-nvidia.toml",
+            "/etc/containerd/conf.d/60-nvidia-default.toml"
         ]
     );
-    let merged = prod_dropins
+    // the drop-ins sit where the main config imports them from
+    let main = toml_file("recipes/files/containerd-config.toml");
+    assert_eq!(
+        main["imports"],
+        toml::Value::Array(vec!["/etc/containerd/conf.d/*.toml".into()])
+    );
+    let merged = prod_containerd[1..]
         .iter()
-        .map(|f| toml_file(f))
+        .map(|(_, f)| toml_file(f))
         .reduce(|a, b| merge(&a, &b))
         .unwrap();
     assert_eq!(merged["version"].as_integer(), Some(3));
     let prod_cri = &merged["plugins"]["io.containerd.cri.v1.runtime"];
-    let test_dropins = dropins(&test_files);
-    assert_eq!(test_dropins, ["testdata/e2e/nvidia/containerd-nvidia.toml"]);
-    let test_dropin = toml_file(&test_dropins[0]);
-    assert_eq!(test_dropin["version"].as_integer(), Some(2));
-    let test_cri = &test_dropin["plugins"]["io.containerd.grpc.v1.cri"];
-    assert_eq!(prod_cri, test_cri, "the production and e2e drop-ins differ");
     // what they say
     assert_eq!(prod_cri["enable_cdi"].as_bool(), Some(true));
     assert_eq!(
@@ -816,6 +811,38 @@ fn production_containerd_config_keeps_the_unbounded_agents_pull_settings() {
     // the rest of the image's table stays
     assert_eq!(images["snapshotter"].as_str(), Some("overlayfs"));
     assert_eq!(merged["metrics"]["address"].as_str(), Some("0.0.0.0:10257"));
+}
+
+/// The e2e node images run the production containerd config: the node
+/// recipe names `recipes/files/containerd-config.toml`, and no file under
+/// `testdata/e2e` configures containerd.
+#[test]
+fn no_e2e_file_configures_containerd() {
+    let node = toml_file("testdata/e2e/node.toml.in");
+    let files = recipe_files(&node);
+    assert!(
+        files.iter().any(|f| f.0 == "/etc/containerd/config.toml"
+            && f.1 == "@RECIPE_FILES@/containerd-config.toml"),
+        "{files:?}"
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/e2e");
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                !text.contains("io.containerd.") && !text.contains("[plugins."),
+                "{} configures containerd",
+                path.display()
+            );
+        }
+    }
 }
 
 /// A derived recipe on top of `image` pinned at `digest`: one file layer.

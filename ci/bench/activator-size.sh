@@ -5,6 +5,11 @@
 # for people; asserts nothing.
 #
 #   ci/bench/activator-size.sh
+#
+# The release binaries by default (built first). KUBESLOT_BIN_DIR=DIR
+# measures the binaries in DIR instead (ci/bench/smoke.sh: target/debug,
+# built by the tests; a debug build is larger, so its figures are no
+# release's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,7 +18,15 @@ need skopeo skopeo
 need umoci umoci
 need strip binutils
 
-cargo build --release -q --locked -p kubeslot-activator -p kubeslot-builder
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin=$KUBESLOT_BIN_DIR
+else
+  cargo build --release -q --locked -p kubeslot-activator -p kubeslot-builder
+  bin=target/release
+fi
+for b in kubeslot-activator kubeslot-builder; do
+  [ -x "$bin/$b" ] || { echo "activator-size.sh: $bin/$b is missing (cargo build -p $b)" >&2; exit 1; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -26,12 +39,16 @@ crates() {
 }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
-act=$(size target/release/kubeslot-activator)
-bld=$(size target/release/kubeslot-builder)
+act=$(size "$bin/kubeslot-activator")
+bld=$(size "$bin/kubeslot-builder")
 sko=$(size "$(command -v skopeo)")
 umo=$(size "$(command -v umoci)")
+# (assignments, so that a failing cargo tree fails the bench)
+act_crates=$(crates kubeslot-activator)
+bld_crates=$(crates kubeslot-builder)
+echo "kubeslot binaries from $bin"
 printf '%-34s %10s %8s\n' "binary (stripped)" size crates
-printf '%-34s %10s %8s\n' kubeslot-activator "$(mib "$act")" "$(crates kubeslot-activator)"
-printf '%-34s %10s %8s\n' kubeslot-builder "$(mib "$bld")" "$(crates kubeslot-builder)"
+printf '%-34s %10s %8s\n' kubeslot-activator "$(mib "$act")" "$act_crates"
+printf '%-34s %10s %8s\n' kubeslot-builder "$(mib "$bld")" "$bld_crates"
 printf '%-34s %10s %8s\n' "skopeo + umoci (Debian)" "$(mib $((sko + umo)))" -
 awk -v a="$act" -v r="$((sko + umo))" 'BEGIN { printf "activator / (skopeo + umoci): %.2fx\n", a / r }'

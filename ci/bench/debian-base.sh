@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A Debian package base from its lock against plain mmdebstrap, from one run.
 #
-#   ci/bench/debian-base.sh [--release]
+#   ci/bench/debian-base.sh [--release] [--packages PKG,PKG...]
+#
+# --packages replaces the recipe's package list (smoke size, ci/bench/smoke.sh:
+# `--packages base-files`, the minbase alone, Debian's floor).
 #
 # Locks testdata/recipes/bookworm-base.toml (amd64) against this machine's
 # Debian mirror (read from its apt sources), warms the builder's .deb cache
@@ -14,11 +17,20 @@
 #   local: the same mmdebstrap from a local repository of the cached .debs
 #         (our overhead: repository, normalisation).
 # Prints seconds and the ratios ref/ours and local/ours (>1: ours faster).
+# KUBESLOT_BIN_DIR=DIR takes kubeslot-builder from DIR (target/debug after
+# the tests) instead of building it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-profile=debug
-if [ "${1:-}" = "--release" ]; then profile=release; fi
+profile=debug packages=''
+while [ $# -gt 0 ]; do
+  case $1 in
+    --release) profile=release; shift ;;
+    --packages) packages=$2; shift 2 ;;
+    *) echo "debian-base.sh: unknown argument $1 (usage: ci/bench/debian-base.sh [--release] [--packages PKG,PKG...])" >&2; exit 2 ;;
+  esac
+done
+[[ $packages =~ ^[a-z0-9.+,-]*$ ]] || { echo "debian-base.sh: --packages $packages: Debian package names, comma-separated" >&2; exit 2; }
 for t in mmdebstrap apt-ftparchive; do
   command -v "$t" >/dev/null || { echo "bench: $t is not installed: apt-get install -y mmdebstrap apt-utils" >&2; exit 1; }
 done
@@ -29,12 +41,22 @@ mirror=$(
 )
 [ -n "$mirror" ] || { echo "bench: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
 
-# shellcheck disable=SC2046 # an empty word for the dev profile, `--release` otherwise
-cargo build --quiet $([ "$profile" = release ] && echo --release) -p kubeslot-builder
-bin=$PWD/target/$profile/kubeslot-builder
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin=$(cd "$KUBESLOT_BIN_DIR" && pwd)/kubeslot-builder profile=$KUBESLOT_BIN_DIR
+else
+  # shellcheck disable=SC2046 # an empty word for the dev profile, `--release` otherwise
+  cargo build --quiet --locked $([ "$profile" = release ] && echo --release) -p kubeslot-builder
+  bin=$PWD/target/$profile/kubeslot-builder
+fi
+[ -x "$bin" ] || { echo "bench: $bin is missing (cargo test --workspace --no-run builds it)" >&2; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/kubeslot-bench.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 sed 's|^platforms = .*|platforms = ["linux/amd64"]|' testdata/recipes/bookworm-base.toml > "$work/r.toml"
+if [ -n "$packages" ]; then
+  list=$(printf '%s' "$packages" | sed 's/[^,][^,]*/"&"/g; s/,/, /g')
+  sed -i "s|^packages = .*|packages = [$list]|" "$work/r.toml"
+  grep -qxF "packages = [$list]" "$work/r.toml" || { echo "debian-base.sh: the recipe has no packages line to replace" >&2; exit 1; }
+fi
 "$bin" --progress quiet lock "$work/r.toml" --mirror "$mirror" >/dev/null
 "$bin" --progress quiet --cache "$work/cache" base "$work/r.toml" --mirror "$mirror" -o "$work/warm.tar" >/dev/null
 names=$(sed -n 's/^name = "\(.*\)"/\1/p' "$work/r.lock" | paste -sd, -)

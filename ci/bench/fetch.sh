@@ -6,6 +6,11 @@
 # (`/usr/bin/time -v`). No timed assertions: this prints numbers for people.
 #
 #   ci/bench/fetch.sh [PKG,PKG...]      (default: systemd,dbus,iproute2)
+#   ci/bench/fetch.sh --rootfs TAR      (TAR in place of the Debian rootfs;
+#                                        ci/bench/smoke.sh passes a small one)
+#
+# KUBESLOT_BIN_DIR=DIR takes kubeslot-activator from DIR instead of
+# building the release binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -13,12 +18,21 @@ need() { command -v "$1" >/dev/null || { echo "fetch.sh: $1 is missing: apt-get 
 need docker-registry docker-registry
 need skopeo skopeo
 need umoci umoci
+need python3 python3
 [ -x /usr/bin/time ] || { echo "fetch.sh: /usr/bin/time is missing: apt-get install -y time" >&2; exit 1; }
 
-pkgs=${1:-systemd,dbus,iproute2}
-rootfs=$(ci/lib/debian-rootfs.sh "$pkgs")
-cargo build --release -q -p kubeslot-activator
-bin=target/release/kubeslot-activator
+if [ "${1:-}" = --rootfs ]; then
+  rootfs=${2:?fetch.sh: --rootfs needs a tar}
+else
+  rootfs=$(ci/lib/debian-rootfs.sh "${1:-systemd,dbus,iproute2}")
+fi
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin=$KUBESLOT_BIN_DIR/kubeslot-activator
+else
+  cargo build --release -q --locked -p kubeslot-activator
+  bin=target/release/kubeslot-activator
+fi
+[ -x "$bin" ] || { echo "fetch.sh: $bin is missing (cargo build -p kubeslot-activator)" >&2; exit 1; }
 
 work=$(mktemp -d)
 reg_pid=
@@ -44,7 +58,8 @@ image=127.0.0.1:$port/bench/node:v1
 # /dev): drop them, then let skopeo's tarball transport make a one-layer gzip
 # image of the rootfs tar.
 cp "$rootfs" "$work/rootfs.tar"
-tar -f "$work/rootfs.tar" --delete --wildcards './dev/?*'
+# (tar --delete fails when nothing matches: a --rootfs tar may have no /dev)
+if tar -tf "$work/rootfs.tar" | grep '^\./dev/.' >/dev/null; then tar -f "$work/rootfs.tar" --delete --wildcards './dev/?*'; fi
 skopeo copy -q --dest-tls-verify=false "tarball:$work/rootfs.tar" "docker://$image"
 echo '{"trust":{"allow_unsigned":true}}' >"$work/config.json"
 

@@ -3,7 +3,8 @@
 
     fleet.py topology --name NAME --activator BIN --hosts-dir DIR --hosts N
         --parallel P --timeout SECS --layout DIR --image REPO (no tag)
-        --key PUB --registries JSON --log FILE:ROLE ... --results FILE
+        --key PUB [--identity REPO] --registries JSON --log FILE:ROLE ...
+        --results FILE
     fleet.py table --results FILE
 
 `topology` makes N host roots (a minimal root per host: the config, the
@@ -12,8 +13,12 @@ then runs two rounds: every host `fetch`es tag v1, then every host is
 pointed at v2 and `fetch`es again. At most P activator processes run at
 once; each is killed after SECS. A round's numbers come from the access
 logs (only the lines written during the round: the file size is noted
-before it starts) and from every host's report.json. `table` prints the
-rounds of every topology and the ratios.
+before it starts) and from every host's report.json. A host converged
+when it exited 0 with outcome `staged` and its report names the round's
+image: `digest` the platform manifest, `index_digest` (when present) the
+index the tag points at. `table` prints the rounds of every topology and
+the ratios, and exits 1 naming the first failure when any host of any
+round failed.
 
 Log roles: `origin` (the registry that holds the images: its bytes out are
 what a fleet costs the origin), `hosts` (the server the hosts talk to: its
@@ -63,7 +68,8 @@ def read_window(path, start):
 
 
 def layout_digests(layout):
-    """tag -> (index or manifest digest, [(blob digest, size)] of its platform image)."""
+    """tag -> (the tag's digest: an index or a manifest, the amd64 platform
+    manifest's digest, [(blob digest, size)] of that platform image)."""
     index = json.load(open(os.path.join(layout, "index.json")))
 
     def blob(d):
@@ -75,14 +81,15 @@ def layout_digests(layout):
         if tag not in ("v1", "v2"):
             continue
         top = blob(entry["digest"])
-        manifest = top
+        manifest, manifest_digest = top, entry["digest"]
         if "manifests" in top:
             plat = [m for m in top["manifests"]
                     if m.get("platform", {}).get("architecture") == "amd64"]
-            manifest = blob(plat[0]["digest"])
+            manifest_digest = plat[0]["digest"]
+            manifest = blob(manifest_digest)
         blobs = [(manifest["config"]["digest"], manifest["config"]["size"])]
         blobs += [(l["digest"], l["size"]) for l in manifest["layers"]]
-        out[tag] = (entry["digest"], blobs)
+        out[tag] = (entry["digest"], manifest_digest, blobs)
     return out
 
 
@@ -108,6 +115,8 @@ def make_hosts(args, tag):
             "gpu": "off",
             "nameservers": ["192.0.2.53"],
         }
+        if args.identity:
+            config["trust"]["identity"] = args.identity
         if args.deadline:
             config["download"] = {"deadline_secs": args.deadline}
         tmp = os.path.join(etc, ".activator.json.tmp")
@@ -154,12 +163,37 @@ def launch(args):
     return time.monotonic() - t0, codes, ends
 
 
+def host_failure(code, report, index, manifest):
+    """Why a host did not converge on the round's image, or None when it
+    did: it exited 0, its outcome is `staged` and its report names the
+    image the round expects. `digest` is the platform manifest the host
+    verified (what the signature covers for it); `index_digest`, when the
+    report has one, is the index the tag resolved to."""
+    if code != 0 or report.get("outcome") != "staged":
+        return f"exit {code}, outcome {report.get('outcome')}: {report.get('error', report.get('digest'))}"
+    if report.get("digest") != manifest:
+        return f"staged {report.get('digest')}, expected the platform manifest {manifest}"
+    if report.get("index_digest", index) != index:
+        return f"staged from index {report.get('index_digest')}, expected {index}"
+    return None
+
+
+def stderr_tail(args, name):
+    """The last line of a host's stderr (its error), for failure messages."""
+    path = os.path.join(os.path.dirname(args.hosts_dir.rstrip("/")), "host-logs", f"{name}.stderr")
+    try:
+        lines = [l.strip() for l in open(path, errors="replace") if l.strip()]
+    except OSError:
+        return ""
+    return f" (stderr: {lines[-1]})" if lines else ""
+
+
 def run_round(args, tag, digests, logs):
     make_hosts(args, tag)
     offsets = {path: os.path.getsize(path) for path, _ in logs}
     wall, codes, ends = launch(args)
     time.sleep(0.5)  # the registries flush their access log lines
-    want = digests[tag][0]
+    index, manifest = digests[tag][0], digests[tag][1]
     failures, converged = [], []
     waited_ms, throttled, sent = [], 0, 0
     for name in sorted(codes):
@@ -167,11 +201,11 @@ def run_round(args, tag, digests, logs):
         try:
             report = json.load(open(report_path))
         except (OSError, ValueError) as e:
-            failures.append(f"{name}: exit {codes[name]}, no report ({e})")
+            failures.append(f"{name}: exit {codes[name]}, no report ({e}){stderr_tail(args, name)}")
             continue
-        if codes[name] != 0 or report.get("outcome") != "staged" or report.get("digest") != want:
-            failures.append(f"{name}: exit {codes[name]}, outcome {report.get('outcome')}: "
-                            f"{report.get('error', report.get('digest'))}")
+        wrong = host_failure(codes[name], report, index, manifest)
+        if wrong:
+            failures.append(f"{name}: {wrong}" + ("" if "error" in report else stderr_tail(args, name)))
             continue
         converged.append(ends[name])
         # Written by activators that count their registry requests.
@@ -203,8 +237,8 @@ def run_round(args, tag, digests, logs):
                                         if m == "GET" and "/blobs/" in p and s in (200, 206))
         if "limiter" in roles:
             row["answered_429"] = sum(1 for _, _, s, _ in lines if s == 429)
-    v1 = dict(digests["v1"][1])
-    new = [(d, n) for d, n in digests[tag][1] if tag == "v1" or d not in v1]
+    v1 = dict(digests["v1"][2])
+    new = [(d, n) for d, n in digests[tag][2] if tag == "v1" or d not in v1]
     row["new_bytes"] = sum(n for _, n in new)
     with open(args.results, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -256,9 +290,16 @@ def table(args):
     print()
     print("ratio: origin bytes / (new bytes x hosts) for 1, origin bytes / new bytes for 2*;"
           " in brackets the same for blob GETs only (manifests and tags left out)")
-    for r in rows:
+    failed = [r for r in rows if r["failures"]]
+    for r in failed:
         for f in r.get("failure_examples", [])[:1]:
             print(f"first failure ({r['topology']}, {r['round']}): {f}")
+    if failed:
+        r = failed[0]
+        total = sum(r_["failures"] for r_ in failed)
+        print(f"fleet: {total} host runs failed in {len(failed)} of {len(rows)} rounds; the first "
+              f"({r['topology']}, {r['round']}): {r['failure_examples'][0]}", file=sys.stderr)
+        sys.exit(1)
 
 
 def main():
@@ -276,6 +317,7 @@ def main():
     t.add_argument("--layout", required=True)
     t.add_argument("--image", required=True)
     t.add_argument("--key", required=True)
+    t.add_argument("--identity", default="")
     t.add_argument("--registries", default="{}")
     t.add_argument("--log", action="append", default=[])
     t.add_argument("--results", required=True)

@@ -23,21 +23,32 @@
 #      request fills the cache, the others wait for it) -> the origin;
 #   3  every host -> Debian's nginx with `limit_req` (GET/HEAD, one shared
 #      bucket, --rate per second) answering 429 with `Retry-After: 1` ->
-#      the origin.
+#      the origin. The hosts name the limiter as their registry (it stands
+#      for the origin's own rate limit, so there is no unlimited way
+#      around it) and set `trust.identity` to the origin's repository, the
+#      one the image was signed for, as a site reaching its registry
+#      through a proxy address does.
 # It prints, per topology and round, from the access logs and the hosts'
 # report.json: origin bytes out, bytes and requests per host, the time
 # until the last host converged, failures, and the ratios: origin bytes /
 # (new bytes x hosts) for 1, origin bytes / new bytes for 2, 2w and 2n
 # (1.0 = each layer leaves the origin once), 429s answered and time waited for 3
 # (target: 0 failures). New bytes: the config and layers of the round's
-# image that the hosts do not already have.
+# image that the hosts do not already have. A host converged when it
+# exited 0 with outcome `staged` and its report.json names the round's
+# image (`digest`: the platform manifest; `index_digest`, when present: the
+# index the tag points at). Exit status 1 when any host of any round did
+# not converge (the table is printed first, then the first failure).
 #
 # Options: --hosts N (default 200); --image-mb M (default 4, 1 from 300
 # hosts on); --parallel P activator processes at once (default min(N,200));
 # --rate R requests/s through the limiter (default N/5, at least 20);
 # --timeout S per host process (default 600); --deadline S passed to the
 # hosts' `download.deadline_secs` (default: not set); --keep leaves the
-# work directory (logs, host roots) for a look. Host roots live on a
+# work directory (logs, host roots) for a look. Smoke size (ci/bench/smoke.sh):
+# --hosts 5 --image-mb 1. KUBESLOT_BIN_DIR=DIR takes kubeslot-activator and
+# kubeslot-builder from DIR (e.g. target/debug after the tests) instead of
+# building them (release activator, debug builder). Host roots live on a
 # private tmpfs (size-capped; a plain directory when it cannot be mounted).
 # Loopback only. Every process it starts (registries, nginx, hosts) is
 # stopped and every file removed on exit, also on INT/TERM.
@@ -79,11 +90,20 @@ need python3 python3
 
 log() { printf 'fleet: %s\n' "$*" >&2; }
 
-log "building kubeslot-activator (release) and kubeslot-builder"
-cargo build --release -q -p kubeslot-activator
-cargo build -q -p kubeslot-builder
-activator=$repo/target/release/kubeslot-activator
-builder=$repo/target/debug/kubeslot-builder
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin_dir=$(cd "$KUBESLOT_BIN_DIR" && pwd)
+  activator=$bin_dir/kubeslot-activator builder=$bin_dir/kubeslot-builder
+  build="binaries from $KUBESLOT_BIN_DIR"
+else
+  log "building kubeslot-activator (release) and kubeslot-builder"
+  cargo build --release -q --locked -p kubeslot-activator
+  cargo build -q --locked -p kubeslot-builder
+  activator=$repo/target/release/kubeslot-activator builder=$repo/target/debug/kubeslot-builder
+  build="release activator"
+fi
+for b in "$activator" "$builder"; do
+  [ -x "$b" ] || { echo "fleet.sh: $b is missing (build it: cargo test --workspace --no-run)" >&2; exit 1; }
+done
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/kubeslot-fleet.XXXXXX")
 pids=() mounted='' launcher=''
@@ -338,7 +358,8 @@ EOF
 )"
       log "topology 3: $hosts hosts -> nginx 127.0.0.1:$nginx_port (limit_req $rate/s, 429 + Retry-After: 1) -> origin"
       fleet "3 rate-limited" "127.0.0.1:$nginx_port/fleet/node" '{}' \
-        "$work/origin.access.log:origin" "$work/limiter.access.log:hosts" "$work/limiter.access.log:limiter"
+        "$work/origin.access.log:origin" "$work/limiter.access.log:hosts" "$work/limiter.access.log:limiter" \
+        -- --identity "$origin/fleet/node"
       stop_last
       ;;
     *) echo "fleet.sh: unknown topology $t (1, 2, 2w, 2n or 3)" >&2; exit 2 ;;
@@ -346,5 +367,5 @@ EOF
 done
 
 echo
-echo "fleet: $hosts hosts, image $image_mb MB, $parallel activator processes at once, limiter $rate requests/s; $(git -C "$repo" rev-parse --short HEAD)"
+echo "fleet: $hosts hosts, image $image_mb MB, $parallel activator processes at once, limiter $rate requests/s; $build; $(git -C "$repo" rev-parse --short HEAD)"
 python3 "$repo/ci/bench/fleet.py" table --results "$results"

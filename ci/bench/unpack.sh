@@ -13,28 +13,43 @@
 #
 #   ci/bench/unpack.sh [PKG,PKG...]      (default: a node-like package set)
 #   REPEAT=3 ci/bench/unpack.sh          (best of 3 per contender)
+#   ci/bench/unpack.sh --rootfs TAR      (TAR in place of the Debian rootfs;
+#                                         ci/bench/smoke.sh passes a small one)
+#
+# KUBESLOT_BIN_DIR=DIR takes kubeslot-activator and examples/unpack_layout,
+# examples/make_layout from DIR (target/debug after the tests) instead of
+# building them (release).
 #
 # Needs: mmdebstrap, umoci, zstd, gzip, tar, python3, /usr/bin/time (Debian
 # package `time`). Work files go to $BENCH_DIR (default: a temp dir).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-pkgs=${1:-systemd,dbus,iproute2,iptables,containerd,runc,openssh-server,python3,curl,less,vim-tiny}
 for t in umoci zstd gzip tar python3; do
   command -v "$t" >/dev/null || { echo "unpack bench: $t missing: apt-get install -y $t" >&2; exit 1; }
 done
 [ -x /usr/bin/time ] || { echo "unpack bench: /usr/bin/time missing: apt-get install -y time" >&2; exit 1; }
 
-rootfs=$(ci/lib/debian-rootfs.sh "$pkgs")
+if [ "${1:-}" = --rootfs ]; then
+  rootfs=${2:?unpack bench: --rootfs needs a tar}
+else
+  rootfs=$(ci/lib/debian-rootfs.sh "${1:-systemd,dbus,iproute2,iptables,containerd,runc,openssh-server,python3,curl,less,vim-tiny}")
+fi
 work=${BENCH_DIR:-$(mktemp -d /var/tmp/kubeslot-bench.XXXXXX)}
 mkdir -p "$work"
 trap 'rm -rf "$work"' EXIT
 
-echo "building the example binaries (release)..." >&2
-cargo build --release --quiet -p kubeslot-activator --bin kubeslot-activator
-cargo build --release --quiet -p kubeslot-image --example unpack_layout --example make_layout
-bin=target/release/examples
-activator=target/release/kubeslot-activator
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin=$KUBESLOT_BIN_DIR/examples activator=$KUBESLOT_BIN_DIR/kubeslot-activator
+else
+  echo "building the example binaries (release)..." >&2
+  cargo build --release --quiet --locked -p kubeslot-activator --bin kubeslot-activator
+  cargo build --release --quiet --locked -p kubeslot-image --example unpack_layout --example make_layout
+  bin=target/release/examples activator=target/release/kubeslot-activator
+fi
+for b in "$activator" "$bin/unpack_layout" "$bin/make_layout"; do
+  [ -x "$b" ] || { echo "unpack bench: $b is missing (cargo test --workspace --no-run builds it)" >&2; exit 1; }
+done
 
 # Device nodes are refused by design (an nspawn machine gets /dev from the
 # host); every contender gets the same tar without them.
@@ -90,7 +105,8 @@ run cmd-zstd    "rmdir $work/out && $activator unpack --config $work/cfg.json --
 rm -rf "$work/bundle"
 run umoci-gzip  "rm -rf $work/bundle && umoci unpack --image $work/gz:t $work/bundle"
 
-ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
+# (a tiny tree can take 0.00 s: no ratio then)
+ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
 echo
 echo "ratios, wall (cpu = user+sys of every process, steadier on a shared machine):"
 echo "ours/zstd|tar    (zstd image): $(ratio "$t_ours_zstd" "$t_zstd_tar")x ($(ratio "$c_ours_zstd" "$c_zstd_tar")x)   (target <= 1.2x)"

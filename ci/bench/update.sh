@@ -5,7 +5,7 @@
 # Images: a Debian rootfs (ci/lib/debian-rootfs.sh, /dev dropped) as the
 # base layer and a "Kubernetes" layer (a kubelet-sized file of noise plus a
 # version file), v2 with another noise seed: two gzip OCI layouts sharing the
-# base blob. Per mode, the real release `kubeslot-activator activate` (with
+# base blob. Per mode, the real `kubeslot-activator activate` (with
 # "slots": {"mode": MODE}) runs v1 into kube1, then v2 into kube2, against a
 # temporary --root on this disk, with fake `systemctl`/`machinectl` first on
 # PATH (the systemd boundary: the fake mounts a slot's mount unit for real
@@ -26,7 +26,13 @@
 # layer's uncompressed size; both slots' disk <= 1.1 x (one image + the
 # changed layer). No timed assertion: numbers for people.
 #
-#   ci/bench/update.sh [KUBE_MB]     (default 96: the Kubernetes layer's noise)
+#   ci/bench/update.sh [--rootfs TAR] [KUBE_MB]
+#
+# KUBE_MB: the Kubernetes layer's noise (default 96). --rootfs TAR: TAR in
+# place of the Debian rootfs as the base layer. Smoke size
+# (ci/bench/smoke.sh): a small TAR and KUBE_MB 1. KUBESLOT_BIN_DIR=DIR takes
+# kubeslot-activator and examples/make_layout from DIR (target/debug after
+# the tests) instead of building them (release).
 #
 # Needs root (mount), python3, gzip, tar; run under flock /tmp/kubeslot-e2e.lock
 # (it binds a free port and mounts overlays). Work files go to
@@ -36,13 +42,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
+rootfs=''
+if [ "${1:-}" = --rootfs ]; then rootfs=${2:?update bench: --rootfs needs a tar}; shift 2; fi
 kube_mb=${1:-96}
-for t in python3 gzip tar mount umount du; do
-  command -v "$t" >/dev/null || { echo "update bench: $t missing" >&2; exit 1; }
+[[ $kube_mb =~ ^[1-9][0-9]*$ ]] || { echo "update bench: KUBE_MB $kube_mb is not a whole number of MB" >&2; exit 2; }
+for t in python3:python3 gzip:gzip tar:tar mount:mount umount:mount du:coreutils mountpoint:util-linux; do
+  command -v "${t%%:*}" >/dev/null || { echo "update bench: ${t%%:*} missing: apt-get install -y ${t#*:}" >&2; exit 1; }
 done
 [ "$(id -u)" = 0 ] || { echo "update bench: needs root (overlay mounts)" >&2; exit 1; }
 
-rootfs=$(ci/lib/debian-rootfs.sh systemd,dbus,iproute2)
+[ -n "$rootfs" ] || rootfs=$(ci/lib/debian-rootfs.sh systemd,dbus,iproute2)
 work=${BENCH_DIR:-$(mktemp -d /var/tmp/kubeslot-update-bench.XXXXXX)}
 mkdir -p "$work"
 srv_pid=
@@ -55,14 +64,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "building (release)..." >&2
-cargo build --release --quiet -p kubeslot-activator --bin kubeslot-activator
-cargo build --release --quiet -p kubeslot-image --example make_layout
-activator=$repo/target/release/kubeslot-activator
+if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+  bin_dir=$(cd "$KUBESLOT_BIN_DIR" && pwd)
+else
+  echo "building (release)..." >&2
+  cargo build --release --quiet --locked -p kubeslot-activator --bin kubeslot-activator
+  cargo build --release --quiet --locked -p kubeslot-image --example make_layout
+  bin_dir=$repo/target/release
+fi
+activator=$bin_dir/kubeslot-activator make_layout=$bin_dir/examples/make_layout
+for b in "$activator" "$make_layout"; do
+  [ -x "$b" ] || { echo "update bench: $b is missing (cargo test --workspace --no-run builds it)" >&2; exit 1; }
+done
 
 # ---------------------------------------------------------------- images
 cp "$rootfs" "$work/base.tar"
-tar -f "$work/base.tar" --delete --wildcards './dev/?*'
+if tar -tf "$work/base.tar" | grep '^\./dev/.' >/dev/null; then tar -f "$work/base.tar" --delete --wildcards './dev/?*'; fi
 kube_tar() { # kube_tar OUT SEED VERSION
   local d=$work/kube-src-$2
   mkdir -p "$d/usr/bin" "$d/etc"
@@ -83,8 +100,8 @@ EOF
 }
 kube_tar "$work/kube1.tar" 1 v1.35.0
 kube_tar "$work/kube2.tar" 2 v1.35.1
-target/release/examples/make_layout "$work/v1" v1 gzip "$work/base.tar" "$work/kube1.tar"
-target/release/examples/make_layout "$work/v2" v2 gzip "$work/base.tar" "$work/kube2.tar"
+"$make_layout" "$work/v1" v1 gzip "$work/base.tar" "$work/kube1.tar" >/dev/null
+"$make_layout" "$work/v2" v2 gzip "$work/base.tar" "$work/kube2.tar" >/dev/null
 changed=$(stat -c %s "$work/kube2.tar")
 
 # ---------------------------------------------------------------- fakes
@@ -197,7 +214,7 @@ one_image=$(du -s -B1 "$work/copy/root/var/lib/machines/kube1" | cut -f1)
 changed_disk=$(du -s -B1 "$work/overlay/root/var/lib/kubeslot/layers/$(sha256sum "$work/kube2.tar" | cut -c1-64)" | cut -f1)
 
 mib() { python3 -c "print(f'{$1/1048576:.1f} MiB')"; }
-ratio() { python3 -c "print(f'{$1/$2:.3f}')"; }
+ratio() { python3 -c "print(f'{$1/$2:.3f}' if $2 else 'n/a')"; }
 echo "base layer: $(mib "$(stat -c %s "$work/base.tar")") uncompressed; changed (Kubernetes) layer: $(mib "$changed") uncompressed"
 printf '%-8s %16s %22s %18s %16s\n' mode "bytes written" "written less blobs" "verified->ready" "both slots' disk"
 for mode in overlay copy; do

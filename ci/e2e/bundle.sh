@@ -10,15 +10,14 @@
 #
 # The bundle's image is named in a registry that does not exist
 # (bundle.e2e.invalid) and was never pushed anywhere: the node can have it
-# only from the bundle. Until the fixture kubelet runs static pods through
-# CRI, the scenario proves the import with containerd itself (the image
-# listed in k8s.io at its digest, a container run from it); after the CRI
-# work it becomes a static pod.
+# only from the bundle. It runs as a static pod through CRI (cri.sh's
+# helpers), on the node's network (hostNetwork: this outer host shares the
+# CI machine's network, where no CNI bridge may appear).
 #
 # A container needs runc's cgroups: for this scenario only, the node
-# machines of the outer host keep nspawn's own cgroup layout and the
-# kubelet is told failCgroupV1: false, as in the pod outer host (pods.sh:
-# this hybrid-cgroup CI host's v2 hierarchy has no controllers).
+# machines of the outer host keep nspawn's own cgroup layout
+# (hybrid_cgroup_dropin of pods.sh) and the kubelet is told
+# failCgroupV1: false, as in the pod outer host.
 
 BUNDLE_NAME=bundle.e2e.invalid/e2e/bundled:1
 BUNDLE_DIGEST=""
@@ -50,33 +49,24 @@ bundle_config() {
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
 
-# bundle_cgroup_layout on|off: the TEST-ONLY drop-in of pods.sh (nspawn's
-# own cgroup layout for the node machines), in the first outer host for
-# this scenario only: later scenarios start their machines as rendered.
+# bundle_cgroup_layout on|off: pods.sh's TEST-ONLY hybrid_cgroup_dropin
+# for the node machines of the first outer host, for this scenario only:
+# later scenarios start their machines as rendered.
 bundle_cgroup_layout() {
-  local f=$OUTER/etc/systemd/system/systemd-nspawn@.service.d/zz-e2e-cgroup-layout.conf
   if [ "$1" = on ]; then
-    mkdir -p "${f%/*}"
-    printf '%s\n' '# TEST-ONLY (ci/e2e/bundle.sh): see pods.sh.' '[Service]' \
-      'UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY' >"$f"
+    hybrid_cgroup_dropin systemd-nspawn@.service
   else
-    rm -f "$f"
+    rm -f "$OUTER/etc/systemd/system/systemd-nspawn@.service.d/zz-e2e-cgroup-layout.conf"
+    outer systemctl daemon-reload
   fi
-  outer systemctl daemon-reload
-}
-
-# in_node MACHINE CMD...: CMD inside a node machine of the outer host.
-in_node() {
-  local m=$1
-  shift
-  outer systemd-run -M "$m" --quiet --wait --pipe "$@" </dev/null
 }
 
 # The running node's image (v4) with a bundle: the new host files flip it
 # into the idle slot, whose kubeslot-images imported the bundle's image
 # before its kubelet started; containerd has it at the archive's digest and
-# runs a container from it, though no registry has it. A damaged archive is
-# then refused by the render, naming it, before the machine would start.
+# the kubelet runs it as a static pod, though no registry has it. A damaged
+# archive is then refused by the render, naming it, before the machine
+# would start.
 scenario_offline_bundle_images() {
   local rc=0
   bundle_cgroup_layout on
@@ -97,21 +87,36 @@ bundle_checks() {
   got=$(outer cat "/etc/kubeslot/host/$target/bundle-images" | grep -v '^#')
   check_eq "the rendered list for the import unit" "$got" "$BUNDLE_NAME $BUNDLE_DIGEST bundled.oci.tar" || return 1
   # shellcheck disable=SC2016 # expanded inside the machine
-  got=$(in_node "$target" sh -c 'test -r /etc/kubeslot/bundle/bundled.oci.tar && echo readable
+  got=$(in_machine "$target" sh -c 'test -r /etc/kubeslot/bundle/bundled.oci.tar && echo readable
     touch /etc/kubeslot/bundle/x 2>/dev/null && echo writable || echo read-only' | paste -sd' ')
   check_eq "the bundle dir in $target" "$got" "readable read-only" || return 1
-  got=$(in_node "$target" journalctl -u kubeslot-images --no-pager -o cat | grep -F "$BUNDLE_NAME" || true)
+  got=$(in_machine "$target" journalctl -u kubeslot-images --no-pager -o cat | grep -F "$BUNDLE_NAME" || true)
   check "kubeslot-images imported the bundle's image" grep -qF "$BUNDLE_NAME: imported ($BUNDLE_DIGEST)" <<<"$got" ||
-    { in_node "$target" journalctl -u kubeslot-images --no-pager -o cat >&2; return 1; }
+    { in_machine "$target" journalctl -u kubeslot-images --no-pager -o cat >&2; return 1; }
   local done_at started_at
   done_at=$(outer systemctl -M "$target" show kubeslot-images -p ExecMainExitTimestampMonotonic --value)
   started_at=$(outer systemctl -M "$target" show kubelet -p ExecMainStartTimestampMonotonic --value)
   check "the import finished before the kubelet started ($done_at <= $started_at)" test "$done_at" -le "$started_at" || return 1
-  got=$(in_node "$target" ctr -n k8s.io images ls "name==$BUNDLE_NAME" | awk 'NR > 1 { print $3 }')
+  got=$(in_machine "$target" ctr -n k8s.io images ls "name==$BUNDLE_NAME" | awk 'NR > 1 { print $3 }')
   check_eq "$BUNDLE_NAME in containerd's k8s.io namespace" "$got" "$BUNDLE_DIGEST" || return 1
-  out=$(in_node "$target" ctr -n k8s.io run --rm "$BUNDLE_NAME" bundle-check 2>&1) || true
-  check "a container runs from the bundle's image" grep -qx 'hello from the offline bundle' <<<"$out" || { echo "$out" >&2; return 1; }
+  # a static pod of it (its tag is never pulled again: IfNotPresent)
+  cri_manifest "$target" bundled <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: bundled
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: bundled
+    image: $BUNDLE_NAME
+EOF2
+  out=$(cri_wait_log "$target" bundled bundled 0 'hello from the offline bundle' 90) || return 1
+  check "the static pod printed the bundle image's line" grep -qx 'hello from the offline bundle' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "the kubelet pulled nothing" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M $target --quiet --wait --pipe journalctl -u kubelet --no-pager -o cat </dev/null | grep -q 'CRI timing: image pulled.*bundled'" || return 1
   check "no registry was asked for it" bash -c "! grep -q '/v2/e2e/bundled/' '$REGISTRY_LOG'" || return 1
+  in_machine "$target" rm -f /etc/kubernetes/manifests/bundled.yaml
 
   # damaged: the render refuses it (exit 3), naming the archive, and
   # writes nothing

@@ -212,7 +212,8 @@ scenario_gpu_setup() {
   check_eq "the setup finished before containerd started" "$got" before || return 1
   # containerd's own view of its merged config (the import of conf.d)
   local dump
-  dump=$(gpu_in "$m" 'containerd config dump') || { fail "containerd config dump in $m"; return 1; }
+  # (containerd 2 writes TOML strings in single quotes)
+  dump=$(gpu_in "$m" 'containerd config dump' | tr "'" '"') || { fail "containerd config dump in $m"; return 1; }
   got=$(grep -E '^\s*(enable_cdi|cdi_spec_dirs|default_runtime_name) = ' <<<"$dump" | sed 's/^[[:space:]]*//' | sort | paste -sd';')
   want='cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"];default_runtime_name = "nvidia";enable_cdi = true'
   check_eq "containerd config dump in $m: CDI and the default runtime" "$got" "$want" || { echo "$dump" >&2; return 1; }
@@ -263,4 +264,72 @@ scenario_gpu_setup() {
     ldconfig -p | grep -c "libnvidia-ml" || true' | paste -sd' ')
   check_eq "in $m without a GPU: links, CDI spec, ldconfig entries" "$got" "0 no-spec 0" || return 1
   check "containerd still active in $m" outer systemctl -M "$m" is-active --quiet containerd || return 1
+}
+
+# gpu_cdi_injection (after gpu_setup, on its machine): the GPU is back
+# (the fake devices, the new driver) and the machine restarted with nspawn's
+# own cgroup layout (TEST-ONLY, hybrid_cgroup_dropin: runc needs the v1
+# controllers here); a static pod with `nvidia.com/gpu: 1` (hostNetwork: no
+# CNI on this outer, which shares this machine's network) gets /dev/nvidia0
+# and the driver libraries injected by containerd itself from the CDI spec
+# the setup wrote (the TEST-ONLY nvidia-ctk writes it from what the setup
+# linked, see its comment); the container lists them. A pod without the
+# limit gets neither. The sandbox and container image is the test pause
+# image (busybox-static), imported into the node's containerd by the test
+# (the GPU test image bakes none).
+scenario_gpu_cdi_injection() {
+  local m archive=/var/tmp/e2e-pause.oci.tar out
+  m=$(running_machine) || return 1
+  gpu_devices add
+  # (on the template: the render owns the machine's own drop-in dir)
+  hybrid_cgroup_dropin systemd-nspawn@.service || return 1
+  # (TEST-ONLY, as hand_nspawn's: the kubelet on that cgroup v1 layout)
+  gpu_in "$m" 'printf "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nfailCgroupV1: false\n" >/etc/kubernetes/kubelet/config.d/40-allow-cgroup-v1.conf' || return 1
+  gpu_restart "$m" || return 1
+  check_eq "kubeslot-nvidia-setup with the GPU back" "$(gpu_setup_result "$m")" "success active" || { gpu_setup_journal "$m" >&2; return 1; }
+  check "the CDI spec mounts the driver libraries" gpu_in "$m" "grep -q 'containerPath: $GPU_LIBDIR/libcuda.so.1' /etc/cdi/nvidia.yaml" || return 1
+  skopeo copy --quiet "oci:$WORK/images/test/layout:pause" "oci-archive:$OUTER$archive:3.10.2" ||
+    { fail "skopeo copy of the test pause image"; return 1; }
+  outer machinectl copy-to "$m" "$archive" "$archive" || { fail "machinectl copy-to $m"; return 1; }
+  gpu_in "$m" "ctr -n k8s.io images import --base-name registry.k8s.io/pause $archive >/dev/null && rm -f $archive" ||
+    { fail "import of the pause image into $m"; return 1; }
+  cri_manifest "$m" gpu <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: cuda
+    image: registry.k8s.io/pause:3.10.2
+    command: [sh, -c]
+    args: ["ls -l /dev/nvidia0 /dev/nvidiactl; ls $GPU_LIBDIR; echo gpu-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+EOF2
+  cri_manifest "$m" nogpu <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nogpu
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: plain
+    image: registry.k8s.io/pause:3.10.2
+    command: [sh, -c, "ls /dev/nvidia0 2>/dev/null || echo no-gpu-device; ls $GPU_LIBDIR 2>/dev/null | grep -c nvidia || true; echo plain-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
+EOF2
+  out=$(cri_wait_log "$m" gpu cuda 0 '^gpu-pod-done$' 90) || return 1
+  check "the GPU pod sees /dev/nvidia0 (a character device)" grep -Eq '^c.* /dev/nvidia0$' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "the GPU pod sees /dev/nvidiactl" grep -Eq '^c.* /dev/nvidiactl$' <<<"$out" || { echo "$out" >&2; return 1; }
+  check "the GPU pod has the driver's libcuda.so.1" grep -qx libcuda.so.1 <<<"$out" || { echo "$out" >&2; return 1; }
+  check "the GPU pod has the driver's libnvidia-ml.so.1" grep -qx libnvidia-ml.so.1 <<<"$out" || { echo "$out" >&2; return 1; }
+  check "not the toolkit's libnvidia-container" test "$(grep -c libnvidia-container <<<"$out")" = 0 || return 1
+  out=$(cri_wait_log "$m" nogpu plain 0 '^plain-pod-done$' 60) || return 1
+  check_eq "a pod without the limit: no GPU device, no driver library" "$(grep -v plain-pod-done <<<"$out" | paste -sd' ')" "no-gpu-device 0" || return 1
+  cri_timings "$m" gpu
 }

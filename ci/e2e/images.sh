@@ -4,10 +4,13 @@
 # shellcheck disable=SC2153,SC2034
 # The e2e node images v1 to v6, sourced by ci/e2e/run.sh.
 #
-# Six images over one base: a Debian bookworm rootfs (ci/lib/debian-rootfs.sh,
-# the node package list), a config layer (the kubelet unit and the test-only
-# cgroup unit, enabled) and a Kubernetes layer holding only the fixture
-# kubelet. v1 and v2 differ only in the Kubernetes layer (another kubelet
+# Six images over one base: a Debian rootfs (ci/lib/debian-rootfs.sh, the
+# node package list: trixie with containerd 2, runc and the CNI plugins from
+# testing), a config layer (containerd's production config, the kubelet unit
+# and config, the test-only units and CNI config) and a Kubernetes layer
+# holding only the fixture kubelet (and the same binary as the TEST-ONLY
+# crictl). A seventh, "nocni", is v1's without the CNI config
+# (runtime_not_ready_fails_gate). v1 and v2 differ only in the Kubernetes layer (another kubelet
 # version); v3's kubelet never turns healthy; v4 is a fourth version (its
 # fresh Kubernetes layer is the one the tamper scenario corrupts).
 #
@@ -24,14 +27,15 @@
 IMAGE_REPO=kubeslot/e2e-node
 # Set by images_push / images_sign, read by the scenarios.
 E2E_VERSIONS=(v1 v2 v3 v4 v5 v6)
-REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_UNSIGNED=""
+REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_UNSIGNED="" REF_nocni="" DIGEST_nocni=""
 DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5="" DIGEST_v6=""
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED REF_nocni DIGEST_nocni DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
 # The small container images pods run (a busybox-static rootfs, built here):
-# REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps) and
+# REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps
+# until SIGTERM) and
 # REGISTRY/e2e/hello:1 (prints a line). Set by test_images_build.
 PAUSE_DIGEST="" HELLO_DIGEST=""
 
@@ -50,8 +54,11 @@ test_images_build() {
   umoci init --layout "$layout"
   umoci new --image "$layout:empty"
   umoci raw add-layer --image "$layout:empty" --tag busybox "$dir/rootfs.tar"
+  # (it ends on SIGTERM as the real pause does: a sandbox's PID 1 that
+  # ignored it held every node machine's shutdown for systemd's 90 s)
   umoci config --image "$layout:busybox" --tag pause \
-    --config.entrypoint /bin/sleep --config.cmd 2147483647
+    --config.entrypoint /bin/sh --config.entrypoint -c \
+    --config.entrypoint 'trap "exit 0" TERM INT; sleep 2147483647 & wait'
   umoci config --image "$layout:busybox" --tag hello \
     --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from an e2e pod'
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/e2e/pause:3.10.2"
@@ -86,12 +93,17 @@ images_stage() {
   install -m 0644 "$files/kubelet-config.yaml" "$stage/config/etc/kubernetes/kubelet/config.yaml"
   install -m 0644 "$files/kubelet-config.d-README" "$stage/config/etc/kubernetes/kubelet/config.d/README"
   install -m 0644 "$files/kmsg.conf" "$stage/config/etc/tmpfiles.d/kmsg.conf"
-  install -m 0644 "$E2E_TESTDATA/node/containerd-config.toml" "$stage/config/etc/containerd/config.toml"
+  install -m 0644 "$files/containerd-config.toml" "$stage/config/etc/containerd/config.toml"
   install -m 0755 "$files/import-images" "$stage/config/usr/libexec/kubeslot/import-images"
+  mkdir -p "$stage/config/usr/local/sbin" "$stage/config/etc/cni/net.d"
+  # the TEST-ONLY parts node.toml.in adds (runc's path, the CNI config)
+  install -m 0755 "$E2E_TESTDATA/node/runc" "$stage/config/usr/local/sbin/runc"
+  install -m 0644 "$E2E_TESTDATA/node/10-e2e-bridge.conflist" "$stage/config/etc/cni/net.d/"
   tar -C "$stage/config/opt/cni/bin" -xzf "$CNI_TGZ"
   for v in "${E2E_VERSIONS[@]}"; do
     mkdir -p "$stage/kubernetes-$v/usr/bin"
     install -m 0755 "$WORK/kubelet/$v/kubelet" "$stage/kubernetes-$v/usr/bin/kubelet"
+    install -m 0755 "$WORK/kubelet/$v/kubelet" "$stage/kubernetes-$v/usr/bin/crictl"
   done
 }
 
@@ -113,7 +125,6 @@ recipe_for() {
     -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/$v/kubelet" | cut -d' ' -f1)|g" \
     -e "s|@KUBELET@|$WORK/kubelet/$v/kubelet|g" \
     -e "s|@UNITS@|$E2E_TESTDATA/node/units|g" \
-    -e "s|@NODE@|$E2E_TESTDATA/node|g" \
     -e "s|@RECIPE_FILES@|$REPO/recipes/files|g" \
     -e "s|@CNI_TGZ@|$CNI_TGZ|g" \
     -e "s|@CNI_SHA256@|$(sha256sum "$CNI_TGZ" | cut -d' ' -f1)|g" \
@@ -133,6 +144,13 @@ images_build_with_builder() {
     "$BUILDER" --progress plain build "$recipe" --output "oci:$IMAGE_LAYOUT:$v" >"$WORK/logs/build-$v.log" 2>&1 ||
       { cat "$WORK/logs/build-$v.log" >&2; die "kubeslot-builder build $recipe failed"; }
   done
+  # nocni: v1 less its CNI config (the recipe's [[files]] block for it)
+  recipe=$(recipe_for v1)
+  awk 'BEGIN { RS = ""; ORS = "\n\n" } !/path = "\/etc\/cni\/net.d\//' "$recipe" |
+    sed 's/^tag = "v1"$/tag = "nocni"/' >"$WORK/images/node-nocni.toml"
+  ! grep -q '/etc/cni/net.d' "$WORK/images/node-nocni.toml" || die "the CNI config is still in node-nocni.toml"
+  "$BUILDER" --progress plain build "$WORK/images/node-nocni.toml" --output "oci:$IMAGE_LAYOUT:nocni" >"$WORK/logs/build-nocni.log" 2>&1 ||
+    { cat "$WORK/logs/build-nocni.log" >&2; die "kubeslot-builder build node-nocni.toml failed"; }
 }
 
 # push_one SRC REF: `kubeslot-builder push` (keeps the builder's index and
@@ -155,6 +173,10 @@ images_push() {
   done
   push_one "oci:$IMAGE_LAYOUT:v2" "$REGISTRY/kubeslot/e2e-unsigned:v2"
   REF_UNSIGNED=$REGISTRY/kubeslot/e2e-unsigned:v2
+  push_one "oci:$IMAGE_LAYOUT:nocni" "$REGISTRY/$IMAGE_REPO:nocni"
+  REF_nocni=$REGISTRY/$IMAGE_REPO:nocni
+  DIGEST_nocni=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REF_nocni" | sha256sum | cut -d' ' -f1)
+  PLATFORM_DIGEST[$DIGEST_nocni]=$(platform_digest "$REF_nocni")
   log "pushed $REF_v1 ($DIGEST_v1), v2 ($DIGEST_v2), v3 ($DIGEST_v3)"
 }
 
@@ -166,7 +188,7 @@ images_sign() {
   local v ref digest
   "$BUILDER" keygen --out "$WORK/keys/e2e" >"$WORK/logs/keygen.log" 2>&1 ||
     { cat "$WORK/logs/keygen.log" >&2; die "kubeslot-builder keygen failed"; }
-  for v in "${E2E_VERSIONS[@]}"; do
+  for v in "${E2E_VERSIONS[@]}" nocni; do
     ref=REF_$v; digest=DIGEST_$v
     "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
       { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }

@@ -311,13 +311,15 @@ registry_log_lines() { wc -l <"$REGISTRY_LOG"; }
 
 # node_tree_fill DIR ROOTFS_TAR KUBELET_BIN: a node machine tree by hand (for
 # the scenarios that run without an image): the node rootfs, the fixture
-# kubelet and the images' config layer as staged by images_stage (units,
+# kubelet (also as the crictl subset) and the images' config layer as staged by images_stage (units,
 # kubelet and containerd config, the test units), enabled.
 node_tree_fill() {
   local dir=$1 tar=$2 kubelet=$3
   mkdir -p "$dir"
   tar -C "$dir" -xpf "$tar" --numeric-owner
   install -m 0755 "$kubelet" "$dir/usr/bin/kubelet"
+  # (the TEST-ONLY crictl subset is the same binary, by another name)
+  install -m 0755 "$kubelet" "$dir/usr/bin/crictl"
   cp -a "$WORK/images/stage/config/." "$dir/"
 }
 

@@ -1,10 +1,13 @@
 # shellcheck shell=bash
 # REF_*, PAUSE_DIGEST, ... are set by images.sh, which run.sh sources first.
 # shellcheck disable=SC2154
-# The pod scenarios, sourced by ci/e2e/run.sh: containers run by the node
-# image's own containerd (runc, CNI bridge networking) inside node machines
-# the real kubeslot-activator activated, with the pod image pulled through the
-# registry mirror the activator rendered, and the baked pause image.
+# The pod scenarios, sourced by ci/e2e/run.sh: static pods the fixture
+# kubelet runs through CRI (RunPodSandbox, PullImage, CreateContainer,
+# StartContainer) on the node image's own containerd 2 with the production
+# config (runc, CNI bridge networking), inside node machines the real
+# kubeslot-activator activated, with the pod image pulled through the
+# registry mirror the activator rendered, and the baked pause image as the
+# sandbox. The CRI scenarios themselves are in cri.sh.
 #
 # They get an outer host of their own (booted by the first of them, stopped
 # by the last), with a private network namespace (systemd-nspawn
@@ -24,9 +27,11 @@
 # Two test-only adjustments, both in the pod outer host only: the node
 # machines keep nspawn's own cgroup layout (a drop-in unsets the rendered
 # SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1: on this hybrid-cgroup host the v2
-# hierarchy has no controllers, and runc needs them, see E2E.md), and the
-# host config's kubelet.config says failCgroupV1: false, which a kubelet
-# on cgroup v1 needs.
+# hierarchy has no controllers, and runc needs them, see E2E.md; and it
+# passes SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1 to the machine's systemd 257,
+# which refuses a hybrid layout otherwise), and the host config's
+# kubelet.config says failCgroupV1: false, which a kubelet on cgroup v1
+# needs.
 #
 # State between the scenarios lives in the pod outer host and in
 # WORK/pods/ (PIDs), not in shell variables.
@@ -107,17 +112,31 @@ pods_outer_up() {
   pods_wait_port "${REGISTRY#*:}" || die "the pod outer's registry does not listen"
   pods_wait_port "${POD_MIRROR#*:}" || die "the pod outer's TLS mirror does not listen"
 
-  mkdir -p "$OUTER/etc/systemd/system/systemd-nspawn@.service.d"
-  cat >"$OUTER/etc/systemd/system/systemd-nspawn@.service.d/zz-e2e-cgroup-layout.conf" <<'EOF2'
-# TEST-ONLY (ci/e2e/pods.sh): nspawn's own cgroup layout instead of the
-# rendered cgroup2-only one, whose v2 hierarchy has no controllers on this
-# hybrid-cgroup CI host (runc needs them).
-[Service]
-UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY
-EOF2
-  outer systemctl daemon-reload
+  hybrid_cgroup_dropin systemd-nspawn@.service
   act_setup
   log "  pod outer host up (leader $OUTER_LEADER): private network, node IP $POD_NODE_IP, registry and TLS mirror inside"
+}
+
+# hybrid_cgroup_dropin UNIT: a TEST-ONLY drop-in for UNIT (a
+# systemd-nspawn@ unit or its template) in the current outer host: nspawn's
+# own cgroup layout instead of the rendered cgroup2-only one, whose v2
+# hierarchy has no controllers on this hybrid-cgroup CI host (runc needs
+# them), and the stock command line plus SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
+# for the machine's systemd 257 (it reads its argv as its kernel command
+# line and refuses a cgroup v1 layout without it).
+hybrid_cgroup_dropin() {
+  local stock
+  stock=$(outer systemctl cat systemd-nspawn@.service | sed -n 's/^ExecStart=//p' | head -n1)
+  [ -n "$stock" ] || { fail "no ExecStart= in the outer's systemd-nspawn@.service"; return 1; }
+  mkdir -p "$OUTER/etc/systemd/system/$1.d"
+  cat >"$OUTER/etc/systemd/system/$1.d/zz-e2e-cgroup-layout.conf" <<EOF2
+# TEST-ONLY (ci/e2e/pods.sh, hybrid_cgroup_dropin): see there.
+[Service]
+UnsetEnvironment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY
+ExecStart=
+ExecStart=$stock SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
+EOF2
+  outer systemctl daemon-reload
 }
 
 # pods_cleanup: stops what pods_outer_up started (called by lib.sh's cleanup).
@@ -148,37 +167,13 @@ pods_config() {
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
 
-# in_machine MACHINE CMD...: CMD inside the node machine, output piped back.
-in_machine() {
-  local m=$1; shift
-  outer systemd-run -M "$m" --quiet --wait --pipe "$@" </dev/null
-}
-
-# pods_cni MACHINE: a bridge network for the pods (what a cluster's CNI
-# DaemonSet writes in production).
-pods_cni() {
-  outer systemd-run -M "$1" --quiet --wait --pipe \
-    sh -c 'mkdir -p /etc/cni/net.d && cat >/etc/cni/net.d/10-e2e-bridge.conflist' <<'EOF2' >/dev/null
-{"cniVersion": "0.4.0", "name": "e2e", "plugins": [
-  {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}
-EOF2
-}
-
-# pods_run MACHINE ID [CMD...]: `ctr run --rm --cni` of the hello image in
-# containerd's k8s.io namespace (the CRI's), output on stdout.
-pods_run() {
-  local m=$1 id=$2; shift 2
-  in_machine "$m" ctr -n k8s.io run --rm --cni "$POD_REGISTRY_NAME/e2e/hello:1" "$id" "$@" 2>&1
-}
-
 # The pod outer boots; v1 is activated into kube1 (the node's kubelet
-# fixture starts: /dev/kmsg, the kernel defaults, the cgroup driver and the
-# host's kubelet config drop-in all pass its checks) and imports the baked
-# pause image; the hello image is pulled through the rendered mirror and a
-# container runs with runc and CNI bridge networking: it prints its line,
-# has a bridge address and reaches the node's IP.
+# fixture starts: /dev/kmsg, the kernel defaults, the cgroup driver, CRI
+# Version and the host's kubelet config drop-in all pass its checks; the
+# gate saw RuntimeReady and NetworkReady) and imports the baked pause image.
+# The node runs the production runtime: containerd >= 2.1, runc >= 1.3,
+# CNI plugins >= 1.9, and containerd's own merged config (`containerd
+# config dump`) has the production settings.
 scenario_pod_runs() {
   pods_outer_up || return 1
   pods_enter || return 1
@@ -191,36 +186,15 @@ scenario_pod_runs() {
   check_eq "kubelet: --node-ip, the host's config drop-in, /dev/kmsg" "$got" "1 1 /dev/console" || return 1
   got=$(in_machine kube1 journalctl -u kubeslot-images --no-pager -o cat | grep 'registry.k8s.io/pause' || true)
   check "the pause image was imported at first boot" grep -q "registry.k8s.io/pause:3.10.2: imported ($PAUSE_DIGEST)" <<<"$got" || { echo "$got" >&2; return 1; }
-
-  pods_cni kube1
-  local t0 out
-  t0=$(now_ms)
-  out=$(in_machine kube1 ctr -n k8s.io images pull --hosts-dir /etc/containerd/certs.d \
-    "$POD_REGISTRY_NAME/e2e/hello:1" 2>&1) || { echo "$out" >&2; fail "pull of $POD_REGISTRY_NAME/e2e/hello:1 through the rendered mirror"; return 1; }
-  log "  pulled $POD_REGISTRY_NAME/e2e/hello:1 through the mirror in $(($(now_ms) - t0)) ms"
-  out=$(pods_run kube1 hello-1) || { echo "$out" >&2; fail "ctr run --cni of the hello image"; return 1; }
-  check "the container printed its line" grep -qx 'hello from an e2e pod' <<<"$out" || { echo "$out" >&2; return 1; }
-  out=$(pods_run kube1 hello-2 sh -c "ip -4 addr show eth0; ping -c1 -W5 $POD_NODE_IP") ||
-    { echo "$out" >&2; fail "a container reaches the node IP $POD_NODE_IP"; return 1; }
-  check "the container has a CNI bridge address" grep -q 'inet 10\.88\.' <<<"$out" || { echo "$out" >&2; return 1; }
-  check "the container reached the node IP" grep -q '1 packets received' <<<"$out" || { echo "$out" >&2; return 1; }
-  log "  pod: $(grep -o 'inet [0-9./]*' <<<"$out") -> $POD_NODE_IP ok"
+  cri_expect_production_runtime kube1
 }
 
-# The pull above went through the mirror only: the pods' registry name
-# resolves nowhere in the node, the TLS mirror's log has the manifest
-# requests with containerd's ns=registry.e2e.invalid, and the rendered CA is
-# what makes it work: the same pull with the rendered hosts.toml less its
-# `ca` lines fails on the certificate.
+# The rendered CA is what makes the mirror pull work: a pull with the
+# rendered hosts.toml less its `ca` lines fails on the certificate, the same
+# pull with it succeeds (ctr: containerd's own registry-host handling, with
+# a hosts dir of the test's; the CRI pull itself is cri_pull_through_mirror).
 scenario_mirror_pull_airgapped() {
   pods_enter || return 1
-  # (.invalid never resolves, RFC 2606; and the namespace has no way out)
-  check_eq "default route in the node's network namespace" \
-    "$(nsenter -t "$OUTER_LEADER" -n ip -4 route show default)" "" || return 1
-  # (containerd resolves the tag with HEAD, then fetches by digest)
-  check "the mirror was asked for the manifest on behalf of $POD_REGISTRY_NAME" \
-    grep -Eq "\"(HEAD|GET) /v2/e2e/hello/manifests/[^ ]*[?&]ns=$POD_REGISTRY_NAME" "$WORK/logs/registry-pods-mirror.log" ||
-    { grep -E '/v2/e2e/hello/' "$WORK/logs/registry-pods-mirror.log" | tail -n 5 >&2; return 1; }
   local hosts out
   hosts=$(in_machine kube1 cat "/etc/containerd/certs.d/$POD_REGISTRY_NAME/hosts.toml")
   check "hosts.toml names the mirror and its CA" grep -q "^ca = \"/etc/containerd/certs.d/$POD_REGISTRY_NAME/ca.crt\"" <<<"$hosts" || { echo "$hosts" >&2; return 1; }
@@ -238,15 +212,16 @@ scenario_mirror_pull_airgapped() {
 }
 
 # The flip to kube2 (v2): the image pulled on kube1 is in kube2's containerd
-# (node state in /var/lib/kubeslot/node/containerd survived), and a
-# container runs from it there with the mirror stopped (no pull).
+# (node state in /var/lib/kubeslot/node/containerd survived), and with both
+# registries stopped a static pod runs from it there (the kubelet finds the
+# image present and pulls nothing).
 scenario_image_cache_survives_flip() {
   pods_enter || return 1
   pods_config "$REF_v2"
   act activate || { show_log; log_report; fail "activate v2 in the pod outer exited non-zero"; return 1; }
   expect_running kube2 v1.35.1-e2e.2 || return 1
-  local listed out
-  listed=$(in_machine kube2 ctr -n k8s.io images ls -q)
+  local listed
+  listed=$(in_machine kube2 crictl images -o json | jq -r '.images[].repoTags[]')
   check "kube2's containerd has the image pulled on kube1" grep -qx "$POD_REGISTRY_NAME/e2e/hello:1" <<<"$listed" || { echo "$listed" >&2; return 1; }
   # no registry from here on: the container must come from the cache
   local pid
@@ -257,16 +232,27 @@ scenario_image_cache_survives_flip() {
   while nsenter -t "$OUTER_LEADER" -n bash -c "exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}" 2>/dev/null &&
     [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   check "the mirror is down" bash -c "! nsenter -t $OUTER_LEADER -n bash -c 'exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}' 2>/dev/null" || return 1
-  pods_cni kube2
-  out=$(pods_run kube2 hello-3) || { echo "$out" >&2; fail "ctr run --cni in kube2"; return 1; }
-  check "a container from the cached image runs in kube2" grep -qx 'hello from an e2e pod' <<<"$out" || { echo "$out" >&2; return 1; }
+  cri_manifest kube2 cached <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: cached
+spec:
+  restartPolicy: Never
+  containers:
+  - name: hello
+    image: $POD_REGISTRY_NAME/e2e/hello:1
+EOF2
+  cri_wait_log kube2 cached hello 0 'hello from an e2e pod' 60 >/dev/null || return 1
+  check "the kubelet found the image present (no pull)" \
+    kubelet_log_wait kube2 'Container image already present on machine.*pod="default/cached-e2e-node"' 10 || return 1
 }
 
 # The baked pause image: in kube2 its import was skipped (already there from
 # kube1's first boot, node state survived), the unit finished before the
 # kubelet started, the image is the pinned digest under the name
-# containerd's sandbox_image gives, and it runs; no registry ever served it
-# to a node. Last pod scenario: the pod outer host is stopped.
+# containerd's pinned sandbox image gives, and kube2's pod sandbox runs on
+# it. Last pod scenario: the pod outer host is stopped.
 scenario_preloaded_pause() {
   pods_enter || return 1
   local got done_at started_at out
@@ -277,14 +263,8 @@ scenario_preloaded_pause() {
   check "the import finished before the kubelet started ($done_at <= $started_at)" test "$done_at" -le "$started_at" || return 1
   got=$(in_machine kube2 ctr -n k8s.io images ls "name==registry.k8s.io/pause:3.10.2" | awk 'NR > 1 { print $3 }')
   check_eq "registry.k8s.io/pause:3.10.2 in containerd" "$got" "$PAUSE_DIGEST" || return 1
-  got=$(in_machine kube2 sh -c 'grep -c "sandbox_image = \"registry.k8s.io/pause:3.10.2\"" /etc/containerd/config.toml')
-  check_eq "containerd's sandbox image is the baked one" "$got" 1 || return 1
-  out=$(in_machine kube2 sh -c 'ctr -n k8s.io run -d registry.k8s.io/pause:3.10.2 pause-check >/dev/null &&
-    sleep 0.5 && ctr -n k8s.io tasks ls | grep pause-check;
-    ctr -n k8s.io tasks kill -s SIGKILL pause-check; sleep 0.3; ctr -n k8s.io tasks rm pause-check; ctr -n k8s.io containers rm pause-check' 2>&1) || true
-  check "the pause image runs" grep -q 'pause-check.*RUNNING' <<<"$out" || { echo "$out" >&2; return 1; }
-  check "no registry the nodes can reach was asked for the pause image" \
-    bash -c "! grep -h '/v2/e2e/pause/' '$WORK/logs/registry-pods.log' '$WORK/logs/registry-pods-mirror.log'" || return 1
+  out=$(in_machine kube2 crictl pods -o json | jq -r '.items[] | select(.metadata.name == "cached-e2e-node") | .state')
+  check_eq "kube2's pod sandbox (the pause image) is ready" "$out" SANDBOX_READY || return 1
   pods_cleanup
   rm -rf --one-file-system "$WORK/pod-outer"
 }

@@ -101,16 +101,20 @@ cargo build --quiet --locked -p kubeslot-activator -p kubeslot-builder -p fake-k
 BUILDER=$REPO/target/debug/kubeslot-builder
 
 say "building a Debian trixie rootfs with NVIDIA's container toolkit (mmdebstrap, $mirror)"
-pkgs=systemd,systemd-sysv,dbus,containerd,runc,containernetworking-plugins,iproute2,iptables
+# (containerd 2, runc and the CNI plugins from Debian testing, as the e2e
+# node has them: the image carries the production containerd config)
+pkgs=systemd,systemd-sysv,dbus,containerd/forky,runc/forky,containernetworking-plugins/forky,iproute2,iptables
 pkgs+=,nvidia-container-toolkit,ca-certificates
 SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant=minbase --include="$pkgs" \
+  --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='APT::Default-Release "trixie"' \
   --format=tar trixie "$WORK/rootfs.tar" \
-  "deb $mirror trixie main" \
+  "deb $mirror trixie main" "deb $mirror forky main" \
   "deb [signed-by=$keyring] https://nvidia.github.io/libnvidia-container/stable/deb/$arch /" \
   >"$WORK/logs/mmdebstrap.log" 2>&1 || { cat "$WORK/logs/mmdebstrap.log" >&2; die "mmdebstrap"; }
 
-# The e2e test variant without its nvidia-ctk recorder (the toolkit's real
-# one is in the rootfs), plus crictl as the production recipe pins it.
+# The e2e test variant without its stand-ins for nvidia-ctk,
+# nvidia-container-runtime and crictl (the toolkit's real ones are in the
+# rootfs), plus crictl as the production recipe pins it.
 recipe=$WORK/node-nvidia-check.toml
 sed -e "s|@BASE_TAR@|$WORK/rootfs.tar|g" \
   -e "s|@BASE_SHA256@|$(sha256sum "$WORK/rootfs.tar" | cut -d' ' -f1)|g" \
@@ -121,8 +125,8 @@ sed -e "s|@BASE_TAR@|$WORK/rootfs.tar|g" \
   -e "s|@RECIPE_FILES@|$REPO/recipes/files|g" \
   -e "s|@NVIDIA@|$REPO/testdata/e2e/nvidia|g" \
   testdata/e2e/node-nvidia.toml.in |
-  awk 'BEGIN { RS = ""; ORS = "\n\n" } !/path = "\/usr\/bin\/nvidia-ctk"/' >"$recipe"
-grep -q 'nvidia-ctk' "$recipe" && die "the recorder is still in $recipe"
+  awk 'BEGIN { RS = ""; ORS = "\n\n" } !/path = "\/usr\/bin\/(nvidia-ctk|nvidia-container-runtime|crictl)"/' >"$recipe"
+grep -Eq 'path = "/usr/bin/(nvidia-ctk|nvidia-container-runtime|crictl)"' "$recipe" && die "a stand-in is still in $recipe"
 awk '/^\[components.crictl\]/ { on = 1 } on && /^$/ { exit } on' recipes/ubuntu2404-nvidia.toml >>"$recipe"
 grep -q '^\[components.crictl\]' "$recipe" || die "no crictl component in recipes/ubuntu2404-nvidia.toml"
 sed -i 's|^group = "runtime"$|group = "kubernetes"|' "$recipe"

@@ -6,9 +6,17 @@
 #
 #   ci/lib/debian-rootfs.sh [--suite bookworm] [--variant minbase] PKG[,PKG...]
 #
+# A package written PKG/SUITE comes from another suite of the same mirror
+# (e.g. containerd/forky on a trixie base): that suite is added to the
+# sources, and the base suite stays apt's default release, so everything
+# else (and every dependency the base can satisfy) comes from the base.
+#
 # The suite defaults to bookworm (this machine's release); another Debian
-# suite (trixie) comes from the same mirror, checked against the machine's
-# debian-archive-keyring. The cache key is a hash of the suite, the variant,
+# suite (trixie, or testing: forky for the e2e node's containerd 2) comes
+# from the same mirror, checked against the machine's debian-archive-keyring.
+# Release files are not refused for their Valid-Until: testing's InRelease
+# expires a week after it is signed, and a mirror that is a dated snapshot
+# serves an expired one (the signature is still checked). The cache key is a hash of the suite, the variant,
 # the sorted package list and this script, so a changed list or recipe rebuilds. The cache directory is
 # $KUBESLOT_TEST_CACHE (default /var/cache/kubeslot-test). The tar is written
 # to a temp name and renamed, so a killed build never leaves a half file.
@@ -46,8 +54,13 @@ if [ ! -s "$out" ]; then
   tmp="$out.tmp.$$"
   trap 'rm -f "$tmp"' EXIT
   echo "debian-rootfs: building $out ($suite, $variant, ${pkgs:-no extra packages})" >&2
+  sources=("deb $mirror $suite main")
+  for extra in $(printf '%s' "$pkgs" | tr ',' '\n' | sed -n 's|^[^/]*/||p' | sort -u); do
+    sources+=("deb $mirror $extra main")
+  done
   SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant="$variant" \
-    ${pkgs:+--include="$pkgs"} --format=tar "$suite" "$tmp" "$mirror" >&2
+    --aptopt='Acquire::Check-Valid-Until "false"' --aptopt="APT::Default-Release \"$suite\"" \
+    ${pkgs:+--include="$pkgs"} --format=tar "$suite" "$tmp" "${sources[@]}" >&2
   mv -f "$tmp" "$out"
   trap - EXIT
 fi
