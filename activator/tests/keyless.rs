@@ -12,6 +12,11 @@
 //! the config) and then refuses it as not an image for this host: a refusal
 //! that comes only after the signature was accepted. Each mutation is
 //! refused at the signature, naming why.
+//!
+//! The second part activates real node images for this host, signed by the
+//! test Sigstore instance (test-support's `keyless::TestSigstore`), with
+//! real flips under the fake systemd; each mutation of that material is
+//! refused naming why, with nothing staged.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -350,4 +355,282 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
             "{src}: {e}"
         );
     }
+}
+
+// ---- A keylessly signed image for this host, activated ----
+//
+// No public vector signs an image for this host, so these tests sign real
+// node images with the test Sigstore instance
+// (`kubeslot_test_support::keyless::TestSigstore`: its own Fulcio CAs,
+// Rekor and CT keys and trusted_root.json). The activator knows nothing of
+// it: `activate` reads the instance's root as `trust.keyless.trusted_root`
+// and checks its material exactly as it checks the public vectors. systemd
+// is the shared fake; the flips are real (trees, host files, state).
+
+use kubeslot_activator::activate::{activate, Options};
+use kubeslot_activator::report::{Outcome, Report};
+use kubeslot_activator::testing::FakeSystemd;
+use kubeslot_test_support::image::{gzip_layer, write_image};
+use kubeslot_test_support::keyless::sigstore::Mutation;
+use kubeslot_test_support::keyless::{
+    image_subjects, Material, SignSpec, TestSigstore, Workflow, GITHUB_ISSUER,
+};
+use kubeslot_test_support::tar::tar_with_dirs;
+
+/// The repository the signatures name (under the test registry's host).
+const NODE_REPO: &str = "kubeslot/keyless-node";
+
+/// A node image for this host, tagged `v1` in a new layout at `dir`, whose
+/// machine turns healthy under the fake systemd; `version` makes it
+/// distinct. Returns its subjects (index, platform manifest) and layer.
+fn node_image(dir: &Path, version: &str) -> (Vec<Descriptor>, Digest) {
+    let layout = Layout::create(dir).unwrap();
+    let layer = gzip_layer(
+        &layout,
+        &tar_with_dirs(
+            &["etc/"],
+            &[
+                ("etc/fixture-health", b"healthy"),
+                ("etc/version", version.as_bytes()),
+            ],
+        ),
+    );
+    let digest = layer.desc.digest;
+    write_image(&layout, "v1", &[layer]);
+    (image_subjects(&layout, "v1"), digest)
+}
+
+/// A host whose config trusts the test Sigstore's root and nothing else.
+struct KeylessHost {
+    _dir: tempfile::TempDir,
+    root: Root,
+    config: PathBuf,
+    fake: FakeSystemd,
+}
+
+impl KeylessHost {
+    fn new(sigstore: &TestSigstore) -> KeylessHost {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("root"));
+        kubeslot_test_support::fake_host(root.dir());
+        fs::create_dir_all(root.join("etc/kubeslot")).unwrap();
+        sigstore.write_trusted_root(&root.join("etc/kubeslot/test-trusted-root.json"));
+        let fake = FakeSystemd::new(&root);
+        let config = dir.path().join("activator.json");
+        KeylessHost {
+            _dir: dir,
+            root,
+            config,
+            fake,
+        }
+    }
+
+    /// Writes the config: `image`, signatures naming `repository`, the
+    /// workflow's identity and GitHub claims (`keyless` entries replace
+    /// or, when null, remove them).
+    fn configure(&self, image: &str, repository: &str, keyless: Value) {
+        let w = Workflow::example();
+        let mut k = json!({
+            "trusted_root": "/etc/kubeslot/test-trusted-root.json",
+            "issuer": GITHUB_ISSUER,
+            "identity": w.identity(),
+            "github": {"source_repository": w.repository, "ref": w.git_ref, "workflow": w.identity()},
+            "require_sct": true,
+        });
+        for (key, v) in keyless.as_object().unwrap() {
+            if v.is_null() {
+                k.as_object_mut().unwrap().remove(key);
+            } else {
+                k[key] = v.clone();
+            }
+        }
+        let config = json!({
+            "image": image,
+            "trust": {"identity": repository, "keyless": k},
+            "kubelet": {
+                "api_server": "https://10.0.0.1:6443",
+                "ca_data": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                "bootstrap_token": "abcdef.0123456789abcdef",
+                "node_name": "node-a",
+            },
+            "gpu": "off",
+            "nameservers": ["192.0.2.53"],
+            "health": {"timeout_secs": 1, "successes": 2, "interval_ms": 20,
+                       "kubelet_healthz_url": self.fake.healthz_url},
+        });
+        fs::write(&self.config, serde_json::to_vec(&config).unwrap()).unwrap();
+    }
+
+    fn activate(&self) -> Report {
+        let ran = activate(&self.root, &self.config, &self.fake, &Options::default());
+        ran.saved.unwrap();
+        ran.report
+    }
+
+    /// Nothing of a refused image on the host: no machine tree, no staging
+    /// dir, none of its layers in the store.
+    fn assert_nothing_staged(&self, layer: &Digest, what: &str) {
+        let machines = self.root.machines_dir();
+        let entries: Vec<_> = fs::read_dir(&machines)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            entries.is_empty(),
+            "{what}: {entries:?} in {}",
+            machines.display()
+        );
+        let blob = self.root.store().join("sha256").join(layer.hex());
+        assert!(!blob.exists(), "{what}: layer {layer} stored");
+    }
+}
+
+/// `material` attached to the image in `dir` and served the three ways a
+/// host reads an image: pushed to `reg` as `repo`, the layout, an archive.
+fn serve(reg: &Registry, dir: &Path, repo: &str, material: &Material) -> Vec<String> {
+    let layout = Layout::open(dir).unwrap();
+    material.attach(&layout);
+    push_raw(dir, "v1", &reg.host(), repo);
+    for tag in material.tags() {
+        push_raw(dir, &tag, &reg.host(), repo);
+    }
+    let archive = dir.with_extension("tar");
+    assert!(Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    vec![
+        format!("{}/{repo}:v1", reg.host()),
+        format!("oci:{}:v1", dir.display()),
+        format!("oci-archive:{}:v1", archive.display()),
+    ]
+}
+
+#[test]
+fn a_keylessly_signed_image_is_activated_from_a_registry_a_layout_and_an_archive() {
+    let sigstore = TestSigstore::new();
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let host = KeylessHost::new(&sigstore);
+    let repository = format!("{}/{NODE_REPO}", reg.host());
+    // three images (one per source), each signed both ways
+    let mut machine = "kube2";
+    for (i, how) in ["registry", "layout", "archive"].into_iter().enumerate() {
+        let dir = work.path().join(how);
+        let (subjects, _) = node_image(&dir, how);
+        let material = sigstore.sign(&subjects, &SignSpec::new(Workflow::example(), &repository));
+        assert_eq!((material.legacy.len(), material.bundles.len()), (2, 2));
+        let src = serve(&reg, &dir, NODE_REPO, &material).remove(i);
+        host.configure(&src, &repository, json!({}));
+        let r = host.activate();
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{src}: {r:?}");
+        assert_eq!(r.digest, Some(subjects[1].digest), "{src}");
+        machine = if machine == "kube1" { "kube2" } else { "kube1" };
+        assert_eq!(
+            fs::read_to_string(host.root.machine_tree(machine).join("etc/version")).unwrap(),
+            how,
+            "{src}: {machine} runs it"
+        );
+        assert!(host
+            .fake
+            .active_units()
+            .contains(&format!("systemd-nspawn@{machine}.service")));
+    }
+}
+
+#[test]
+fn either_format_alone_is_enough() {
+    let sigstore = TestSigstore::new();
+    let work = tempfile::tempdir().unwrap();
+    let host = KeylessHost::new(&sigstore);
+    let repository = "registry.example/kubeslot/keyless-node";
+    for (legacy, bundle) in [(true, false), (false, true)] {
+        let dir = work.path().join(format!("legacy-{legacy}"));
+        let (subjects, _) = node_image(&dir, &format!("legacy-{legacy}"));
+        let mut spec = SignSpec::new(Workflow::example(), repository);
+        (spec.legacy, spec.bundle) = (legacy, bundle);
+        // only the platform manifest signed, as cosign signs one digest
+        sigstore
+            .sign(&subjects[1..], &spec)
+            .attach(&Layout::open(&dir).unwrap());
+        host.configure(&format!("oci:{}:v1", dir.display()), repository, json!({}));
+        let r = host.activate();
+        assert_eq!(
+            r.outcome,
+            Some(Outcome::Committed),
+            "legacy {legacy}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn each_mutation_of_the_test_instance_s_material_is_refused_naming_why() {
+    let sigstore = TestSigstore::new();
+    let reg = Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let host = KeylessHost::new(&sigstore);
+    let repository = format!("{}/{NODE_REPO}", reg.host());
+    let spec = SignSpec::new(Workflow::example(), &repository);
+    let identity = Workflow::example().identity();
+    let refused = |src: &str, layer: &Digest, says: &[&str], what: &str| {
+        let r = host.activate();
+        let e = r.error.clone().unwrap_or_default();
+        assert_eq!(r.outcome, Some(Outcome::Failed), "{what}: {src}: {r:?}");
+        assert!(
+            e.contains("refused by the trust policy"),
+            "{what}: {src}: {e}"
+        );
+        for s in says {
+            assert!(e.contains(s), "{what}: {src}: {s:?} not in {e}");
+        }
+        host.assert_nothing_staged(layer, &format!("{what}: {src}"));
+    };
+    for m in Mutation::ALL {
+        let dir = work.path().join(m.name());
+        let (subjects, layer) = node_image(&dir, m.name());
+        let material = sigstore.sign_mutated(&subjects, &spec, m);
+        for src in serve(&reg, &dir, &format!("keyless/{}", m.name()), &material) {
+            host.configure(&src, &repository, json!({}));
+            refused(&src, &layer, m.says(), m.name());
+            // the refusal names the certificate (the other instance's leaf
+            // names the same workflow) and its issuer
+            let e = host.activate().error.unwrap_or_default();
+            assert!(
+                e.contains(&format!("certificate {identity} (issuer {GITHUB_ISSUER})")),
+                "{}: {src}: {e}",
+                m.name()
+            );
+        }
+    }
+    // The pristine material and an unanchored-looking regexp: matched
+    // against the whole identity, a part of it matches nothing.
+    let dir = work.path().join("pristine");
+    let (subjects, layer) = node_image(&dir, "pristine");
+    let material = sigstore.sign(&subjects, &spec);
+    for src in serve(&reg, &dir, "keyless/pristine", &material) {
+        host.configure(
+            &src,
+            &repository,
+            json!({"identity": null, "identity_regexp": "github.com/kubeslot-test/node"}),
+        );
+        refused(
+            &src,
+            &layer,
+            &["anchored at both ends", &identity],
+            "regexp",
+        );
+    }
+    // With SCTs not required, the leaf without one is accepted on the
+    // rest: the policy, not a broken leaf, decided its refusal above.
+    let dir = work.path().join("no-sct");
+    let (subjects, _) = node_image(&dir, "no-sct");
+    let material = sigstore.sign_mutated(&subjects, &spec, Mutation::MissingSct);
+    let src = serve(&reg, &dir, "keyless/no-sct", &material).remove(1);
+    host.configure(&src, &repository, json!({"require_sct": false}));
+    let r = host.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
 }

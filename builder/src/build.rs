@@ -17,13 +17,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use kubeslot_image::layout::{BlobDir, Layout};
-use kubeslot_image::oci::{Compression, Index, Platform, ANNOTATION_REF_NAME};
+use kubeslot_image::oci::{Compression, Descriptor, Index, Platform, ANNOTATION_REF_NAME};
 use kubeslot_image::{time, Digest};
 use serde_json::json;
 
-use crate::assemble::{assemble, ImageMeta, PlatformImage};
+use crate::assemble::{assemble, Assembled, ImageMeta, PlatformImage};
 use crate::fetch::Fetcher;
-use crate::layers::{base_layers, group_tree, layer_desc};
+use crate::layers::{base_layers, group_tree, LayerWriter};
 use crate::output::{self, Target};
 use crate::plan::Plan;
 use crate::progress::Progress;
@@ -47,168 +47,188 @@ pub async fn execute(
     cache: &Path,
     progress: &Progress,
 ) -> anyhow::Result<Summary> {
-    let recipe = &plan.recipe;
-    let epoch = recipe.file.source_date_epoch;
-    let compression = match recipe.file.compression {
-        LayerCompression::Gzip => Compression::Gzip,
-        LayerCompression::Zstd => Compression::Zstd,
-    };
+    let inputs = fetch(plan, cache, progress).await?;
+    // The staging dir sits beside the output (same filesystem) and is
+    // removed on every exit path by its guard.
+    let staging = output::staging_dir(target.path())?;
+    let blobs = BlobDir::create(staging.path().join("blobs"))?;
+    let work = staging.path().join("work");
+    // Platforms are built concurrently (each layer is compressed on a
+    // blocking thread); identical blobs of two platforms land under the
+    // same name by atomic rename, so the race is harmless.
+    let built = futures_util::future::try_join_all(
+        inputs
+            .iter()
+            .map(|i| build_platform(plan, i, &blobs, &work, progress)),
+    )
+    .await?;
+    let staged = stage(plan, built, &blobs, staging.path(), &work)?;
+    write(plan, target, &blobs, staging.path(), &staged)?;
+    drop(staging);
+    Ok(summary(plan, target, &staged))
+}
+
+/// One platform's fetched inputs: the recipe's (as files, in input order)
+/// and, for a package base, its locked `.deb`s (in lock order).
+struct PlatformInputs<'p> {
+    platform: &'p Platform,
+    files: Vec<(Input, PathBuf)>,
+    debs: Vec<PathBuf>,
+}
+
+/// Fetches every input of every platform through the cache (one batch),
+/// then each platform's locked `.deb`s (by sha256).
+async fn fetch<'p>(
+    plan: &'p Plan,
+    cache: &Path,
+    progress: &Progress,
+) -> anyhow::Result<Vec<PlatformInputs<'p>>> {
     let fetcher = Fetcher::new(cache, progress.clone())?;
     let all: Vec<_> = plan
         .inputs
         .iter()
         .flat_map(|(_, ins)| ins.iter().map(|i| i.pinned.clone()))
         .collect();
-    let paths = fetcher.fetch_all(&all).await?;
-    let mut fetched = paths.into_iter();
-    // A package base: every locked `.deb` of every platform, by sha256.
-    let mut debs: BTreeMap<Platform, Vec<PathBuf>> = BTreeMap::new();
-    if let Some(d) = &plan.debian {
-        for (platform, _) in &plan.inputs {
-            let locked = d.lock.platform(&platform.architecture)?;
-            let pins = crate::debian::pinned(&d.base.base, locked)?;
-            debs.insert(platform.clone(), fetcher.fetch_all(&pins).await?);
-        }
-    }
-
-    // The staging dir sits beside the output (same filesystem) and is
-    // removed on every exit path by its guard.
-    let staging = output::staging_dir(target.path())?;
-    let blobs = BlobDir::create(staging.path().join("blobs"))?;
-    let blob_dir = blobs.root().join("sha256");
-    let work = staging.path().join("work");
-
-    // Platforms are built concurrently (each layer is compressed on a
-    // blocking thread); identical blobs of two platforms land under the
-    // same name by atomic rename, so the race is harmless.
-    let mut per_platform = Vec::new();
+    let mut fetched = fetcher.fetch_all(&all).await?.into_iter();
+    let mut out = Vec::new();
     for (platform, inputs) in &plan.inputs {
-        let files: Vec<(Input, PathBuf)> = inputs
+        let files = inputs
             .iter()
             .map(|i| (i.clone(), fetched.next().expect("one path per input")))
             .collect();
-        per_platform.push((platform, files));
-    }
-    let images =
-        futures_util::future::try_join_all(per_platform.into_iter().map(|(platform, files)| {
-            let work = work.join(&platform.architecture);
-            let (blobs, blob_dir) = (&blobs, &blob_dir);
-            let debs = debs.get(platform).cloned().unwrap_or_default();
-            async move {
-                let base = base_layers(
-                    plan,
-                    platform,
-                    &files,
-                    &debs,
-                    blobs,
-                    &work,
-                    compression,
-                    progress,
-                )
-                .await?;
-                let mut layers = base.layers;
-                // `[[images]]` archives (blocking reads through the source)
-                let archives = tokio::task::block_in_place(|| {
-                    plan.images
-                        .iter()
-                        .map(|i| Ok((i.spec.clone(), crate::images::archive(i, platform, &work)?)))
-                        .collect::<anyhow::Result<Vec<_>>>()
-                })?;
-                for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
-                    let mut tree =
-                        group_tree(recipe, &l.group, platform, &files, &archives, &work)?;
-                    if let Some(shape) = &base.shape {
-                        tree.fit_onto(shape).with_context(|| {
-                            format!("{}: layer {}", recipe.path.display(), l.group)
-                        })?;
-                    }
-                    let task = progress.task("layer", &format!("{} {platform}", l.group), None);
-                    let dir = blob_dir.clone();
-                    let blob = tokio::task::spawn_blocking(move || {
-                        tree.write_layer(&dir, compression, epoch)
-                    })
-                    .await
-                    .expect("layer writer does not panic")
-                    .with_context(|| format!("layer {} ({platform})", l.group))?;
-                    task.finish("done");
-                    let comment = l
-                        .description
-                        .clone()
-                        .unwrap_or_else(|| recipe.layer_contents(&l.group).join(", "));
-                    layers.push(layer_desc(
-                        &blob,
-                        &l.group,
-                        epoch,
-                        format!("kubeslot-builder: layer {}", l.group),
-                        comment,
-                    ));
-                }
-                // Publishing: this platform's SBOM, embedded as its own layer.
-                let sbom = crate::publish::platform_sbom(
-                    recipe,
-                    &recipe.file.tag,
-                    plan.base_pin(platform),
-                    &plan.base_packages(platform)?,
-                    &files,
-                );
-                let mut tree = Tree::new();
-                tree.insert(
-                    &format!("/{}", crate::sbom::IMAGE_PATH),
-                    Entry::root(
-                        Kind::File(Data::Bytes(Arc::new(sbom.clone()))),
-                        0o644,
-                        epoch,
-                    ),
-                )?;
-                if let Some(shape) = &base.shape {
-                    tree.fit_onto(shape)?;
-                }
-                let dir = blob_dir.clone();
-                let blob =
-                    tokio::task::spawn_blocking(move || tree.write_layer(&dir, compression, epoch))
-                        .await
-                        .expect("layer writer does not panic")
-                        .with_context(|| format!("layer sbom ({platform})"))?;
-                layers.push(layer_desc(
-                    &blob,
-                    "sbom",
-                    epoch,
-                    "kubeslot-builder: sbom".into(),
-                    format!("SPDX 2.3 SBOM at /{}", crate::sbom::IMAGE_PATH),
-                ));
-                anyhow::Ok((
-                    PlatformImage {
-                        platform: platform.clone(),
-                        layers,
-                    },
-                    sbom,
-                ))
+        let debs = match &plan.debian {
+            Some(d) => {
+                let locked = d.lock.platform(&platform.architecture)?;
+                let pins = crate::debian::pinned(&d.base.base, locked)?;
+                fetcher.fetch_all(&pins).await?
             }
-        }))
-        .await?;
-    let (images, sboms): (Vec<_>, Vec<_>) = images.into_iter().unzip();
+            None => Vec::new(),
+        };
+        out.push(PlatformInputs {
+            platform,
+            files,
+            debs,
+        });
+    }
+    Ok(out)
+}
+
+/// One platform's image: its base layers, one layer per recipe group, and
+/// its SBOM as a layer of its own; returns the SBOM too (it is also
+/// attached as `.sbom`).
+async fn build_platform(
+    plan: &Plan,
+    input: &PlatformInputs<'_>,
+    blobs: &BlobDir,
+    work: &Path,
+    progress: &Progress,
+) -> anyhow::Result<(PlatformImage, Vec<u8>)> {
+    let recipe = &plan.recipe;
+    let platform = input.platform;
+    let work = work.join(&platform.architecture);
+    let writer = LayerWriter {
+        recipe: &recipe.path,
+        blob_dir: blobs.root().join("sha256"),
+        compression: match recipe.file.compression {
+            LayerCompression::Gzip => Compression::Gzip,
+            LayerCompression::Zstd => Compression::Zstd,
+        },
+        epoch: recipe.file.source_date_epoch,
+        progress,
+        platform,
+    };
+    let base = base_layers(plan, &input.files, &input.debs, blobs, &work, &writer).await?;
+    let shape = base.shape.as_ref();
+    let mut layers = base.layers;
+    // `[[images]]` archives (blocking reads through the source)
+    let archives = tokio::task::block_in_place(|| {
+        plan.images
+            .iter()
+            .map(|i| Ok((i.spec.clone(), crate::images::archive(i, platform, &work)?)))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    for l in recipe.file.layers.iter().filter(|l| l.group != BASE_GROUP) {
+        let tree = group_tree(recipe, &l.group, platform, &input.files, &archives, &work)?;
+        let comment = l
+            .description
+            .clone()
+            .unwrap_or_else(|| recipe.layer_contents(&l.group).join(", "));
+        let created_by = format!("kubeslot-builder: layer {}", l.group);
+        layers.push(
+            writer
+                .layer(tree, shape, &l.group, created_by, comment)
+                .await?,
+        );
+    }
+    // Publishing: this platform's SBOM, embedded as its own layer.
+    let sbom = crate::publish::platform_sbom(
+        recipe,
+        &recipe.file.tag,
+        plan.base_pin(platform),
+        &plan.base_packages(platform)?,
+        &input.files,
+    );
+    let mut tree = Tree::new();
+    tree.insert(
+        &format!("/{}", crate::sbom::IMAGE_PATH),
+        Entry::root(
+            Kind::File(Data::Bytes(Arc::new(sbom.clone()))),
+            0o644,
+            writer.epoch,
+        ),
+    )?;
+    let comment = format!("SPDX 2.3 SBOM at /{}", crate::sbom::IMAGE_PATH);
+    let created_by = "kubeslot-builder: sbom".to_string();
+    layers.push(
+        writer
+            .layer(tree, shape, "sbom", created_by, comment)
+            .await?,
+    );
+    let image = PlatformImage {
+        platform: platform.clone(),
+        layers,
+    };
+    Ok((image, sbom))
+}
+
+/// The image assembled in the staging dir, with its attachments, verified.
+struct Staged {
+    assembled: Assembled,
+    /// The digest of the image's index.
+    index: Digest,
+    /// The staging layout's `index.json` entries (the image, `.sbom`, `.sig`).
+    entries: Vec<Descriptor>,
+}
+
+/// Assembles config, manifests and index in the staging layout, adds the
+/// `.sbom` (and with a key `.sig`) attachments, and verifies the staged
+/// image with the hosts' reader (kubeslot-image) before it moves.
+fn stage(
+    plan: &Plan,
+    built: Vec<(PlatformImage, Vec<u8>)>,
+    blobs: &BlobDir,
+    staging: &Path,
+    work: &Path,
+) -> anyhow::Result<Staged> {
+    let (images, sboms): (Vec<_>, Vec<_>) = built.into_iter().unzip();
     let sboms: BTreeMap<Platform, Vec<u8>> = images
         .iter()
         .map(|i| i.platform.clone())
         .zip(sboms)
         .collect();
-
     let meta = ImageMeta {
-        created: time::rfc3339_seconds(epoch),
+        created: time::rfc3339_seconds(plan.recipe.file.source_date_epoch),
         annotations: plan.annotations.clone(),
     };
-    let assembled = assemble(&blobs, &meta, images)?;
+    let assembled = assemble(blobs, &meta, images)?;
     let index = assembled.index.digest;
     let mut entry = assembled.index.clone();
     entry
         .annotations
         .insert(ANNOTATION_REF_NAME.into(), plan.tag.clone());
-
-    // Verify the staged image with the hosts' reader (kubeslot-image) before it moves.
-    let staged = Layout::create(staging.path())?;
-    staged.write_index(&Index::new(vec![entry.clone()]))?;
-    let _ = std::fs::remove_dir_all(&work);
-    // Publishing: `.sbom` (and with --sign-key `.sig`) attachments.
+    let staged = Layout::create(staging)?;
+    staged.write_index(&Index::new(vec![entry]))?;
+    let _ = std::fs::remove_dir_all(work);
     crate::publish::attach(
         &staged,
         &plan.tag,
@@ -218,24 +238,45 @@ pub async fn execute(
     )?;
     let entries = staged.index()?.manifests;
     output::verify_layout(&staged, Some(&plan.tag), &index)?;
+    Ok(Staged {
+        assembled,
+        index,
+        entries,
+    })
+}
 
+/// Moves the staged image into place (a layout gains its blobs and index
+/// entries; an archive is written whole) and reads the result back.
+fn write(
+    plan: &Plan,
+    target: &Target,
+    blobs: &BlobDir,
+    staging: &Path,
+    staged: &Staged,
+) -> anyhow::Result<()> {
     match target {
         Target::Layout { dir, .. } => {
-            output::write_layout(&blobs, &entries, dir)?;
-            output::verify_layout(&Layout::open(dir)?, Some(&plan.tag), &index)
+            output::write_layout(blobs, &staged.entries, dir)?;
+            output::verify_layout(&Layout::open(dir)?, Some(&plan.tag), &staged.index)
                 .with_context(|| format!("re-reading {}", dir.display()))?;
         }
         Target::Archive { file, .. } => {
-            output::write_archive(staging.path(), file)?;
+            output::write_archive(staging, file)?;
             let check = output::staging_dir(file)?;
             // Read back with the hosts' own archive reader (kubeslot-image).
             let layout = kubeslot_image::archive::extract(file, check.path())?;
-            output::verify_layout(&layout, Some(&plan.tag), &index)
+            output::verify_layout(&layout, Some(&plan.tag), &staged.index)
                 .with_context(|| format!("re-reading {}", file.display()))?;
         }
     }
-    drop(staging);
+    Ok(())
+}
 
+/// The command's text lines and JSON report.
+fn summary(plan: &Plan, target: &Target, staged: &Staged) -> Summary {
+    let recipe = &plan.recipe;
+    let assembled = &staged.assembled;
+    let index = staged.index;
     let mut lines = Vec::new();
     let mut manifests_json = Vec::new();
     for (image, desc) in &assembled.manifests {
@@ -275,5 +316,5 @@ pub async fn execute(
         "index_size": assembled.index.size,
         "manifests": manifests_json,
     });
-    Ok(Summary { index, lines, json })
+    Summary { index, lines, json }
 }

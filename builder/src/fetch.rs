@@ -357,26 +357,7 @@ impl Fetcher {
                 })
             }
         }
-        let len = hasher.len();
-        let actual = hasher.finish();
-        if let Some(expected) = item.size {
-            if expected != len {
-                return Err(FetchError::Size {
-                    label: item.label.clone(),
-                    url: item.url.clone(),
-                    expected,
-                    actual: len,
-                });
-            }
-        }
-        if actual != item.sha256 {
-            return Err(FetchError::Mismatch {
-                label: item.label.clone(),
-                url: item.url.clone(),
-                expected: item.sha256,
-                actual,
-            });
-        }
+        check_pin(item, hasher)?;
         file.flush().await.map_err(io_at(&tmp_path))?;
         file.sync_all().await.map_err(io_at(&tmp_path))?;
         drop(file);
@@ -404,6 +385,32 @@ impl Fetcher {
             limit,
         }
     }
+}
+
+/// The downloaded bytes against the pin: the size (when pinned), then the
+/// sha256.
+fn check_pin(item: &Pinned, hasher: Hasher) -> Result<(), FetchError> {
+    let len = hasher.len();
+    let actual = hasher.finish();
+    if let Some(expected) = item.size {
+        if expected != len {
+            return Err(FetchError::Size {
+                label: item.label.clone(),
+                url: item.url.clone(),
+                expected,
+                actual: len,
+            });
+        }
+    }
+    if actual != item.sha256 {
+        return Err(FetchError::Mismatch {
+            label: item.label.clone(),
+            url: item.url.clone(),
+            expected: item.sha256,
+            actual,
+        });
+    }
+    Ok(())
 }
 
 /// The local path of a `file://` URL (empty for anything else), for sizing

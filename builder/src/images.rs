@@ -1,11 +1,11 @@
 //! `[[images]]`: container images baked into the node image for its
 //! containerd.
 //!
-//! Given the recipe's entries, [`resolve`] opens each source with the
-//! hosts' reader (kubeslot-image's `Source`: a registry asked for the pinned
-//! digest, never the tag; an `oci:` layout; an `oci-archive:`), checks the
-//! top-level digest against the pin and selects the manifest of every
-//! platform the recipe builds; that happens while planning, so a wrong pin
+//! Given the recipe's entries, [`resolve`] opens each source as every
+//! pinned image is opened ([`crate::pinned::open`]: a registry asked for the
+//! pinned digest, never the tag; an `oci:` layout; an `oci-archive:`; the
+//! top-level digest checked against the pin and the manifest of every
+//! platform the recipe builds selected); that happens while planning, so a wrong pin
 //! refuses the build before anything is written. [`archive`] then writes,
 //! for one platform, a deterministic OCI archive of the pinned image holding
 //! only that platform's blobs (each checked against its digest on the way)
@@ -16,16 +16,14 @@
 //! It does not decide layers or write the image; `crate::layers` places the
 //! archives in their group's tree.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use kubeslot_image::layout::{Layout, MAX_DOCUMENT_BYTES};
 use kubeslot_image::oci::{Descriptor, Index, Platform, ANNOTATION_REF_NAME, MEDIA_TYPE_INDEX};
-use kubeslot_image::source::{SelectedImage, Source};
-use kubeslot_image::ImageSource;
 
 use crate::output;
+use crate::pinned::{self, PinnedImage};
 use crate::recipe::{ImageSpec, Recipe};
 
 /// The annotation containerd's importer names an image by.
@@ -35,17 +33,13 @@ const ANNOTATION_CONTAINERD_NAME: &str = "io.containerd.image.name";
 /// pin, its manifest selected (and checked) for every platform.
 pub struct ResolvedImage {
     pub spec: ImageSpec,
-    source: Source,
-    top: Descriptor,
-    /// `SOURCE@DIGEST` for messages and the plan.
-    pub name: String,
-    selected: BTreeMap<Platform, SelectedImage>,
+    pub image: PinnedImage,
 }
 
 /// Opens `spec`'s source, checks its digest against the pin and selects its
 /// manifest for every platform of `recipe` (blocking, like a base image).
 pub fn resolve(recipe: &Recipe, spec: &ImageSpec, scratch: &Path) -> anyhow::Result<ResolvedImage> {
-    let written = spec.source.as_deref().unwrap_or(&spec.name).to_string();
+    let written = spec.source.as_deref().unwrap_or(&spec.name);
     let at = || {
         format!(
             "{}: images {} (from {written})",
@@ -53,39 +47,10 @@ pub fn resolve(recipe: &Recipe, spec: &ImageSpec, scratch: &Path) -> anyhow::Res
             spec.name
         )
     };
-    let src = match spec.source().map_err(|e| anyhow!(e)).with_context(at)? {
-        ImageSource::Layout { dir, tag } => ImageSource::Layout {
-            dir: recipe.dir.join(dir),
-            tag,
-        },
-        ImageSource::Archive { file, tag } => ImageSource::Archive {
-            file: recipe.dir.join(file),
-            tag,
-        },
-        // the registry is asked for the pinned digest, never the tag
-        ImageSource::Registry(r) => ImageSource::Registry(r.with_digest(spec.digest)),
-    };
-    std::fs::create_dir_all(scratch).with_context(|| scratch.display().to_string())?;
-    let source = Source::open(&src, &BTreeMap::new(), scratch).with_context(at)?;
-    let top = source.resolve().with_context(at)?;
-    if top.digest != spec.digest {
-        bail!(
-            "{}: digest mismatch: the recipe pins {}, {src} is {}",
-            at(),
-            spec.digest,
-            top.digest
-        );
-    }
-    let mut selected = BTreeMap::new();
-    for p in &recipe.platforms {
-        selected.insert(p.clone(), source.select(&top, p).with_context(at)?);
-    }
+    let parsed = spec.source().map_err(|e| anyhow!(e)).with_context(at)?;
     Ok(ResolvedImage {
         spec: spec.clone(),
-        source,
-        top,
-        name: format!("{written}@{}", spec.digest),
-        selected,
+        image: pinned::open(recipe, written, parsed, spec.digest, scratch, at)?,
     })
 }
 
@@ -97,9 +62,10 @@ pub fn resolve(recipe: &Recipe, spec: &ImageSpec, scratch: &Path) -> anyhow::Res
 /// mtimes (`output::write_archive`), so the layer holding it is
 /// reproducible. Blocking.
 pub fn archive(img: &ResolvedImage, platform: &Platform, work: &Path) -> anyhow::Result<PathBuf> {
+    let (spec, img) = (&img.spec, &img.image);
     let at = || format!("images {} ({platform})", img.name);
     let selected = &img.selected[platform];
-    let dir = work.join("images").join(img.spec.slug());
+    let dir = work.join("images").join(spec.slug());
     let _ = std::fs::remove_dir_all(&dir);
     let layout = Layout::create(&dir).with_context(at)?;
     let mut docs = vec![img.top.clone()];
@@ -125,7 +91,7 @@ pub fn archive(img: &ResolvedImage, platform: &Platform, work: &Path) -> anyhow:
             .put_verified(&d.digest, Some(d.size), stream.reader)
             .with_context(|| format!("{}: blob {}", at(), d.digest))?;
     }
-    let name = img.spec.reference();
+    let name = spec.reference();
     let mut entry = Descriptor::new(&img.top.media_type, img.top.digest, img.top.size);
     entry
         .annotations
@@ -142,9 +108,7 @@ pub fn archive(img: &ResolvedImage, platform: &Platform, work: &Path) -> anyhow:
             annotations: Default::default(),
         })
         .with_context(at)?;
-    let file = work
-        .join("images")
-        .join(format!("{}.oci.tar", img.spec.slug()));
+    let file = work.join("images").join(format!("{}.oci.tar", spec.slug()));
     output::write_archive(&dir, &file).with_context(at)?;
     std::fs::remove_dir_all(&dir).with_context(|| dir.display().to_string())?;
     Ok(file)

@@ -18,7 +18,8 @@ use kubeslot_image::oci::{Compression, Descriptor, History, Platform};
 use kubeslot_image::time;
 
 use crate::assemble::LayerDesc;
-use crate::plan::Plan;
+use crate::pinned::PinnedImage;
+use crate::plan::{DebianPlan, Plan};
 use crate::progress::Progress;
 use crate::recipe::{
     BaseSpec, Format, ImageSpec, Input, InputKind, Recipe, BASE_GROUP, IMAGES_DIR,
@@ -54,43 +55,86 @@ pub fn layer_desc(
     }
 }
 
+/// How a platform's layers are written: where the blobs go, how they are
+/// compressed, the epoch every entry and history carries, and where their
+/// progress is shown.
+pub struct LayerWriter<'a> {
+    /// The recipe file (named when a layer does not fit the base).
+    pub recipe: &'a Path,
+    /// The staging blob dir's `sha256/`.
+    pub blob_dir: PathBuf,
+    pub compression: Compression,
+    pub epoch: u64,
+    pub progress: &'a Progress,
+    pub platform: &'a Platform,
+}
+
+impl LayerWriter<'_> {
+    /// Writes a tree the builder made on top of the base (a recipe group's,
+    /// the SBOM's) as one layer and describes it: fitted onto the base's
+    /// directories and symlinks (`shape`, when the builder wrote the base),
+    /// written, given its history. Every such layer takes this path.
+    pub async fn layer(
+        &self,
+        mut tree: Tree,
+        shape: Option<&BaseShape>,
+        group: &str,
+        created_by: String,
+        comment: String,
+    ) -> anyhow::Result<LayerDesc> {
+        if let Some(shape) = shape {
+            tree.fit_onto(shape).with_context(|| {
+                format!(
+                    "{}: layer {group} ({})",
+                    self.recipe.display(),
+                    self.platform
+                )
+            })?;
+        }
+        let blob = self.blob(tree, group).await?;
+        Ok(layer_desc(&blob, group, self.epoch, created_by, comment))
+    }
+
+    /// Writes `tree` as a layer blob on a blocking thread (compression is
+    /// CPU-heavy), shown as the progress task `layer GROUP PLATFORM`.
+    async fn blob(&self, tree: Tree, group: &str) -> anyhow::Result<LayerBlob> {
+        let task = self
+            .progress
+            .task("layer", &format!("{group} {}", self.platform), None);
+        let (dir, compression, epoch) = (self.blob_dir.clone(), self.compression, self.epoch);
+        let blob = tokio::task::spawn_blocking(move || tree.write_layer(&dir, compression, epoch))
+            .await
+            .expect("layer writer does not panic")
+            .with_context(|| format!("layer {group} ({})", self.platform))?;
+        task.finish("done");
+        Ok(blob)
+    }
+}
+
 /// The one place a platform's base layers come from: copied from a pinned
 /// base image, or one re-normalised layer from a rootfs tarball, either
 /// pinned or (a Debian package base) installed from the locked `.deb`s
 /// (`debs`, fetched and checked, in lock order).
-#[allow(clippy::too_many_arguments)]
 pub async fn base_layers(
     plan: &Plan,
-    platform: &Platform,
     files: &[(Input, PathBuf)],
     debs: &[PathBuf],
     blobs: &BlobDir,
     work: &Path,
-    compression: Compression,
-    progress: &Progress,
+    writer: &LayerWriter<'_>,
 ) -> anyhow::Result<BaseLayers> {
-    let epoch = plan.recipe.file.source_date_epoch;
     match &plan.recipe.file.base {
         BaseSpec::Rootfs(_) => {
             let (input, path) = files
                 .iter()
                 .find(|(i, _)| i.kind == InputKind::BaseRootfs)
                 .expect("rootfs base has an input");
-            let (blob, shape) = rootfs_layer(
-                path,
-                work,
-                &blobs.root().join("sha256"),
-                compression,
-                epoch,
-                progress,
-                platform,
-            )
-            .await?;
+            let (blob, shape) = rootfs_layer(path, work, writer).await?;
             Ok(BaseLayers {
                 layers: vec![layer_desc(
                     &blob,
                     BASE_GROUP,
-                    epoch,
+                    writer.epoch,
                     format!("kubeslot-builder: base rootfs {}", input.upstream),
                     format!("pinned {}", input.pinned.sha256),
                 )],
@@ -99,129 +143,136 @@ pub async fn base_layers(
         }
         BaseSpec::Image(_) => {
             let base = plan.base_image.as_ref().expect("resolved in the plan");
-            let image = &base.selected[platform];
-            let history: Vec<History> = image
-                .config
-                .history
-                .iter()
-                .filter(|h| !h.empty_layer)
-                .cloned()
-                .collect();
-            let mut layers = Vec::new();
-            for (i, (l, _, diff_id)) in image.layers.iter().enumerate() {
-                // Every base blob is re-hashed on its way into the output.
-                tokio::task::block_in_place(|| -> anyhow::Result<()> {
-                    if blobs.contains(&l.digest) {
-                        return Ok(());
-                    }
-                    let stream = base.source.open_blob(l, 0)?;
-                    blobs
-                        .put_verified(&l.digest, Some(l.size), stream.reader)
-                        .with_context(|| format!("base.image {}: layer {}", base.name, l.digest))?;
-                    Ok(())
-                })?;
-                let mut d = Descriptor::new(&l.media_type, l.digest, l.size);
-                d.annotations = l.annotations.clone();
-                layers.push(LayerDesc {
-                    descriptor: d,
-                    diff_id: *diff_id,
-                    history: history.get(i).cloned().unwrap_or_else(|| History {
-                        created_by: Some(format!("base image {}", base.name)),
-                        ..Default::default()
-                    }),
-                    group: BASE_GROUP.into(),
-                });
-            }
-            Ok(BaseLayers {
-                layers,
-                shape: None,
-            })
+            image_base(base, writer.platform, blobs)
         }
         BaseSpec::Debian(_) => {
             let d = plan
                 .debian
                 .as_ref()
                 .expect("the lock is loaded in the plan");
-            let locked = d.lock.platform(&platform.architecture)?.clone();
-            std::fs::create_dir_all(work).with_context(|| work.display().to_string())?;
-            let tarball = work.join("debian-rootfs.tar");
-            let task = progress.task("install", &format!("debian base {platform}"), None);
-            let (suite, debs_owned, out) =
-                (d.base.base.suite.clone(), debs.to_vec(), tarball.clone());
-            let n = locked.packages.len();
-            let sha = tokio::task::spawn_blocking(move || {
-                crate::debian::install::build_rootfs(
-                    &locked,
-                    &crate::debian::install::BuildBase {
-                        suite: &suite,
-                        debs: &debs_owned,
-                        output: &out,
-                        source_date_epoch: epoch as i64,
-                    },
-                )
-            })
-            .await
-            .expect("the installer does not panic")
-            .with_context(|| format!("debian base ({platform})"))?;
-            task.finish("done");
-            let (blob, shape) = rootfs_layer(
-                &tarball,
-                work,
-                &blobs.root().join("sha256"),
-                compression,
-                epoch,
-                progress,
-                platform,
-            )
-            .await?;
-            let _ = std::fs::remove_file(&tarball);
-            // No mirror in the history: one lock from any mirror is one image.
-            Ok(BaseLayers {
-                layers: vec![layer_desc(
-                    &blob,
-                    BASE_GROUP,
-                    epoch,
-                    format!(
-                        "kubeslot-builder: debian {} base, {n} locked packages",
-                        d.base.base.suite
-                    ),
-                    format!(
-                        "lock of [base] sha256:{}, rootfs tar sha256:{sha}",
-                        d.lock.base_sha256
-                    ),
-                )],
-                shape: Some(shape),
-            })
+            debian_base(d, debs, work, writer).await
         }
     }
 }
 
-/// Re-normalises a rootfs tarball into one layer (blocking work off the runtime).
+/// A base image's layers for one platform, each blob re-hashed on its way
+/// into the output, with the image's own history.
+fn image_base(
+    base: &PinnedImage,
+    platform: &Platform,
+    blobs: &BlobDir,
+) -> anyhow::Result<BaseLayers> {
+    let image = &base.selected[platform];
+    let history: Vec<History> = image
+        .config
+        .history
+        .iter()
+        .filter(|h| !h.empty_layer)
+        .cloned()
+        .collect();
+    let mut layers = Vec::new();
+    for (i, (l, _, diff_id)) in image.layers.iter().enumerate() {
+        // Every base blob is re-hashed on its way into the output.
+        tokio::task::block_in_place(|| -> anyhow::Result<()> {
+            if blobs.contains(&l.digest) {
+                return Ok(());
+            }
+            let stream = base.source.open_blob(l, 0)?;
+            blobs
+                .put_verified(&l.digest, Some(l.size), stream.reader)
+                .with_context(|| format!("base.image {}: layer {}", base.name, l.digest))?;
+            Ok(())
+        })?;
+        let mut d = Descriptor::new(&l.media_type, l.digest, l.size);
+        d.annotations = l.annotations.clone();
+        layers.push(LayerDesc {
+            descriptor: d,
+            diff_id: *diff_id,
+            history: history.get(i).cloned().unwrap_or_else(|| History {
+                created_by: Some(format!("base image {}", base.name)),
+                ..Default::default()
+            }),
+            group: BASE_GROUP.into(),
+        });
+    }
+    Ok(BaseLayers {
+        layers,
+        shape: None,
+    })
+}
+
+/// A package base: the locked `.deb`s installed into a rootfs tarball (on
+/// a blocking thread), re-normalised into one layer.
+async fn debian_base(
+    d: &DebianPlan,
+    debs: &[PathBuf],
+    work: &Path,
+    writer: &LayerWriter<'_>,
+) -> anyhow::Result<BaseLayers> {
+    let (platform, epoch) = (writer.platform, writer.epoch);
+    let locked = d.lock.platform(&platform.architecture)?.clone();
+    std::fs::create_dir_all(work).with_context(|| work.display().to_string())?;
+    let tarball = work.join("debian-rootfs.tar");
+    let task = writer
+        .progress
+        .task("install", &format!("debian base {platform}"), None);
+    let (suite, debs_owned, out) = (d.base.base.suite.clone(), debs.to_vec(), tarball.clone());
+    let n = locked.packages.len();
+    let sha = tokio::task::spawn_blocking(move || {
+        crate::debian::install::build_rootfs(
+            &locked,
+            &crate::debian::install::BuildBase {
+                suite: &suite,
+                debs: &debs_owned,
+                output: &out,
+                source_date_epoch: epoch as i64,
+            },
+        )
+    })
+    .await
+    .expect("the installer does not panic")
+    .with_context(|| format!("debian base ({platform})"))?;
+    task.finish("done");
+    let (blob, shape) = rootfs_layer(&tarball, work, writer).await?;
+    let _ = std::fs::remove_file(&tarball);
+    // No mirror in the history: one lock from any mirror is one image.
+    Ok(BaseLayers {
+        layers: vec![layer_desc(
+            &blob,
+            BASE_GROUP,
+            epoch,
+            format!(
+                "kubeslot-builder: debian {} base, {n} locked packages",
+                d.base.base.suite
+            ),
+            format!(
+                "lock of [base] sha256:{}, rootfs tar sha256:{sha}",
+                d.lock.base_sha256
+            ),
+        )],
+        shape: Some(shape),
+    })
+}
+
+/// Re-normalises a rootfs tarball into one layer (read on a blocking
+/// thread, written by the `writer`); returns its shape too.
 async fn rootfs_layer(
     tarball: &Path,
     work: &Path,
-    blob_dir: &Path,
-    compression: Compression,
-    epoch: u64,
-    progress: &Progress,
-    platform: &Platform,
+    writer: &LayerWriter<'_>,
 ) -> anyhow::Result<(LayerBlob, BaseShape)> {
-    let task = progress.task("layer", &format!("base {platform}"), None);
-    let (t, w, d) = (
-        tarball.to_path_buf(),
-        work.to_path_buf(),
-        blob_dir.to_path_buf(),
-    );
-    let blob = tokio::task::spawn_blocking(move || {
-        let tree = Tree::from_tarball(&t, &w, epoch)?;
-        let shape = tree.shape();
-        Ok::<_, crate::rootfs::RootfsError>((tree.write_layer(&d, compression, epoch)?, shape))
-    })
-    .await
-    .expect("layer writer does not panic")
-    .with_context(|| format!("base rootfs {}", tarball.display()))?;
+    let task = writer
+        .progress
+        .task("read", &format!("base rootfs {}", writer.platform), None);
+    let (t, w, epoch) = (tarball.to_path_buf(), work.to_path_buf(), writer.epoch);
+    let tree = tokio::task::spawn_blocking(move || Tree::from_tarball(&t, &w, epoch))
+        .await
+        .expect("the tarball reader does not panic")
+        .with_context(|| format!("base rootfs {}", tarball.display()))?;
     task.finish("done");
-    Ok(blob)
+    let shape = tree.shape();
+    let blob = writer.blob(tree, BASE_GROUP).await?;
+    Ok((blob, shape))
 }
 
 /// The tree of one non-base group for one platform: component binaries and

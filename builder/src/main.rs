@@ -12,6 +12,7 @@ mod fetch;
 mod images;
 mod layers;
 mod output;
+mod pinned;
 mod plan;
 mod progress;
 mod publish;

@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use kubeslot_image::layout::Layout;
 use kubeslot_image::oci::Platform;
-use kubeslot_image::source::{SelectedImage, Source};
 use kubeslot_image::{time, Digest, ImageRef, ImageSource};
 
 use crate::output::Target;
+use crate::pinned::PinnedImage;
 use crate::recipe::{BaseSpec, CliDownloads, ImageBase, Input, Recipe};
 
 /// What to build and how, as plain values (the `build` command's flags, or
@@ -55,7 +55,7 @@ pub struct Plan {
     pub target: Option<Target>,
     pub tag: String,
     pub inputs: Vec<(Platform, Vec<Input>)>,
-    pub base_image: Option<ResolvedBaseImage>,
+    pub base_image: Option<PinnedImage>,
     /// `[[images]]`, each resolved and checked against its pin.
     pub images: Vec<crate::images::ResolvedImage>,
     /// A package base's lock, checked against the recipe while planning.
@@ -72,16 +72,6 @@ pub struct Plan {
 pub struct DebianPlan {
     pub base: crate::debian::RecipeBase,
     pub lock: crate::debian::lock::Lock,
-}
-
-/// A base image read through kubeslot-image's `Source` (layout, archive or
-/// registry), its top-level digest checked against the pin.
-pub struct ResolvedBaseImage {
-    pub source: Source,
-    /// `IMAGE@DIGEST` for messages and history.
-    pub name: String,
-    /// Per platform: the manifest, config and layers, checked by `select`.
-    pub selected: BTreeMap<Platform, SelectedImage>,
 }
 
 impl Plan {
@@ -104,35 +94,7 @@ impl Plan {
             .as_ref()
             .and_then(|t| t.tag().map(str::to_string))
             .unwrap_or_else(|| recipe.file.tag.clone());
-        // Paths given on the command line are relative to the working
-        // directory (the recipe's own are relative to the recipe).
-        let cwd_url = |s: &str| -> anyhow::Result<String> {
-            if s.contains("://") {
-                return Ok(s.to_string());
-            }
-            let abs = std::path::absolute(s).with_context(|| format!("path {s}"))?;
-            Ok(format!(
-                "{}{}",
-                abs.display(),
-                if s.ends_with('/') { "/" } else { "" }
-            ))
-        };
-        let mut cli = CliDownloads {
-            base_url: req.download_base.as_deref().map(cwd_url).transpose()?,
-            ..Default::default()
-        };
-        for o in &req.download_override {
-            let (name, url) = o
-                .split_once('=')
-                .ok_or_else(|| anyhow!("--download-override {o:?}: expected NAME=URL"))?;
-            if name != "base" && !recipe.file.components.contains_key(name) {
-                bail!(
-                    "--download-override {o:?}: {name:?} is no component of {} (nor base)",
-                    recipe.path.display()
-                );
-            }
-            cli.overrides.insert(name.to_string(), cwd_url(url)?);
-        }
+        let cli = cli_downloads(&recipe, req)?;
         // Every input of every platform is resolved (and its pin checked)
         // before anything is downloaded.
         let mut inputs = Vec::new();
@@ -165,29 +127,7 @@ impl Plan {
             ),
             _ => None,
         };
-        let mut annotations = BTreeMap::new();
-        let f = &recipe.file;
-        annotations.insert("org.opencontainers.image.title".into(), f.name.clone());
-        // The recipe's tag, not the output's: naming the output differently
-        // (`oci-archive:FILE:v1`) must not change the image's digest.
-        annotations.insert("org.opencontainers.image.version".into(), f.tag.clone());
-        annotations.insert(
-            "org.opencontainers.image.created".into(),
-            time::rfc3339_seconds(f.source_date_epoch),
-        );
-        if let Some(d) = &f.description {
-            annotations.insert("org.opencontainers.image.description".into(), d.clone());
-        }
-        for (name, version) in recipe.versions() {
-            annotations.insert(format!("dev.kubeslot.version.{name}"), version);
-        }
-        annotations.extend(f.annotations.clone());
-        for a in &req.annotation {
-            let (k, v) = a
-                .split_once('=')
-                .ok_or_else(|| anyhow!("--annotation {a:?}: expected KEY=VALUE"))?;
-            annotations.insert(k.to_string(), v.to_string());
-        }
+        let annotations = annotations(&recipe, &req.annotation)?;
         let sign_key = req
             .sign_key
             .as_deref()
@@ -215,50 +155,79 @@ impl Plan {
     }
 }
 
-/// Opens the base image with the hosts' reader (kubeslot-image), checks that it is the
-/// pinned digest, and selects (and checks) its manifest for every platform.
-/// Blocking (local files or the blocking registry client of kubeslot-image).
+/// `--download-base` and `--download-override NAME=URL`, paths made
+/// absolute: given on the command line, they are relative to the working
+/// directory (the recipe's own are relative to the recipe).
+fn cli_downloads(recipe: &Recipe, req: &BuildRequest) -> anyhow::Result<CliDownloads> {
+    let cwd_url = |s: &str| -> anyhow::Result<String> {
+        if s.contains("://") {
+            return Ok(s.to_string());
+        }
+        let abs = std::path::absolute(s).with_context(|| format!("path {s}"))?;
+        Ok(format!(
+            "{}{}",
+            abs.display(),
+            if s.ends_with('/') { "/" } else { "" }
+        ))
+    };
+    let mut cli = CliDownloads {
+        base_url: req.download_base.as_deref().map(cwd_url).transpose()?,
+        ..Default::default()
+    };
+    for o in &req.download_override {
+        let (name, url) = o
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--download-override {o:?}: expected NAME=URL"))?;
+        if name != "base" && !recipe.file.components.contains_key(name) {
+            bail!(
+                "--download-override {o:?}: {name:?} is no component of {} (nor base)",
+                recipe.path.display()
+            );
+        }
+        cli.overrides.insert(name.to_string(), cwd_url(url)?);
+    }
+    Ok(cli)
+}
+
+/// The manifest annotations: title, version (the recipe's tag), created,
+/// description, component versions, the recipe's own, then `--annotation
+/// KEY=VALUE` (`extra`), later ones winning.
+fn annotations(recipe: &Recipe, extra: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut annotations = BTreeMap::new();
+    let f = &recipe.file;
+    annotations.insert("org.opencontainers.image.title".into(), f.name.clone());
+    // The recipe's tag, not the output's: naming the output differently
+    // (`oci-archive:FILE:v1`) must not change the image's digest.
+    annotations.insert("org.opencontainers.image.version".into(), f.tag.clone());
+    annotations.insert(
+        "org.opencontainers.image.created".into(),
+        time::rfc3339_seconds(f.source_date_epoch),
+    );
+    if let Some(d) = &f.description {
+        annotations.insert("org.opencontainers.image.description".into(), d.clone());
+    }
+    for (name, version) in recipe.versions() {
+        annotations.insert(format!("dev.kubeslot.version.{name}"), version);
+    }
+    annotations.extend(f.annotations.clone());
+    for a in extra {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--annotation {a:?}: expected KEY=VALUE"))?;
+        annotations.insert(k.to_string(), v.to_string());
+    }
+    Ok(annotations)
+}
+
+/// Opens the base image (as every pinned image: [`crate::pinned::open`]).
 pub fn resolve_base_image(
     recipe: &Recipe,
     b: &ImageBase,
     scratch: &Path,
-) -> anyhow::Result<ResolvedBaseImage> {
+) -> anyhow::Result<PinnedImage> {
     let at = || format!("{}: base.image {}", recipe.path.display(), b.image);
     let parsed: ImageSource = b.image.parse().with_context(at)?;
-    // Local paths in a recipe are relative to the recipe; a registry
-    // reference is asked for the pinned digest itself (never a tag).
-    let src = match parsed {
-        ImageSource::Layout { dir, tag } => ImageSource::Layout {
-            dir: recipe.dir.join(dir),
-            tag,
-        },
-        ImageSource::Archive { file, tag } => ImageSource::Archive {
-            file: recipe.dir.join(file),
-            tag,
-        },
-        ImageSource::Registry(r) => ImageSource::Registry(r.with_digest(b.digest)),
-    };
-    std::fs::create_dir_all(scratch).with_context(|| scratch.display().to_string())?;
-    let source = Source::open(&src, &BTreeMap::new(), scratch).with_context(at)?;
-    let top = source.resolve().with_context(at)?;
-    if top.digest != b.digest {
-        bail!(
-            "{}: digest mismatch: the recipe pins {}, {src} is {}",
-            at(),
-            b.digest,
-            top.digest
-        );
-    }
-    let mut selected = BTreeMap::new();
-    for p in &recipe.platforms {
-        let image = source.select(&top, p).with_context(at)?;
-        selected.insert(p.clone(), image);
-    }
-    Ok(ResolvedBaseImage {
-        source,
-        name: format!("{}@{}", b.image, b.digest),
-        selected,
-    })
+    crate::pinned::open(recipe, &b.image, parsed, b.digest, scratch, at)
 }
 
 impl Plan {
@@ -303,7 +272,7 @@ impl Plan {
         }
         for i in &self.images {
             out.push(format!("image {}: {}", i.spec.name, i.spec.digest));
-            out.push(format!("    from {}", i.name));
+            out.push(format!("    from {}", i.image.name));
         }
         for (platform, inputs) in &self.inputs {
             for i in inputs {

@@ -461,59 +461,8 @@ impl Recipe {
         let mut used: BTreeSet<&str> = BTreeSet::new();
         used.insert(BASE_GROUP);
         for (name, c) in &f.components {
-            let at = format!("components.{name}");
-            self.check_group(&at, &c.group, &seen)?;
+            self.check_component(name, c, &seen)?;
             used.insert(&c.group);
-            check_template(&c.url, &["version", "arch"])
-                .map_err(|r| self.invalid(&format!("{at}.url"), r))?;
-            for p in &self.platforms {
-                if c.sha256.get(&p.architecture).is_none() {
-                    return Err(self.invalid(
-                        &format!("{at}.sha256.{}", p.architecture),
-                        format!(
-                            "no sha256 pin for {p}, which the recipe builds (every input must be pinned)"
-                        ),
-                    ));
-                }
-            }
-            match c.format {
-                Format::Binary => {
-                    let dest = c.dest.as_deref().ok_or_else(|| {
-                        self.invalid(&format!("{at}.dest"), "a binary component needs dest")
-                    })?;
-                    image_path(dest).map_err(|r| self.invalid(&format!("{at}.dest"), r))?;
-                    if !c.extract.is_empty() {
-                        return Err(self.invalid(
-                            &format!("{at}.extract"),
-                            "extract is for tar.gz components; a binary has dest",
-                        ));
-                    }
-                }
-                Format::TarGz => {
-                    if c.extract.is_empty() {
-                        return Err(self.invalid(
-                            &format!("{at}.extract"),
-                            "a tar.gz component needs at least one extract rule",
-                        ));
-                    }
-                    if c.dest.is_some() || c.mode.is_some() {
-                        return Err(self.invalid(
-                            &at,
-                            "dest and mode are for binary components; use extract rules",
-                        ));
-                    }
-                    for (i, x) in c.extract.iter().enumerate() {
-                        image_path(&x.to)
-                            .map_err(|r| self.invalid(&format!("{at}.extract[{i}].to"), r))?;
-                        if x.from.is_empty() || x.from.starts_with('/') || x.from.contains("..") {
-                            return Err(self.invalid(
-                                &format!("{at}.extract[{i}].from"),
-                                "a relative member pattern without ..",
-                            ));
-                        }
-                    }
-                }
-            }
         }
         for name in f.downloads.overrides.keys() {
             if !f.components.contains_key(name) && name != "base" {
@@ -527,71 +476,16 @@ impl Recipe {
             check_template(t, &["name", "version", "arch", "file", "path"])
                 .map_err(|r| self.invalid("downloads.url_template", r))?;
         }
-        match &f.base {
-            BaseSpec::Rootfs(r) => {
-                check_template(&r.url, &["arch"]).map_err(|e| self.invalid("base.url", e))?;
-                for p in &self.platforms {
-                    if r.sha256.get(&p.architecture).is_none() {
-                        return Err(self.invalid(
-                            &format!("base.sha256.{}", p.architecture),
-                            format!("no sha256 pin for {p}, which the recipe builds"),
-                        ));
-                    }
-                }
-            }
-            BaseSpec::Image(i) => {
-                i.image
-                    .parse::<ImageSource>()
-                    .map_err(|e| self.invalid("base.image", e.to_string()))?;
-            }
-            BaseSpec::Debian(d) => {
-                d.check().map_err(|rule| self.invalid("base", rule))?;
-            }
-        }
+        self.check_base()?;
         let mut paths = BTreeSet::new();
         for (i, file) in f.files.iter().enumerate() {
-            let at = format!("files[{i}] ({})", file.path);
-            self.check_group(&at, &file.group, &seen)?;
+            self.check_file(i, file, &seen, &mut paths)?;
             used.insert(&file.group);
-            let p = image_path(&file.path).map_err(|r| self.invalid(&at, r))?;
-            if !paths.insert(p) {
-                return Err(self.invalid(&at, "the path is baked twice"));
-            }
-            match (&file.source, &file.content) {
-                (Some(src), None) => {
-                    let full = normalise(&self.dir.join(src));
-                    if !full.is_file() {
-                        return Err(
-                            self.invalid(&at, format!("source {} is not a file", full.display()))
-                        );
-                    }
-                }
-                (None, Some(_)) => {}
-                _ => return Err(self.invalid(&at, "exactly one of source or content")),
-            }
         }
         let mut names = BTreeSet::new();
         for (i, img) in f.images.iter().enumerate() {
-            let at = format!("images[{i}] ({})", img.name);
-            self.check_group(&at, &img.group, &seen)?;
+            self.check_image(i, img, &seen, &mut names)?;
             used.insert(&img.group);
-            let r: kubeslot_image::ImageRef = img
-                .name
-                .parse()
-                .map_err(|e| self.invalid(&format!("{at}.name"), format!("{e}")))?;
-            // written out, not defaulted: `latest` is no pin for a name
-            let tagged = img.name.rsplit('/').next().is_some_and(|l| l.contains(':'));
-            if !tagged || r.tag.is_none() || r.digest.is_some() {
-                return Err(self.invalid(
-                    &format!("{at}.name"),
-                    "a reference with a tag and without a digest (the digest is pinned in `digest`)",
-                ));
-            }
-            if !names.insert(r.to_string()) {
-                return Err(self.invalid(&at, "the image is listed twice"));
-            }
-            img.source()
-                .map_err(|e| self.invalid(&format!("{at}.source"), e))?;
         }
         for (i, u) in f.units.enable.iter().enumerate() {
             let at = format!("units.enable[{i}] ({})", u.unit);
@@ -612,6 +506,157 @@ impl Recipe {
                 return Err(self.invalid("layers", format!("group {g:?} has no content")));
             }
         }
+        Ok(())
+    }
+
+    /// One `[components.NAME]`: its group, URL template, a pin for every
+    /// platform, and the fields of its format.
+    fn check_component(
+        &self,
+        name: &str,
+        c: &ComponentSpec,
+        seen: &BTreeSet<&str>,
+    ) -> Result<(), RecipeError> {
+        let at = format!("components.{name}");
+        self.check_group(&at, &c.group, seen)?;
+        check_template(&c.url, &["version", "arch"])
+            .map_err(|r| self.invalid(&format!("{at}.url"), r))?;
+        for p in &self.platforms {
+            if c.sha256.get(&p.architecture).is_none() {
+                return Err(self.invalid(
+                    &format!("{at}.sha256.{}", p.architecture),
+                    format!(
+                        "no sha256 pin for {p}, which the recipe builds (every input must be pinned)"
+                    ),
+                ));
+            }
+        }
+        match c.format {
+            Format::Binary => {
+                let dest = c.dest.as_deref().ok_or_else(|| {
+                    self.invalid(&format!("{at}.dest"), "a binary component needs dest")
+                })?;
+                image_path(dest).map_err(|r| self.invalid(&format!("{at}.dest"), r))?;
+                if !c.extract.is_empty() {
+                    return Err(self.invalid(
+                        &format!("{at}.extract"),
+                        "extract is for tar.gz components; a binary has dest",
+                    ));
+                }
+            }
+            Format::TarGz => {
+                if c.extract.is_empty() {
+                    return Err(self.invalid(
+                        &format!("{at}.extract"),
+                        "a tar.gz component needs at least one extract rule",
+                    ));
+                }
+                if c.dest.is_some() || c.mode.is_some() {
+                    return Err(self.invalid(
+                        &at,
+                        "dest and mode are for binary components; use extract rules",
+                    ));
+                }
+                for (i, x) in c.extract.iter().enumerate() {
+                    image_path(&x.to)
+                        .map_err(|r| self.invalid(&format!("{at}.extract[{i}].to"), r))?;
+                    if x.from.is_empty() || x.from.starts_with('/') || x.from.contains("..") {
+                        return Err(self.invalid(
+                            &format!("{at}.extract[{i}].from"),
+                            "a relative member pattern without ..",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `[base]`: a rootfs URL template pinned for every platform, an image
+    /// source that parses, or a package base's own rules.
+    fn check_base(&self) -> Result<(), RecipeError> {
+        match &self.file.base {
+            BaseSpec::Rootfs(r) => {
+                check_template(&r.url, &["arch"]).map_err(|e| self.invalid("base.url", e))?;
+                for p in &self.platforms {
+                    if r.sha256.get(&p.architecture).is_none() {
+                        return Err(self.invalid(
+                            &format!("base.sha256.{}", p.architecture),
+                            format!("no sha256 pin for {p}, which the recipe builds"),
+                        ));
+                    }
+                }
+            }
+            BaseSpec::Image(i) => {
+                i.image
+                    .parse::<ImageSource>()
+                    .map_err(|e| self.invalid("base.image", e.to_string()))?;
+            }
+            BaseSpec::Debian(d) => {
+                d.check().map_err(|rule| self.invalid("base", rule))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `files[i]`: its group, an in-image path baked once (`paths`), and
+    /// exactly one of a source file or inline content.
+    fn check_file(
+        &self,
+        i: usize,
+        file: &FileSpec,
+        seen: &BTreeSet<&str>,
+        paths: &mut BTreeSet<String>,
+    ) -> Result<(), RecipeError> {
+        let at = format!("files[{i}] ({})", file.path);
+        self.check_group(&at, &file.group, seen)?;
+        let p = image_path(&file.path).map_err(|r| self.invalid(&at, r))?;
+        if !paths.insert(p) {
+            return Err(self.invalid(&at, "the path is baked twice"));
+        }
+        match (&file.source, &file.content) {
+            (Some(src), None) => {
+                let full = normalise(&self.dir.join(src));
+                if !full.is_file() {
+                    return Err(
+                        self.invalid(&at, format!("source {} is not a file", full.display()))
+                    );
+                }
+            }
+            (None, Some(_)) => {}
+            _ => return Err(self.invalid(&at, "exactly one of source or content")),
+        }
+        Ok(())
+    }
+
+    /// `images[i]`: its group, a tagged reference without a digest, listed
+    /// once (`names`), and a source that parses.
+    fn check_image(
+        &self,
+        i: usize,
+        img: &ImageSpec,
+        seen: &BTreeSet<&str>,
+        names: &mut BTreeSet<String>,
+    ) -> Result<(), RecipeError> {
+        let at = format!("images[{i}] ({})", img.name);
+        self.check_group(&at, &img.group, seen)?;
+        let r: kubeslot_image::ImageRef = img
+            .name
+            .parse()
+            .map_err(|e| self.invalid(&format!("{at}.name"), format!("{e}")))?;
+        // written out, not defaulted: `latest` is no pin for a name
+        let tagged = img.name.rsplit('/').next().is_some_and(|l| l.contains(':'));
+        if !tagged || r.tag.is_none() || r.digest.is_some() {
+            return Err(self.invalid(
+                &format!("{at}.name"),
+                "a reference with a tag and without a digest (the digest is pinned in `digest`)",
+            ));
+        }
+        if !names.insert(r.to_string()) {
+            return Err(self.invalid(&at, "the image is listed twice"));
+        }
+        img.source()
+            .map_err(|e| self.invalid(&format!("{at}.source"), e))?;
         Ok(())
     }
 

@@ -87,6 +87,40 @@ fn json_summary(recipe: &Path, dir: &Path) -> serde_json::Value {
     serde_json::from_str(&out).unwrap()
 }
 
+/// A file the recipe bakes below a path the base has as a symlink (the
+/// demo base's `/bin -> usr/bin`) would replace the symlink with a
+/// directory: the build refuses, naming the recipe, the layer, the platform
+/// and the entry, and writes no output.
+#[test]
+fn a_file_below_a_base_symlink_is_refused_naming_recipe_layer_and_entry() {
+    let t = tempfile::tempdir().unwrap();
+    let text = demo_text().replace(
+        "[[files]]\npath = \"/etc/modules-load.d/kubernetes.conf\"",
+        "[[files]]\npath = \"/bin/kubeslot-extra\"\ncontent = \"x\"\ngroup = \"config\"\n\n\
+         [[files]]\npath = \"/etc/modules-load.d/kubernetes.conf\"",
+    );
+    assert!(text.contains("/bin/kubeslot-extra"), "demo recipe changed");
+    let recipe = write_recipe(t.path(), &text);
+    let out = t.path().join("out");
+    let err = fails(
+        bin()
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(&recipe)
+            .arg("--output")
+            .arg(format!("oci:{}", out.display())),
+    );
+    for want in [
+        format!("{}: layer config (linux/", recipe.display()),
+        "/bin/kubeslot-extra".to_string(),
+        "/bin is a symlink in the base".to_string(),
+    ] {
+        assert!(err.contains(&want), "no {want:?} in:\n{err}");
+    }
+    assert!(!out.exists(), "output written after a refused build");
+}
+
 #[test]
 fn demo_builds_are_reproducible_across_dirs_caches_and_outputs() {
     let a = tempfile::tempdir().unwrap();

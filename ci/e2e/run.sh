@@ -42,6 +42,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/cri.sh"
 # shellcheck source=ci/e2e/bundle.sh
 . "$REPO/ci/e2e/bundle.sh"
+# shellcheck source=ci/e2e/keyless.sh
+. "$REPO/ci/e2e/keyless.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 # The node: Debian trixie (its systemd 257 still boots on this hybrid-cgroup
@@ -248,6 +250,7 @@ SCENARIOS=(
   image_cache_survives_flip
   preloaded_pause
   airgap_archive
+  keyless_verified_offline
   gpu_setup
   gpu_cdi_injection
 )
@@ -256,7 +259,7 @@ SCENARIOS=(
 # does not depend on how a slot's tree is made (images, the runtime and pods
 # inside a running node). Their predecessors (pod_runs, gpu_setup) still run
 # in both modes.
-SLOT_INDEPENDENT=(images cri_static_pod cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection)
+SLOT_INDEPENDENT=(images keyless_verified_offline cri_static_pod cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection)
 
 SCENARIO_PID=""
 

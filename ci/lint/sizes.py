@@ -1,50 +1,57 @@
 #!/usr/bin/env python3
-"""Size rules (issue 27): no source file over 1,000 lines, no function
-outside tests over 120 lines, where a mistake costs most.
+"""The size rules (ARCHITECTURE.md, "Invariants"): where a mistake costs
+most, code is read in pieces a reviewer can hold.
 
-Every offender under the checked trees is listed; the exit code is 1 only
-for the rules ENFORCED names (a tree whose split has not landed yet is
-reported, not failed).
+* no file under the product source trees over 1,000 lines (tests in it
+  counted: a file is read whole);
+* no function over 120 lines, from its `fn` line to its closing brace;
+  functions in `#[cfg(test)]` (or `cfg(any(test, ...))`) items, in the
+  files of modules so declared (`#[cfg(test)] mod tests;`), and `#[test]`
+  functions are not counted.
 
-Test code is left out of the function rule: `#[test]` functions,
-`#[cfg(test)] mod x { ... }` blocks and files of `#[cfg(test)] mod x;`
-(and of the activator's `testing` fake). A function's length runs from its
-`fn` line to its closing brace.
+    ci/lint/sizes.py                          (activator/src, image/src, builder/src)
+    ci/lint/sizes.py --paths image/src builder/src
 
-    ci/lint/sizes.py            (exit 1 naming each enforced offender)
+Every offender is printed as `FILE:LINE: ...` with its length; the exit
+status is 1 when there is any. Comments, strings and character literals
+are blanked before braces are counted, so a brace in a message or a
+`'{'` never ends a function early.
 """
 
+import argparse
 import pathlib
 import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TREES = ["activator/src", "image/src", "builder/src"]
+DEFAULT_PATHS = ["activator/src", "image/src", "builder/src"]
 MAX_FILE_LINES = 1000
 MAX_FN_LINES = 120
-# tree -> the rules that fail the check there
-ENFORCED = {
-    "activator/src": {"file", "fn"},
-}
-# modules compiled only for tests (besides `#[cfg(test)] mod x;`)
-TEST_ONLY_FILES = {"activator/src/testing.rs"}
 
-FN_RE = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsafe\s+)?(?:extern\s+\"[^\"]*\"\s+)?fn\s+([A-Za-z_][A-Za-z0-9_]*)")
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FN_NAME = re.compile(r"\s+([A-Za-z_][A-Za-z0-9_]*)")
+MOD_DECL = re.compile(r"\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
+TEST_ATTR = re.compile(r"^#\[\s*((tokio::)?test\b|cfg\s*\(\s*((all|any)\s*\(\s*)?test\b)")
 
 
-def blank_literals(text: str) -> str:
-    """The text with comments, strings and char literals replaced by spaces
-    (newlines kept), so braces can be counted."""
+def blank(text: str) -> str:
+    """`text` with comments, string, byte-string, raw-string and character
+    literals replaced by spaces (newlines kept, so line numbers hold)."""
     out = []
     i, n = 0, len(text)
+
+    def keep_newlines(s: str) -> str:
+        return "".join("\n" if c == "\n" else " " for c in s)
+
     while i < n:
         c = text[i]
-        if text.startswith("//", i):
+        nxt = text[i + 1] if i + 1 < n else ""
+        if c == "/" and nxt == "/":
             j = text.find("\n", i)
             j = n if j < 0 else j
             out.append(" " * (j - i))
             i = j
-        elif text.startswith("/*", i):
+        elif c == "/" and nxt == "*":
             depth, j = 1, i + 2
             while j < n and depth:
                 if text.startswith("/*", j):
@@ -53,122 +60,191 @@ def blank_literals(text: str) -> str:
                     depth, j = depth - 1, j + 2
                 else:
                     j += 1
-            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            out.append(keep_newlines(text[i:j]))
             i = j
-        elif c == "r" and re.match(r'r#*"', text[i:i + 10]) and not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
-            hashes = len(re.match(r"r(#*)\"", text[i:]).group(1))
-            end = '"' + "#" * hashes
-            j = text.find(end, i + 2 + hashes)
-            j = n if j < 0 else j + len(end)
-            out.append(re.sub(r"[^\n]", " ", text[i:j]))
-            i = j
-        elif c == '"' or (c == "b" and text.startswith('b"', i)):
-            j = i + (2 if c == "b" else 1)
+        elif c in "rb" and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = re.compile(r"b?r(#*)\"").match(text, i)
+            if m:
+                end = text.find('"' + m.group(1), m.end())
+                j = n if end < 0 else end + 1 + len(m.group(1))
+                out.append(keep_newlines(text[i:j]))
+                i = j
+            elif c == "b" and nxt in "\"'":
+                out.append(" ")
+                i += 1
+            else:
+                m = IDENT.match(text, i)
+                out.append(m.group(0))
+                i = m.end()
+        elif c == '"':
+            j = i + 1
             while j < n and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            j += 1
-            out.append(re.sub(r"[^\n]", " ", text[i:j]))
-            i = j
+            out.append(keep_newlines(text[i : j + 1]))
+            i = j + 1
         elif c == "'":
-            # a char literal ('x', '\n', '\u{..}'), not a lifetime ('a)
-            m = re.match(r"'(\\u\{[0-9a-fA-F]+\}|\\.|[^\\'])'", text[i:])
-            if m:
-                out.append(" " * len(m.group(0)))
-                i += len(m.group(0))
+            # a character literal ('a', '\n', '\u{7f}', '\''), or a lifetime
+            if nxt == "\\":
+                j = text.find("'", i + 3)
+                j = n if j < 0 else j + 1
+            elif i + 2 < n and text[i + 2] == "'":
+                j = i + 3
             else:
                 out.append(c)
                 i += 1
+                continue
+            out.append(" " * (j - i))
+            i = j
+        elif c.isalpha() or c == "_":
+            m = IDENT.match(text, i)
+            out.append(m.group(0))
+            i = m.end()
         else:
             out.append(c)
             i += 1
     return "".join(out)
 
 
-def block_end(lines: list, start: int) -> int:
-    """The index of the line closing the first `{` at or after `start`;
-    -1 when a `;` comes first (a declaration without a body)."""
-    depth = 0
-    opened = False
-    for k in range(start, len(lines)):
-        for ch in lines[k]:
-            if ch == "{":
-                depth += 1
-                opened = True
-            elif ch == "}":
-                depth -= 1
-                if opened and depth == 0:
-                    return k
-            elif ch == ";" and not opened:
-                return -1
-    return len(lines) - 1
+class Frame:
+    def __init__(self, test: bool, fn=None):
+        self.test = test
+        self.fn = fn  # (name, start line) for a function body
 
 
-def test_ranges(raw: list, code: list) -> list:
-    """Line ranges of test code: `#[test]` functions and `#[cfg(test)]`
-    items with a body."""
-    ranges = []
-    for i, line in enumerate(raw):
-        s = line.strip()
-        if s in ("#[test]", "#[cfg(test)]") or s.startswith("#[cfg(any(test"):
-            k = i + 1
-            while k < len(raw) and raw[k].strip().startswith("#["):
-                k += 1
-            if k < len(raw):
-                end = block_end(code, k)
-                if end >= 0:
-                    ranges.append((i, end))
-    return ranges
+def long_functions(path: pathlib.Path):
+    """(line, name, length) of every non-test function over the limit."""
+    return scan(path)[0]
 
 
-def test_module_files(path: pathlib.Path, raw: list) -> set:
-    """Files of `#[cfg(test)] mod x;` declared in `path`."""
-    files = set()
-    for i, line in enumerate(raw[:-1]):
-        if line.strip() in ("#[cfg(test)]",) or line.strip().startswith("#[cfg(any(test"):
-            m = re.match(r"\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", raw[i + 1])
-            if m:
-                base = path.parent if path.name in ("mod.rs", "lib.rs", "main.rs") else path.with_suffix("")
-                for cand in (base / f"{m.group(1)}.rs", base / m.group(1) / "mod.rs"):
-                    files.add(cand.resolve())
-    return files
+def scan(path: pathlib.Path):
+    """The non-test functions over the limit, as (line, name, length), and
+    the names of the modules `path` declares out of line (`mod x;`) under a
+    test attribute or inside test code."""
+    code = blank(path.read_text())
+    line_starts = [0]
+    for m in re.finditer("\n", code):
+        line_starts.append(m.end())
+
+    def line_of(pos: int) -> int:
+        lo, hi = 0, len(line_starts)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if line_starts[mid] <= pos:
+                lo = mid
+            else:
+                hi = mid
+        return lo + 1
+
+    found = []
+    test_mods = []
+    stack = [Frame(test=False)]
+    parens = 0
+    pending_test = None  # paren depth at which a test attribute was seen
+    pending_fn = None  # (name, line, paren depth) of a signature being read
+    token = re.compile(r"#!?\[|[A-Za-z_][A-Za-z0-9_]*|[{}();,\[\]]")
+    pos = 0
+    while True:
+        m = token.search(code, pos)
+        if not m:
+            break
+        tok, pos = m.group(0), m.end()
+        if tok in ("#[", "#!["):
+            depth, j = 1, pos
+            while j < len(code) and depth:
+                depth += {"[": 1, "]": -1}.get(code[j], 0)
+                j += 1
+            attr = "#[" + code[pos:j]
+            if tok == "#[" and TEST_ATTR.match(attr):
+                pending_test = parens
+            pos = j
+        elif tok == "mod":
+            decl = MOD_DECL.match(code, pos)
+            if decl and (pending_test is not None or stack[-1].test):
+                test_mods.append(decl.group(1))
+        elif tok == "fn":
+            name = FN_NAME.match(code, pos)
+            if name:  # `fn(u32) -> u32` is a type, not an item
+                pending_fn = (name.group(1), line_of(m.start()), parens)
+        elif tok in ("(", "["):
+            parens += 1
+        elif tok in (")", "]"):
+            parens -= 1
+        elif tok in (";", ","):
+            if pending_test is not None and parens <= pending_test:
+                pending_test = None
+            if tok == ";" and pending_fn and parens <= pending_fn[2]:
+                pending_fn = None  # a declaration without a body
+        elif tok == "{":
+            test = stack[-1].test or pending_test is not None
+            pending_test = None
+            fn = None
+            if pending_fn and parens <= pending_fn[2]:
+                fn, pending_fn = pending_fn[:2], None
+            stack.append(Frame(test=test, fn=fn))
+        elif tok == "}":
+            frame = stack.pop() if len(stack) > 1 else stack[0]
+            if frame.fn and not frame.test:
+                name, start = frame.fn
+                length = line_of(m.start()) - start + 1
+                if length > MAX_FN_LINES:
+                    found.append((start, name, length))
+    return found, test_mods
+
+
+def test_only_dirs(files) -> set:
+    """Where the modules declared as test-only (`#[cfg(test)] mod x;`, or
+    under `cfg(any(test, ...))`) live: `x.rs` beside a `mod.rs`/`lib.rs`/
+    `main.rs`, else in the declaring file's own directory, as a file or a
+    directory with `mod.rs`. Returned as paths without `.rs`: a file is
+    test-only when it or one of its directories is in the set."""
+    out = set()
+    for path in files:
+        own = path.parent if path.name in ("mod.rs", "lib.rs", "main.rs") else path.with_suffix("")
+        for name in scan(path)[1]:
+            out.add(own / name)
+    return out
+
+
+def is_test_only(path: pathlib.Path, dirs: set) -> bool:
+    stem = path.parent if path.name == "mod.rs" else path.with_suffix("")
+    return stem in dirs or any(d in dirs for d in stem.parents)
 
 
 def main() -> int:
-    offenders = []  # (enforced, text)
-    for tree in TREES:
-        src = ROOT / tree
-        files = sorted(src.rglob("*.rs"))
-        test_files = {(ROOT / f).resolve() for f in TEST_ONLY_FILES}
-        for f in files:
-            test_files |= test_module_files(f, f.read_text().splitlines())
-        rules = ENFORCED.get(tree, set())
-        for f in files:
-            rel = f.relative_to(ROOT)
-            text = f.read_text()
-            raw = text.splitlines()
-            if len(raw) > MAX_FILE_LINES:
-                offenders.append(("file" in rules, f"{rel}: {len(raw)} lines (at most {MAX_FILE_LINES})"))
-            if f.resolve() in test_files:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        default=DEFAULT_PATHS,
+        help="source trees to check, relative to the repository root",
+    )
+    args = ap.parse_args()
+    offenders = 0
+    files = 0
+    for tree in args.paths:
+        base = ROOT / tree
+        if not base.is_dir():
+            print(f"{tree}: no such directory", file=sys.stderr)
+            return 2
+        paths = sorted(base.rglob("*.rs"))
+        test_dirs = test_only_dirs(paths)
+        for path in paths:
+            files += 1
+            rel = path.relative_to(ROOT)
+            lines = path.read_text().count("\n")
+            if lines > MAX_FILE_LINES:
+                offenders += 1
+                print(f"{rel}:1: file is {lines} lines (limit {MAX_FILE_LINES})")
+            if is_test_only(path, test_dirs):
                 continue
-            code = blank_literals(text).splitlines()
-            tests = test_ranges(raw, code)
-            for i, line in enumerate(code):
-                m = FN_RE.match(line)
-                if not m or any(a <= i <= b for a, b in tests):
-                    continue
-                end = block_end(code, i)
-                if end < 0:
-                    continue
-                length = end - i + 1
-                if length > MAX_FN_LINES:
-                    offenders.append(("fn" in rules, f"{rel}:{i + 1}: fn {m.group(1)}: {length} lines (at most {MAX_FN_LINES})"))
-    failed = False
-    for enforced, text in offenders:
-        print(f"ci/lint/sizes.py: {text}{'' if enforced else ' (reported, not enforced)'}", file=sys.stderr)
-        failed |= enforced
-    trees = ", ".join(f"{t} ({'+'.join(sorted(ENFORCED[t]))})" for t in ENFORCED)
-    print(f"ci/lint/sizes.py: {len(offenders)} offender(s); enforced in {trees}")
-    return 1 if failed else 0
+            for line, name, length in long_functions(path):
+                offenders += 1
+                print(f"{rel}:{line}: fn {name} is {length} lines (limit {MAX_FN_LINES})")
+    if offenders:
+        print(f"sizes: {offenders} over the limits in {' '.join(args.paths)}", file=sys.stderr)
+        return 1
+    print(f"sizes: ok ({files} files in {' '.join(args.paths)})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -238,40 +238,7 @@ fn walk(file: &Path, f: &File, into: &Path, lazy: bool) -> Result<(Layout, Membe
             _ => None,
         };
         if let Some(cap) = cap {
-            let declared = entry.header().size().map_err(io_err)?;
-            let ext_name = String::from_utf8_lossy(&entry.header().path_bytes())
-                .escape_default()
-                .to_string();
-            let refuse_ext = |rule: String| ArchiveError::Entry {
-                file: file.to_path_buf(),
-                index,
-                name: ext_name.clone(),
-                rule,
-            };
-            if declared > cap {
-                return Err(refuse_ext(format!(
-                    "a {declared}-byte {ty:?} extension header, more than the {cap} allowed"
-                )));
-            }
-            if long_name.is_some() {
-                return Err(refuse_ext(
-                    "two extension headers describe the same entry".into(),
-                ));
-            }
-            let mut data = Vec::with_capacity(declared as usize);
-            (&mut entry)
-                .take(declared)
-                .read_to_end(&mut data)
-                .map_err(io_err)?;
-            if data.len() as u64 != declared {
-                return Err(refuse_ext("truncated extension header".into()));
-            }
-            long_name = Some(if ty == tar::EntryType::GNULongName {
-                let end = data.iter().position(|b| *b == 0).unwrap_or(data.len());
-                data[..end].to_vec()
-            } else {
-                pax_path(&data).map_err(refuse_ext)?.unwrap_or_default()
-            });
+            long_name = Some(extension_name(file, &mut entry, index, cap, &long_name)?);
             continue;
         }
         let raw = match long_name.take() {
@@ -315,36 +282,14 @@ fn walk(file: &Path, f: &File, into: &Path, lazy: bool) -> Result<(Layout, Membe
                 "archive content exceeds {MAX_TOTAL_BYTES} bytes"
             )));
         }
-        match what {
-            Kind::Dir => {}
-            Kind::Document(doc) => {
-                if size > MAX_DOCUMENT_BYTES {
-                    return Err(refuse(format!(
-                        "{doc} of {size} bytes exceeds the {MAX_DOCUMENT_BYTES}-byte limit"
-                    )));
-                }
-                let mut out = create_new(&into.join(doc)).map_err(io_err)?;
-                let n = io::copy(&mut (&mut entry).take(size), &mut out).map_err(io_err)?;
-                if n != size {
-                    return Err(refuse("truncated".into()));
-                }
-            }
-            Kind::Blob(digest) if lazy => {
-                members.insert(digest, (entry.raw_file_position(), size));
-            }
-            Kind::Blob(digest) => {
-                let mut out = create_new(&sha_dir.join(digest.hex())).map_err(io_err)?;
-                let mut hashing = HashingReader::new((&mut entry).take(size));
-                io::copy(&mut hashing, &mut out).map_err(io_err)?;
-                let (actual, n) = hashing.finish();
-                if n != size {
-                    return Err(refuse("truncated".into()));
-                }
-                if actual != digest {
-                    return Err(refuse(format!("blob content hashes to {actual}")));
-                }
-            }
-        }
+        let member = Member {
+            file,
+            into,
+            sha_dir: &sha_dir,
+            lazy,
+            refuse: &refuse,
+        };
+        member.store(&mut entry, what, size, &mut members)?;
     }
     if long_name.is_some() {
         return Err(ArchiveError::Archive {
@@ -365,6 +310,120 @@ fn walk(file: &Path, f: &File, into: &Path, lazy: bool) -> Result<(Layout, Membe
         error: source,
     })?;
     Ok((layout, members))
+}
+
+/// Reads extension header `entry` (at most `cap` bytes) and returns the
+/// name it gives the next entry: a GNU long name up to its NUL, or a PAX
+/// `path` (empty when it has none). `pending` is a name an earlier
+/// extension header already gave: two for one entry are refused.
+fn extension_name<R: Read>(
+    file: &Path,
+    entry: &mut tar::Entry<'_, R>,
+    index: u64,
+    cap: u64,
+    pending: &Option<Vec<u8>>,
+) -> Result<Vec<u8>, ArchiveError> {
+    let ty = entry.header().entry_type();
+    let declared = entry.header().size().map_err(|error| ArchiveError::Io {
+        file: file.to_path_buf(),
+        error,
+    })?;
+    let name = String::from_utf8_lossy(&entry.header().path_bytes())
+        .escape_default()
+        .to_string();
+    let refuse = |rule: String| ArchiveError::Entry {
+        file: file.to_path_buf(),
+        index,
+        name: name.clone(),
+        rule,
+    };
+    if declared > cap {
+        return Err(refuse(format!(
+            "a {declared}-byte {ty:?} extension header, more than the {cap} allowed"
+        )));
+    }
+    if pending.is_some() {
+        return Err(refuse(
+            "two extension headers describe the same entry".into(),
+        ));
+    }
+    let mut data = Vec::with_capacity(declared as usize);
+    (&mut *entry)
+        .take(declared)
+        .read_to_end(&mut data)
+        .map_err(|error| ArchiveError::Io {
+            file: file.to_path_buf(),
+            error,
+        })?;
+    if data.len() as u64 != declared {
+        return Err(refuse("truncated extension header".into()));
+    }
+    Ok(if ty == tar::EntryType::GNULongName {
+        let end = data.iter().position(|b| *b == 0).unwrap_or(data.len());
+        data[..end].to_vec()
+    } else {
+        pax_path(&data).map_err(refuse)?.unwrap_or_default()
+    })
+}
+
+/// Where an accepted member goes: documents into `into`, blobs (hashed
+/// while written) into `sha_dir`, or, for a `lazy` scan, only their
+/// offsets into the members map.
+struct Member<'a> {
+    file: &'a Path,
+    into: &'a Path,
+    sha_dir: &'a Path,
+    lazy: bool,
+    /// The error naming this entry and the rule it breaks.
+    refuse: &'a dyn Fn(String) -> ArchiveError,
+}
+
+impl Member<'_> {
+    /// Stores `entry` (`size` bytes, classified `what`).
+    fn store<R: Read>(
+        &self,
+        entry: &mut tar::Entry<'_, R>,
+        what: Kind,
+        size: u64,
+        members: &mut Members,
+    ) -> Result<(), ArchiveError> {
+        let refuse = self.refuse;
+        let io_err = |error| ArchiveError::Io {
+            file: self.file.to_path_buf(),
+            error,
+        };
+        match what {
+            Kind::Dir => {}
+            Kind::Document(doc) => {
+                if size > MAX_DOCUMENT_BYTES {
+                    return Err(refuse(format!(
+                        "{doc} of {size} bytes exceeds the {MAX_DOCUMENT_BYTES}-byte limit"
+                    )));
+                }
+                let mut out = create_new(&self.into.join(doc)).map_err(io_err)?;
+                let n = io::copy(&mut (&mut *entry).take(size), &mut out).map_err(io_err)?;
+                if n != size {
+                    return Err(refuse("truncated".into()));
+                }
+            }
+            Kind::Blob(digest) if self.lazy => {
+                members.insert(digest, (entry.raw_file_position(), size));
+            }
+            Kind::Blob(digest) => {
+                let mut out = create_new(&self.sha_dir.join(digest.hex())).map_err(io_err)?;
+                let mut hashing = HashingReader::new((&mut *entry).take(size));
+                io::copy(&mut hashing, &mut out).map_err(io_err)?;
+                let (actual, n) = hashing.finish();
+                if n != size {
+                    return Err(refuse("truncated".into()));
+                }
+                if actual != digest {
+                    return Err(refuse(format!("blob content hashes to {actual}")));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The `path` of a PAX extended header (other keys are ignored: a layout

@@ -791,3 +791,6 @@ fn bundles_among_referrers() {
     let e = run(None, Digest::of(b"other")).unwrap_err().join("; ");
     assert!(e.contains("its subject is not"), "{e}");
 }
+
+#[path = "keyless/x509.rs"]
+mod x509;

@@ -2,9 +2,11 @@
 //! returns an error on garbage, never panics: random and mutated tar
 //! streams through the unpacker, random JSON shapes through the OCI and
 //! signature types, mutated Sigstore bundles and trusted roots through
-//! keyless verification, random header values through the registry and time
-//! parsers. The case count is bounded (256 per property) so the suite stays
-//! fast; a failure prints the minimal input.
+//! keyless verification, random and edited DER through the certificate
+//! walker (and everything verification asks a certificate it reads),
+//! random header values through the registry and time parsers. The case
+//! count is bounded (256 per property) so the suite stays fast; a failure
+//! prints the minimal input.
 
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::{Compression, ImageConfig, Index, Manifest};
@@ -141,6 +143,29 @@ proptest! {
     }
 
     #[test]
+    fn random_der_never_panics_the_certificate_walker(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        walk_certificate(bytes);
+    }
+
+    #[test]
+    fn edited_certificates_never_panic_the_certificate_walker(
+        which in 0usize..3,
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 1..6),
+    ) {
+        let mut der = real_certificates().swap_remove(which);
+        for (at, byte, how) in edits {
+            let i = at % der.len().max(1);
+            match how {
+                0 if !der.is_empty() => der[i] = byte,
+                1 => der.insert(i.min(der.len()), byte),
+                2 if !der.is_empty() => { der.remove(i); }
+                _ => der.truncate(i),
+            }
+        }
+        walk_certificate(der);
+    }
+
+    #[test]
     fn header_values_never_panic_their_parsers(v in "\\PC{0,80}") {
         let _ = kubeslot_image::registry::parse_challenge(&v);
         let _ = kubeslot_image::retry::retry_after(&v, std::time::SystemTime::now());
@@ -151,6 +176,68 @@ proptest! {
         let _ = Digest::parse_referrers_tag(&v);
         let _ = kubeslot_image::reference::Identity::repository(&v);
     }
+}
+
+/// A real Fulcio leaf (with an SCT), the Fulcio intermediate and root.
+fn real_certificates() -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/keyless");
+    let json = |p: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(data.join(p)).unwrap()).unwrap()
+    };
+    let b64 = |v: &serde_json::Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+    let bundle = json("sigstore-rs/bundle_v03.json");
+    let root = json("cosign/trusted_root_pgi.json");
+    let chain = &root["certificateAuthorities"][1]["certChain"]["certificates"];
+    vec![
+        b64(&bundle["verificationMaterial"]["certificate"]["rawBytes"]),
+        b64(&chain[0]["rawBytes"]),
+        b64(&chain[1]["rawBytes"]),
+    ]
+}
+
+/// Parses `der` as a certificate and, when it reads, asks it everything
+/// verification asks. Not panicking is the property.
+fn walk_certificate(der: Vec<u8>) {
+    use kubeslot_image::keyless::cert::Cert;
+    use kubeslot_image::keyless::{chain, TrustedRoot};
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &der)
+    );
+    let _ = Cert::all_from_pem(pem.as_bytes());
+    let Ok(c) = Cert::from_der(der) else {
+        return;
+    };
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/keyless");
+    let root =
+        TrustedRoot::parse(&std::fs::read(data.join("cosign/trusted_root_pgi.json")).unwrap())
+            .unwrap();
+    let _ = (
+        c.san(),
+        c.issuer(),
+        c.check_leaf_usage(),
+        c.check_ca_usage(1),
+    );
+    let _ = (
+        c.precert_tbs(),
+        c.subject_summary(),
+        c.extension_list(),
+        c.key(),
+    );
+    let _ = (
+        c.basic_constraints(),
+        c.key_usage(),
+        c.extended_key_usage(),
+        c.subject_alt_names(),
+    );
+    let _ = c.issued_by(&c);
+    let _ = chain::verify_chain(&c, &root, 1_700_000_000);
+    let _ = chain::verify_sct(&c, &root.authorities[1].chain[0], &root);
 }
 
 /// Random JSON values shaped like OCI documents: the right keys with

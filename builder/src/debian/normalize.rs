@@ -93,9 +93,9 @@ fn clean(p: &str) -> String {
     p.trim_start_matches("./").trim_end_matches('/').to_string()
 }
 
-/// Reads `raw`, writes the normalised tar to `out` (temp, fsync, rename,
-/// fsync dir) and returns its sha256 (hex).
-pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, DebianError> {
+/// Every entry of `raw` but the root, with the rule for its path; device
+/// nodes and FIFOs outside `/dev` refused.
+fn read_items(raw: &Path) -> Result<Vec<Item>, DebianError> {
     let bad = |reason: String| DebianError::Tar {
         path: raw.to_path_buf(),
         reason,
@@ -140,18 +140,34 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
             rule,
         });
     }
-    items.retain(|i| i.rule != Rule::Drop);
-    items.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(items)
+}
 
-    // Hardlink groups: the target and every link to it; the first path in
-    // sorted order carries the data, the others link to it.
+/// Hardlink groups of the sorted, kept items.
+struct Links {
+    /// Item index by path.
+    by_path: BTreeMap<String, usize>,
+    /// Group member (the target included) -> the group's original target.
+    group_of: BTreeMap<String, String>,
+    /// Target -> the group's first member in sorted order.
+    primary: BTreeMap<String, String>,
+}
+
+/// Hardlink groups: the target and every link to it; the first path in
+/// sorted order carries the data, the others link to it. A link to a path
+/// that is not kept is refused.
+fn links(raw: &Path, items: &[Item]) -> Result<Links, DebianError> {
+    let bad = |reason: String| DebianError::Tar {
+        path: raw.to_path_buf(),
+        reason,
+    };
     let by_path: BTreeMap<String, usize> = items
         .iter()
         .enumerate()
         .map(|(i, it)| (it.path.clone(), i))
         .collect();
     let mut group_of: BTreeMap<String, String> = BTreeMap::new(); // member -> target
-    for it in &items {
+    for it in items {
         if it.header.entry_type().is_hard_link() {
             let target = clean(it.link.as_deref().unwrap_or_default());
             if !by_path.contains_key(&target) {
@@ -170,6 +186,30 @@ pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, Debia
             *p = member.clone();
         }
     }
+
+    Ok(Links {
+        by_path,
+        group_of,
+        primary,
+    })
+}
+
+/// Reads `raw`, writes the normalised tar to `out` (temp, fsync, rename,
+/// fsync dir) and returns its sha256 (hex).
+pub fn normalize_tar(raw: &Path, out: &Path, epoch: i64) -> Result<String, DebianError> {
+    let bad = |reason: String| DebianError::Tar {
+        path: raw.to_path_buf(),
+        reason,
+    };
+    let mut items = read_items(raw)?;
+    items.retain(|i| i.rule != Rule::Drop);
+    items.sort_by(|a, b| a.path.cmp(&b.path));
+
+    let Links {
+        by_path,
+        group_of,
+        primary,
+    } = links(raw, &items)?;
 
     let dir = out.parent().unwrap_or(Path::new("."));
     let tmp = tempfile::Builder::new()

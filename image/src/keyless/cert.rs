@@ -3,14 +3,26 @@
 //! records).
 //!
 //! Given DER or PEM bytes, it answers "who signed this certificate", "is it
-//! valid at time T" and "what does it claim". Chains to the trusted root
-//! and SCTs are [`crate::keyless::chain`]; whether the claims are
-//! acceptable is [`crate::keyless::policy`].
+//! valid at time T", "may it sign certificates or code" and "what does it
+//! claim". Chains to the trusted root and SCTs are
+//! [`crate::keyless::chain`]; whether the claims are acceptable is
+//! [`crate::keyless::policy`].
 //!
-//! The DER is walked by hand (a strict TLV reader: one-byte tags, definite
-//! minimal lengths, nothing after the certificate), reading only the
-//! fields verification needs: a general X.509 crate put the activator over
-//! its size budget (ARCHITECTURE.md, "Keyless verification").
+//! The DER is walked by hand: a general X.509 crate put the activator over
+//! its size budget (ARCHITECTURE.md, "Keyless verification"). The walker
+//! is strict, so that what it reads is what every other X.509 reader reads:
+//! one-byte tags checked at every step; definite, minimal lengths; nothing
+//! after a value or the certificate; certificates of at most
+//! [`MAX_CERT_BYTES`]; X.509 v3 only; minimal, positive serials of at most
+//! 20 octets; the inner and outer signature algorithms identical; names,
+//! times (UTCTime through 2049, GeneralizedTime from 2050, as RFC 5280
+//! §4.1.2.5 says), OIDs, booleans (DER TRUE only; a FALSE default is never
+//! encoded) and bit strings in their DER form; each extension at most once;
+//! an unknown critical extension refuses the certificate (RFC 5280 §4.2).
+//! The extensions verification uses (basic constraints, key usage,
+//! extended key usage, SAN) are decoded, and so checked, when the
+//! certificate is parsed. No recursion: the structure is read at fixed
+//! depth.
 
 use std::ops::Range;
 
@@ -22,7 +34,11 @@ const OID_SAN: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.17");
 const OID_KEY_USAGE: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.15");
 const OID_EKU: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.37");
 const OID_BASIC_CONSTRAINTS: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.19");
-const OID_CODE_SIGNING: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.3");
+/// The extended key usage a signing leaf must have (and a CA that
+/// restricts its extended key usage must allow).
+pub const OID_CODE_SIGNING: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.3");
+/// anyExtendedKeyUsage.
+pub const OID_ANY_EKU: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.29.37.0");
 const OID_COMMON_NAME: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.3");
 const OID_ORGANIZATION: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.5.4.10");
 /// RFC 6962 embedded SCT list.
@@ -31,6 +47,9 @@ pub const OID_SCT_LIST: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1
 pub const OID_ISSUER_V1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.1");
 /// Fulcio's OIDC issuer, a DER UTF8String.
 pub const OID_ISSUER_V2: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.8");
+/// Fulcio's SAN other-name for usernames (a UTF8String).
+pub const OID_FULCIO_USERNAME: ObjectIdentifier =
+    ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.7");
 /// Source Repository URI (e.g. `https://github.com/org/repo`).
 pub const OID_SOURCE_REPOSITORY: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.12");
@@ -39,6 +58,10 @@ pub const OID_SOURCE_REF: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6
 /// Build Config URI: the workflow file that ran, at its ref.
 pub const OID_BUILD_CONFIG: ObjectIdentifier =
     ObjectIdentifier::new_unwrap("1.3.6.1.4.1.57264.1.18");
+
+/// Certificates larger than this are refused unread (Fulcio's leaves are
+/// about 2 KB, its CA certificates under 1 KB).
+pub const MAX_CERT_BYTES: usize = 32 * 1024;
 
 const SEQUENCE: u8 = 0x30;
 const SET: u8 = 0x31;
@@ -50,6 +73,17 @@ const BOOLEAN: u8 = 0x01;
 const UTF8_STRING: u8 = 0x0c;
 const UTC_TIME: u8 = 0x17;
 const GENERALIZED_TIME: u8 = 0x18;
+/// `[0] EXPLICIT` (version; other-name value), `[3] EXPLICIT` (extensions).
+const CONTEXT_0: u8 = 0xa0;
+const CONTEXT_3: u8 = 0xa3;
+/// `[1] IMPLICIT`/`[2] IMPLICIT` BIT STRING: the unique identifiers.
+const ISSUER_UID: u8 = 0x81;
+const SUBJECT_UID: u8 = 0x82;
+
+/// Key usage bits (RFC 5280 §4.2.1.3): bit `n` of the BIT STRING is
+/// `1 << n` here.
+pub const KU_DIGITAL_SIGNATURE: u16 = 1 << 0;
+pub const KU_KEY_CERT_SIGN: u16 = 1 << 5;
 
 /// One TLV: its tag, and where its content and the whole TLV lie in the
 /// buffer it was read from.
@@ -61,7 +95,7 @@ struct Tlv {
 }
 
 /// A strict DER reader over `buf[pos..end]`: one-byte tags, definite
-/// minimal lengths.
+/// minimal lengths of at most four octets, nothing past `end`.
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -73,7 +107,7 @@ impl<'a> Reader<'a> {
         Reader {
             buf,
             pos: within.start,
-            end: within.end,
+            end: within.end.min(buf.len()),
         }
     }
 
@@ -81,17 +115,29 @@ impl<'a> Reader<'a> {
         self.pos >= self.end
     }
 
-    fn next(&mut self) -> Option<Tlv> {
-        let start = self.pos;
-        let tag = *self.buf.get(self.pos)?;
-        if tag & 0x1f == 0x1f {
-            return None; // multi-byte tags: not in certificates we read
+    /// The tag of the next TLV, without reading it.
+    fn peek(&self) -> Option<u8> {
+        if self.done() {
+            return None;
         }
-        let first = *self.buf.get(self.pos + 1)?;
-        let mut at = self.pos + 2;
+        self.buf.get(self.pos).copied()
+    }
+
+    fn next(&mut self) -> Option<Tlv> {
+        if self.done() {
+            return None;
+        }
+        let start = self.pos;
+        let tag = *self.buf.get(start)?;
+        if tag & 0x1f == 0x1f {
+            return None; // multi-byte tags: not in certificates
+        }
+        let first = *self.buf.get(start + 1)?;
+        let mut at = start + 2;
         let len = if first < 0x80 {
             usize::from(first)
         } else {
+            // 0x80 (indefinite) and 0xff (reserved) are refused here
             let n = usize::from(first & 0x7f);
             if n == 0 || n > 4 {
                 return None;
@@ -121,6 +167,13 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The one TLV `bytes` holds, of type `tag`, with nothing after it.
+fn only(bytes: &[u8], tag: u8) -> Option<Tlv> {
+    let mut r = Reader::new(bytes, 0..bytes.len());
+    let t = r.expect(tag)?;
+    r.done().then_some(t)
+}
+
 /// DER length octets for `len`.
 fn length(len: usize) -> Vec<u8> {
     if len < 0x80 {
@@ -143,37 +196,166 @@ fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     v
 }
 
-/// `YYMMDDHHMMSSZ` or `YYYYMMDDHHMMSSZ` as Unix seconds.
-fn time(t: &Tlv, der: &[u8]) -> Option<i64> {
-    let s = std::str::from_utf8(&der[t.content.clone()]).ok()?;
-    let full = match (t.tag, s.len()) {
-        (UTC_TIME, 13) => {
-            let yy: u32 = s.get(..2)?.parse().ok()?;
-            format!("{}{}", if yy < 50 { 2000 + yy } else { 1900 + yy }, &s[2..])
-        }
-        (GENERALIZED_TIME, 15) => s.to_string(),
-        _ => return None,
-    };
-    let b = full.as_bytes();
-    if b.last() != Some(&b'Z') {
+/// A DER INTEGER's content: non-empty and minimal (no leading 0x00 before a
+/// clear high bit, no leading 0xff before a set one).
+fn integer_ok(c: &[u8]) -> bool {
+    match c {
+        [] => false,
+        [0x00, next, ..] => next & 0x80 != 0,
+        [0xff, next, ..] => next & 0x80 == 0,
+        _ => true,
+    }
+}
+
+/// A non-negative DER INTEGER that fits a `u32`.
+fn small_uint(c: &[u8]) -> Option<u32> {
+    if !integer_ok(c) || c[0] & 0x80 != 0 || c.len() > 5 {
         return None;
     }
+    let v = c.iter().fold(0u64, |v, b| (v << 8) | u64::from(*b));
+    u32::try_from(v).ok()
+}
+
+/// An OID's content: non-empty, every arc minimal (no 0x80 lead octet),
+/// the last octet ending an arc.
+fn oid_ok(c: &[u8]) -> bool {
+    let Some(last) = c.last() else {
+        return false;
+    };
+    if last & 0x80 != 0 || c.len() > 64 {
+        return false;
+    }
+    let mut arc_start = true;
+    for b in c {
+        if arc_start && *b == 0x80 {
+            return false;
+        }
+        arc_start = b & 0x80 == 0;
+    }
+    true
+}
+
+/// An OID's dotted form, for messages.
+fn dotted(oid: &[u8]) -> String {
+    ObjectIdentifier::from_bytes(oid)
+        .map_or_else(|_| format!("(OID {})", hex::encode(oid)), |o| o.to_string())
+}
+
+/// A DER BOOLEAN TRUE (`0xff`); DER never encodes a FALSE default.
+fn true_ok(c: &[u8]) -> bool {
+    c == [0xff]
+}
+
+/// A named-bit BIT STRING in DER (RFC 5280 key usage): at least one bit,
+/// trailing zero bits removed, unused bits zero. Bit `n` is `1 << n`.
+fn named_bits(c: &[u8]) -> Option<u16> {
+    let (&unused, data) = c.split_first()?;
+    let &last = data.last()?;
+    // the lowest used bit is set (trailing zeros removed), the unused ones clear
+    if unused > 7 || data.len() > 2 || (last >> unused) & 1 != 1 || last & ((1 << unused) - 1) != 0
+    {
+        return None;
+    }
+    let mut bits = 0u16;
+    for (i, byte) in data.iter().enumerate() {
+        for j in 0..8 {
+            if byte & (0x80 >> j) != 0 {
+                bits |= 1 << (i * 8 + j);
+            }
+        }
+    }
+    Some(bits)
+}
+
+/// `YYMMDDHHMMSSZ` (1950–2049) or `YYYYMMDDHHMMSSZ` (2050 on) as Unix
+/// seconds.
+fn time(t: &Tlv, der: &[u8]) -> Option<i64> {
+    let b = der.get(t.content.clone())?;
+    let (z, digits) = b.split_last()?;
+    if *z != b'Z' || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let s = std::str::from_utf8(digits).ok()?;
+    let full = match (t.tag, s.len()) {
+        (UTC_TIME, 12) => {
+            let yy: u32 = s[..2].parse().ok()?;
+            format!("{}{}", if yy < 50 { 2000 + yy } else { 1900 + yy }, &s[2..])
+        }
+        (GENERALIZED_TIME, 14) if &s[..4] >= "2050" => s.to_string(),
+        _ => return None,
+    };
     let rfc = format!(
         "{}-{}-{}T{}:{}:{}Z",
-        full.get(0..4)?,
-        full.get(4..6)?,
-        full.get(6..8)?,
-        full.get(8..10)?,
-        full.get(10..12)?,
-        full.get(12..14)?
+        &full[0..4],
+        &full[4..6],
+        &full[6..8],
+        &full[8..10],
+        &full[10..12],
+        &full[12..14]
     );
     crate::time::parse_rfc3339(&rfc)
 }
 
-/// One extension: its OID's DER content, its value, the whole TLV.
+/// A Name: a SEQUENCE of non-empty SETs of `{OID, value}` pairs.
+fn name_ok(der: &[u8], name: &Tlv) -> bool {
+    let mut rdns = Reader::new(der, name.content.clone());
+    while !rdns.done() {
+        let Some(set) = rdns.expect(SET) else {
+            return false;
+        };
+        let mut atvs = Reader::new(der, set.content.clone());
+        if atvs.done() {
+            return false;
+        }
+        while !atvs.done() {
+            let Some(atv) = atvs.expect(SEQUENCE) else {
+                return false;
+            };
+            let mut r = Reader::new(der, atv.content);
+            let oid_good = r.expect(OID).is_some_and(|o| oid_ok(&der[o.content]));
+            if !oid_good || r.next().is_none() || !r.done() {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// An AlgorithmIdentifier: its OID and whether it has parameters.
+fn algorithm(der: &[u8], alg: &Tlv) -> Option<(Vec<u8>, bool)> {
+    let mut r = Reader::new(der, alg.content.clone());
+    let oid = r.expect(OID)?;
+    if !oid_ok(&der[oid.content.clone()]) {
+        return None;
+    }
+    let params = r.next().is_some();
+    r.done().then(|| (der[oid.content].to_vec(), params))
+}
+
+/// Basic constraints (RFC 5280 §4.2.1.9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BasicConstraints {
+    pub ca: bool,
+    pub path_len: Option<u32>,
+}
+
+/// One name of a subject alternative name extension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GeneralName {
+    Email(String),
+    Dns(String),
+    Uri(String),
+    /// Fulcio's username other-name.
+    Username(String),
+    /// Any other kind, by its tag (an IP address, a directory name...).
+    Other(u8),
+}
+
+/// One extension: its OID's DER content, criticality, value, the whole TLV.
 #[derive(Clone, Debug)]
 struct Extension {
     oid: Vec<u8>,
+    critical: bool,
     value: Range<usize>,
     whole: Range<usize>,
 }
@@ -185,7 +367,9 @@ pub struct Cert {
     tbs: Range<usize>,
     /// The TBS fields before the extensions (content bytes).
     tbs_head: Range<usize>,
+    serial: Range<usize>,
     sig_alg: Vec<u8>,
+    sig_params: bool,
     signature: Vec<u8>,
     issuer: Range<usize>,
     subject: Range<usize>,
@@ -193,6 +377,10 @@ pub struct Cert {
     not_before: i64,
     not_after: i64,
     extensions: Vec<Extension>,
+    basic_constraints: Option<BasicConstraints>,
+    key_usage: Option<u16>,
+    eku: Option<Vec<Vec<u8>>>,
+    san: Option<Vec<GeneralName>>,
 }
 
 /// The OIDC issuer a certificate names, and where.
@@ -204,74 +392,120 @@ pub struct Issuer {
     pub v1: Option<String>,
 }
 
-fn parse(der: &[u8]) -> Option<Cert> {
-    let mut outer = Reader::new(der, 0..der.len());
-    let cert = outer.expect(SEQUENCE)?;
-    if !outer.done() {
-        return None;
+fn need<T>(v: Option<T>, what: &str) -> Result<T, String> {
+    v.ok_or_else(|| format!("{what}: not DER"))
+}
+
+fn check(ok: bool, why: &str) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(why.to_string())
     }
+}
+
+fn parse(der: &[u8]) -> Result<Cert, String> {
+    if der.len() > MAX_CERT_BYTES {
+        return Err(format!("larger than {MAX_CERT_BYTES} bytes"));
+    }
+    let cert = need(only(der, SEQUENCE), "the certificate")?;
     let mut c = Reader::new(der, cert.content);
-    let tbs = c.expect(SEQUENCE)?;
-    let alg = c.expect(SEQUENCE)?;
-    let sig = c.expect(BIT_STRING)?;
-    if !c.done() {
-        return None;
-    }
-    let sig_alg = Reader::new(der, alg.content).expect(OID)?;
-    let sig_bytes = der.get(sig.content.clone())?;
-    if sig_bytes.first() != Some(&0) {
-        return None;
-    }
+    let tbs = need(c.expect(SEQUENCE), "the TBS certificate")?;
+    let alg = need(c.expect(SEQUENCE), "the signature algorithm")?;
+    let sig = need(c.expect(BIT_STRING), "the signature")?;
+    check(c.done(), "data after the signature")?;
+    let (sig_alg, sig_params) = need(algorithm(der, &alg), "the signature algorithm")?;
+    let sig_bytes = &der[sig.content.clone()];
+    check(
+        sig_bytes.len() > 1 && sig_bytes[0] == 0,
+        "the signature is not a whole-byte BIT STRING",
+    )?;
+
     let mut t = Reader::new(der, tbs.content.clone());
-    let mut field = t.next()?;
-    if field.tag == 0xa0 {
-        field = t.next()?; // version
-    }
-    if field.tag != INTEGER {
-        return None; // serial
-    }
-    t.expect(SEQUENCE)?; // signature algorithm
-    let issuer = t.expect(SEQUENCE)?;
-    let validity = t.expect(SEQUENCE)?;
-    let subject = t.expect(SEQUENCE)?;
-    let spki = t.expect(SEQUENCE)?;
+    let version = need(t.expect(CONTEXT_0), "the version (only X.509 v3 is read)")?;
+    check(
+        der[version.content] == [INTEGER, 1, 2],
+        "not an X.509 v3 certificate",
+    )?;
+    let serial = need(t.expect(INTEGER), "the serial number")?;
+    let s = &der[serial.content.clone()];
+    check(
+        integer_ok(s) && s[0] & 0x80 == 0 && s.iter().any(|b| *b != 0),
+        "the serial number is not a minimal positive INTEGER",
+    )?;
+    check(
+        s.len() <= 20 || (s.len() == 21 && s[0] == 0),
+        "the serial number is longer than 20 octets",
+    )?;
+    let inner_alg = need(t.expect(SEQUENCE), "the TBS signature algorithm")?;
+    check(
+        der[inner_alg.whole] == der[alg.whole.clone()],
+        "the TBS signature algorithm differs from the certificate's",
+    )?;
+    let issuer = need(t.expect(SEQUENCE), "the issuer")?;
+    check(
+        name_ok(der, &issuer) && !issuer.content.is_empty(),
+        "the issuer is not a non-empty DER Name",
+    )?;
+    let validity = need(t.expect(SEQUENCE), "the validity")?;
+    let subject = need(t.expect(SEQUENCE), "the subject")?;
+    check(name_ok(der, &subject), "the subject is not a DER Name")?;
+    let spki = need(t.expect(SEQUENCE), "the subject public key info")?;
+    let mut k = Reader::new(der, spki.content.clone());
+    let key_alg = need(k.expect(SEQUENCE), "the public key algorithm")?;
+    need(algorithm(der, &key_alg), "the public key algorithm")?;
+    need(k.expect(BIT_STRING), "the public key")?;
+    check(k.done(), "data after the public key")?;
+
     let mut v = Reader::new(der, validity.content);
-    let not_before = time(&v.next()?, der)?;
-    let not_after = time(&v.next()?, der)?;
-    let mut tbs_head = tbs.content.start..tbs.content.end;
+    let not_before = need(v.next().and_then(|t| time(&t, der)), "notBefore")?;
+    let not_after = need(v.next().and_then(|t| time(&t, der)), "notAfter")?;
+    check(v.done(), "data after notAfter")?;
+
+    // [1] issuerUniqueID, [2] subjectUniqueID, [3] extensions: each at
+    // most once, in that order, and nothing else.
+    let mut tbs_head = tbs.content.clone();
     let mut extensions = Vec::new();
-    while !t.done() {
-        let f = t.next()?;
-        if f.tag != 0xa3 {
-            continue; // issuer/subject unique IDs
+    for tag in [ISSUER_UID, SUBJECT_UID, CONTEXT_3] {
+        if t.peek() != Some(tag) {
+            continue;
+        }
+        let f = need(t.next(), "the TBS certificate")?;
+        if tag != CONTEXT_3 {
+            let bits = &der[f.content];
+            check(
+                bits.first().is_some_and(|u| *u <= 7),
+                "a unique identifier is not a BIT STRING",
+            )?;
+            continue;
         }
         tbs_head.end = f.whole.start;
-        let mut list = Reader::new(der, f.content);
-        let seq = list.expect(SEQUENCE)?;
-        let mut exts = Reader::new(der, seq.content);
+        let mut wrapper = Reader::new(der, f.content);
+        let list = need(wrapper.expect(SEQUENCE), "the extensions")?;
+        check(wrapper.done(), "data after the extensions")?;
+        let mut exts = Reader::new(der, list.content);
+        check(!exts.done(), "an empty extensions list")?;
         while !exts.done() {
-            let e = exts.expect(SEQUENCE)?;
-            let mut r = Reader::new(der, e.content.clone());
-            let oid = r.expect(OID)?;
-            let mut value = r.next()?;
-            if value.tag == BOOLEAN {
-                value = r.next()?;
+            let e = need(exts.expect(SEQUENCE), "an extension")?;
+            let ext = extension(der, e)?;
+            if extensions.iter().any(|x: &Extension| x.oid == ext.oid) {
+                return Err(format!("extension {} appears twice", dotted(&ext.oid)));
             }
-            if value.tag != OCTET_STRING {
-                return None;
-            }
-            extensions.push(Extension {
-                oid: der[oid.content].to_vec(),
-                value: value.content,
-                whole: e.whole,
-            });
+            extensions.push(ext);
         }
     }
-    Some(Cert {
+    check(
+        t.done(),
+        "unexpected data after the subject public key info",
+    )?;
+
+    let mut cert = Cert {
         der: der.to_vec(),
         tbs: tbs.whole,
         tbs_head,
-        sig_alg: der[sig_alg.content].to_vec(),
+        serial: serial.content,
+        sig_alg,
+        sig_params,
         signature: sig_bytes[1..].to_vec(),
         issuer: issuer.whole,
         subject: subject.whole,
@@ -279,12 +513,165 @@ fn parse(der: &[u8]) -> Option<Cert> {
         not_before,
         not_after,
         extensions,
+        basic_constraints: None,
+        key_usage: None,
+        eku: None,
+        san: None,
+    };
+    cert.decode_extensions()?;
+    Ok(cert)
+}
+
+/// One Extension: `{OID, critical BOOLEAN DEFAULT FALSE, OCTET STRING}`.
+fn extension(der: &[u8], e: Tlv) -> Result<Extension, String> {
+    let mut r = Reader::new(der, e.content.clone());
+    let oid = need(r.expect(OID), "an extension's OID")?;
+    check(
+        oid_ok(&der[oid.content.clone()]),
+        "an extension's OID is not DER",
+    )?;
+    let oid = der[oid.content].to_vec();
+    let mut value = need(r.next(), "an extension")?;
+    let mut critical = false;
+    if value.tag == BOOLEAN {
+        if !true_ok(&der[value.content.clone()]) {
+            return Err(format!(
+                "extension {}: its critical flag is not DER TRUE (FALSE is the default, never encoded)",
+                dotted(&oid)
+            ));
+        }
+        critical = true;
+        value = need(r.next(), "an extension")?;
+    }
+    if value.tag != OCTET_STRING || !r.done() {
+        return Err(format!("extension {}: not DER", dotted(&oid)));
+    }
+    Ok(Extension {
+        oid,
+        critical,
+        value: value.content,
+        whole: e.whole,
     })
+}
+
+fn basic_constraints(v: &[u8]) -> Option<BasicConstraints> {
+    let seq = only(v, SEQUENCE)?;
+    let mut f = Reader::new(v, seq.content);
+    let mut bc = BasicConstraints {
+        ca: false,
+        path_len: None,
+    };
+    if f.peek() == Some(BOOLEAN) {
+        let t = f.next()?;
+        if !true_ok(&v[t.content]) {
+            return None;
+        }
+        bc.ca = true;
+    }
+    if !f.done() {
+        let t = f.expect(INTEGER)?;
+        bc.path_len = Some(small_uint(&v[t.content])?);
+    }
+    // a path length belongs to CAs only (RFC 5280 §4.2.1.9)
+    (f.done() && (bc.ca || bc.path_len.is_none())).then_some(bc)
+}
+
+fn extended_key_usage(v: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let seq = only(v, SEQUENCE)?;
+    let mut r = Reader::new(v, seq.content);
+    let mut oids = Vec::new();
+    while !r.done() {
+        let o = r.expect(OID)?;
+        let o = &v[o.content];
+        if !oid_ok(o) {
+            return None;
+        }
+        oids.push(o.to_vec());
+    }
+    (!oids.is_empty()).then_some(oids)
+}
+
+fn ia5(b: &[u8]) -> Option<String> {
+    (!b.is_empty() && b.is_ascii()).then(|| String::from_utf8_lossy(b).into_owned())
+}
+
+fn general_names(v: &[u8]) -> Option<Vec<GeneralName>> {
+    let seq = only(v, SEQUENCE)?;
+    let mut r = Reader::new(v, seq.content);
+    let mut names = Vec::new();
+    while !r.done() {
+        let n = r.next()?;
+        let b = &v[n.content.clone()];
+        names.push(match n.tag {
+            0x81 => GeneralName::Email(ia5(b)?),
+            0x82 => GeneralName::Dns(ia5(b)?),
+            0x86 => GeneralName::Uri(ia5(b)?),
+            0xa0 => {
+                let mut o = Reader::new(v, n.content);
+                let oid = o.expect(OID)?;
+                let explicit = o.expect(CONTEXT_0)?;
+                if !o.done() || !oid_ok(&v[oid.content.clone()]) {
+                    return None;
+                }
+                let inner = &v[explicit.content];
+                if v[oid.content] == *OID_FULCIO_USERNAME.as_bytes() {
+                    let s = only(inner, UTF8_STRING)?;
+                    GeneralName::Username(String::from_utf8(inner[s.content].to_vec()).ok()?)
+                } else {
+                    let mut value = Reader::new(inner, 0..inner.len());
+                    value.next()?;
+                    if !value.done() {
+                        return None;
+                    }
+                    GeneralName::Other(0xa0)
+                }
+            }
+            0x87 if b.len() == 4 || b.len() == 16 => GeneralName::Other(n.tag),
+            0x88 if oid_ok(b) => GeneralName::Other(n.tag),
+            // x400Address, directoryName, ediPartyName
+            0xa3..=0xa5 => GeneralName::Other(n.tag),
+            _ => return None,
+        });
+    }
+    (!names.is_empty()).then_some(names)
 }
 
 impl Cert {
     pub fn from_der(der: Vec<u8>) -> Result<Cert, String> {
-        parse(&der).ok_or_else(|| "not a DER X.509 certificate this verifier reads".to_string())
+        parse(&der)
+            .map_err(|why| format!("not a DER X.509 certificate this verifier reads ({why})"))
+    }
+
+    /// Decodes the extensions verification uses; refuses a malformed one
+    /// and any critical one it does not know (RFC 5280 §4.2).
+    fn decode_extensions(&mut self) -> Result<(), String> {
+        for e in &self.extensions {
+            let v = &self.der[e.value.clone()];
+            let bad = || format!("extension {}: malformed", dotted(&e.oid));
+            match e.oid.as_slice() {
+                o if o == OID_BASIC_CONSTRAINTS.as_bytes() => {
+                    self.basic_constraints = Some(basic_constraints(v).ok_or_else(bad)?);
+                }
+                o if o == OID_KEY_USAGE.as_bytes() => {
+                    let bits = only(v, BIT_STRING).and_then(|t| named_bits(&v[t.content]));
+                    self.key_usage = Some(bits.ok_or_else(bad)?);
+                }
+                o if o == OID_EKU.as_bytes() => {
+                    self.eku = Some(extended_key_usage(v).ok_or_else(bad)?);
+                }
+                o if o == OID_SAN.as_bytes() => {
+                    self.san = Some(general_names(v).ok_or_else(bad)?);
+                }
+                _ if e.critical => {
+                    return Err(format!(
+                        "unknown critical extension {} (RFC 5280: refused)",
+                        dotted(&e.oid)
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The first certificate of a PEM text.
@@ -313,6 +700,22 @@ impl Cert {
             .collect()
     }
 
+    /// The DER `TBSCertificate`: what the issuer signed.
+    pub fn tbs_der(&self) -> &[u8] {
+        &self.der[self.tbs.clone()]
+    }
+
+    /// The serial number's content octets.
+    pub fn serial(&self) -> &[u8] {
+        &self.der[self.serial.clone()]
+    }
+
+    /// The signature algorithm (dotted OID): ECDSA with SHA-256 or SHA-384
+    /// is what [`Cert::issued_by`] verifies, anything else is refused.
+    pub fn signature_algorithm(&self) -> String {
+        dotted(&self.sig_alg)
+    }
+
     /// The DER `SubjectPublicKeyInfo`.
     pub fn spki_der(&self) -> &[u8] {
         &self.der[self.spki.clone()]
@@ -331,19 +734,61 @@ impl Cert {
         t >= self.not_before && t <= self.not_after
     }
 
+    /// Basic constraints, when the certificate has them.
+    pub fn basic_constraints(&self) -> Option<BasicConstraints> {
+        self.basic_constraints
+    }
+
+    /// The key usage bits ([`KU_DIGITAL_SIGNATURE`], ...), when the
+    /// certificate has the extension.
+    pub fn key_usage(&self) -> Option<u16> {
+        self.key_usage
+    }
+
+    /// The extended key usages (dotted OIDs), when the certificate has the
+    /// extension.
+    pub fn extended_key_usage(&self) -> Option<Vec<String>> {
+        self.eku
+            .as_ref()
+            .map(|v| v.iter().map(|o| dotted(o)).collect())
+    }
+
+    fn has_eku(&self, oid: ObjectIdentifier) -> bool {
+        self.eku
+            .as_ref()
+            .is_some_and(|v| v.iter().any(|o| o == oid.as_bytes()))
+    }
+
+    /// The subject alternative names, when the certificate has them.
+    pub fn subject_alt_names(&self) -> Option<&[GeneralName]> {
+        self.san.as_deref()
+    }
+
+    /// Every extension: dotted OID and criticality, in order.
+    pub fn extension_list(&self) -> Vec<(String, bool)> {
+        self.extensions
+            .iter()
+            .map(|e| (dotted(&e.oid), e.critical))
+            .collect()
+    }
+
     /// Whether `issuer`'s key made this certificate's signature.
     pub fn issued_by(&self, issuer: &Cert) -> bool {
         if self.der[self.issuer.clone()] != issuer.der[issuer.subject.clone()] {
             return false;
         }
+        // ECDSA's AlgorithmIdentifier has no parameters (RFC 5758 §3.2)
         let alg = ObjectIdentifier::from_bytes(&self.sig_alg).ok();
         let Some(hash) = alg.as_ref().and_then(Hash::of_algorithm) else {
             return false;
         };
+        if self.sig_params {
+            return false;
+        }
         let Ok(key) = issuer.key() else {
             return false;
         };
-        key.verify(hash, &self.der[self.tbs.clone()], &self.signature)
+        key.verify(hash, self.tbs_der(), &self.signature)
     }
 
     /// Subject equals issuer: a root (whoever signed it).
@@ -354,7 +799,7 @@ impl Cert {
     /// The subject's common name and organisation, for messages.
     pub fn subject_summary(&self) -> String {
         let mut parts = Vec::new();
-        let mut rdns = Reader::new(&self.der, self.subject.start..self.subject.end);
+        let mut rdns = Reader::new(&self.der, self.subject.clone());
         let Some(name) = rdns.expect(SEQUENCE) else {
             return "(unreadable subject)".into();
         };
@@ -375,6 +820,9 @@ impl Cert {
                 parts.push(format!("{label}={text}"));
             }
         }
+        if parts.is_empty() {
+            return "(empty subject)".into();
+        }
         parts.join(",")
     }
 
@@ -387,7 +835,7 @@ impl Cert {
     }
 
     /// The precertificate TBS a CT log signed: this TBS without the SCT
-    /// list extension (RFC 6962 §3.2).
+    /// list extension (RFC 6962 §3.2), the other extensions in order.
     pub fn precert_tbs(&self) -> Vec<u8> {
         let mut exts = Vec::new();
         for e in &self.extensions {
@@ -396,31 +844,34 @@ impl Cert {
             }
         }
         let mut content = self.der[self.tbs_head.clone()].to_vec();
-        content.extend(tlv(0xa3, &tlv(SEQUENCE, &exts)));
+        if !exts.is_empty() {
+            content.extend(tlv(CONTEXT_3, &tlv(SEQUENCE, &exts)));
+        }
         tlv(SEQUENCE, &content)
     }
 
     /// The identity Fulcio put in the SAN: a URI (workflows), an e-mail
-    /// address, or an other-name's UTF-8 value (usernames).
-    pub fn san(&self) -> Option<String> {
-        let value = self.extension(OID_SAN)?;
-        let mut r = Reader::new(value, 0..value.len());
-        let seq = r.expect(SEQUENCE)?;
-        let mut names = Reader::new(value, seq.content);
-        while let Some(n) = names.next() {
-            match n.tag {
-                0x81 | 0x86 => return String::from_utf8(value[n.content].to_vec()).ok(),
-                0xa0 => {
-                    let mut o = Reader::new(value, n.content);
-                    o.expect(OID)?;
-                    let explicit = o.expect(0xa0)?;
-                    let s = Reader::new(value, explicit.content).expect(UTF8_STRING)?;
-                    return String::from_utf8(value[s.content].to_vec()).ok();
-                }
-                _ => {}
+    /// address, or a username other-name. Fulcio writes exactly one name;
+    /// a SAN with more (or another kind) names no identity this verifier
+    /// will pick from.
+    pub fn san(&self) -> Result<String, String> {
+        let names = self
+            .san
+            .as_deref()
+            .ok_or("it has no subject alternative name")?;
+        match names {
+            [GeneralName::Uri(s) | GeneralName::Email(s) | GeneralName::Username(s)] => {
+                Ok(s.clone())
             }
+            [_] => Err(
+                "its subject alternative name is not a URI, an e-mail address or a Fulcio username"
+                    .into(),
+            ),
+            _ => Err(format!(
+                "its subject alternative name lists {} names, not the one identity Fulcio writes",
+                names.len()
+            )),
         }
-        None
     }
 
     /// The OIDC issuer extensions.
@@ -437,50 +888,57 @@ impl Cert {
     /// A Fulcio v2 extension (a DER UTF8String).
     pub fn utf8_extension(&self, oid: ObjectIdentifier) -> Option<String> {
         let bytes = self.extension(oid)?;
-        let mut r = Reader::new(bytes, 0..bytes.len());
-        let s = r.expect(UTF8_STRING)?;
-        if !r.done() {
-            return None;
-        }
+        let s = only(bytes, UTF8_STRING)?;
         String::from_utf8(bytes[s.content].to_vec()).ok()
     }
 
     /// A code-signing leaf: not a CA, digital signature usage, the
     /// code-signing extended key usage.
     pub fn check_leaf_usage(&self) -> Result<(), String> {
-        if let Some(b) = self.extension(OID_BASIC_CONSTRAINTS) {
-            let mut r = Reader::new(b, 0..b.len());
-            let seq = r.expect(SEQUENCE).ok_or("basic constraints: malformed")?;
-            let mut fields = Reader::new(b, seq.content);
-            if let Some(f) = fields.next() {
-                if f.tag == BOOLEAN && b[f.content].iter().any(|x| *x != 0) {
-                    return Err("the signing certificate is a CA certificate".into());
-                }
-            }
+        if self.basic_constraints.is_some_and(|bc| bc.ca) {
+            return Err("the signing certificate is a CA certificate".into());
         }
-        let ku = self
-            .extension(OID_KEY_USAGE)
-            .ok_or("the certificate has no key usage")?;
-        let bits = Reader::new(ku, 0..ku.len())
-            .expect(BIT_STRING)
-            .map(|t| &ku[t.content])
-            .ok_or("key usage: malformed")?;
-        if bits.get(1).is_none_or(|b| b & 0x80 == 0) {
+        let ku = self.key_usage.ok_or("the certificate has no key usage")?;
+        if ku & KU_DIGITAL_SIGNATURE == 0 {
             return Err("the certificate's key usage lacks digital signature".into());
         }
-        let eku = self
-            .extension(OID_EKU)
-            .ok_or("the certificate has no extended key usage (code signing required)")?;
-        let seq = Reader::new(eku, 0..eku.len())
-            .expect(SEQUENCE)
-            .ok_or("extended key usage: malformed")?;
-        let mut oids = Reader::new(eku, seq.content);
-        let mut code_signing = false;
-        while let Some(o) = oids.next() {
-            code_signing |= o.tag == OID && eku[o.content] == *OID_CODE_SIGNING.as_bytes();
+        if self.eku.is_none() {
+            return Err("the certificate has no extended key usage (code signing required)".into());
         }
-        if !code_signing {
+        if !self.has_eku(OID_CODE_SIGNING) {
             return Err("the certificate's extended key usage lacks code signing".into());
+        }
+        Ok(())
+    }
+
+    /// May this certificate issue the certificates below it, `below` of
+    /// them not self-issued CAs (RFC 5280 §6.1.4: a CA by basic
+    /// constraints, within its path length, with certificate signing in
+    /// its key usage when it has one; and, as Go's verifier checks for
+    /// cosign, an extended key usage that allows code signing when it
+    /// restricts it).
+    pub fn check_ca_usage(&self, below: usize) -> Result<(), String> {
+        let who = self.subject_summary();
+        let bc = self
+            .basic_constraints
+            .filter(|bc| bc.ca)
+            .ok_or_else(|| format!("CA certificate {who} is not a CA (basic constraints)"))?;
+        if let Some(limit) = bc.path_len {
+            if below > limit as usize {
+                return Err(format!(
+                    "CA certificate {who} allows {limit} intermediate CAs below it, the chain has {below}"
+                ));
+            }
+        }
+        if self.key_usage.is_some_and(|ku| ku & KU_KEY_CERT_SIGN == 0) {
+            return Err(format!(
+                "CA certificate {who}: its key usage lacks certificate signing"
+            ));
+        }
+        if self.eku.is_some() && !self.has_eku(OID_CODE_SIGNING) && !self.has_eku(OID_ANY_EKU) {
+            return Err(format!(
+                "CA certificate {who}: its extended key usage does not allow code signing"
+            ));
         }
         Ok(())
     }
@@ -488,35 +946,8 @@ impl Cert {
 
 /// The content of a DER OCTET STRING.
 pub fn octet_string(der: &[u8]) -> Option<&[u8]> {
-    let mut r = Reader::new(der, 0..der.len());
-    let t = r.expect(OCTET_STRING)?;
-    r.done().then(|| &der[t.content])
+    only(der, OCTET_STRING).map(|t| &der[t.content])
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lengths_are_minimal_and_bounded() {
-        assert_eq!(length(5), vec![5]);
-        assert_eq!(length(200), vec![0x81, 200]);
-        assert_eq!(length(300), vec![0x82, 1, 44]);
-        // a long form for a short length, a length past the end: refused
-        let mut r = Reader::new(&[0x04, 0x81, 0x05, 1, 2, 3, 4, 5], 0..8);
-        assert!(r.next().is_none());
-        let mut r = Reader::new(&[0x04, 0x05, 1, 2], 0..4);
-        assert!(r.next().is_none());
-        assert!(Cert::from_der(vec![0x30, 0x00]).is_err());
-    }
-
-    #[test]
-    fn times() {
-        let der = b"\x17\x0d211020072516Z".to_vec();
-        let t = Reader::new(&der, 0..der.len()).next().unwrap();
-        assert_eq!(time(&t, &der), Some(1_634_714_716));
-        let der = b"\x18\x0f20211020072516Z".to_vec();
-        let t = Reader::new(&der, 0..der.len()).next().unwrap();
-        assert_eq!(time(&t, &der), Some(1_634_714_716));
-    }
-}
+mod tests;

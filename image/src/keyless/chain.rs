@@ -26,6 +26,7 @@ pub fn verify_chain<'r>(leaf: &Cert, root: &'r TrustedRoot, t: i64) -> Result<&'
         ));
     }
     let mut issued_at_other_time = false;
+    let mut unfit = Vec::new();
     for ca in &root.authorities {
         let Some(first) = ca.chain.first() else {
             continue;
@@ -38,6 +39,10 @@ pub fn verify_chain<'r>(leaf: &Cert, root: &'r TrustedRoot, t: i64) -> Result<&'
         if !(links_hold && last.is_self_issued() && last.issued_by(last)) {
             continue;
         }
+        if let Err(why) = check_ca_chain(&ca.chain) {
+            unfit.push(why);
+            continue;
+        }
         if !ca.valid.contains(t) || !ca.chain.iter().all(|c| c.valid_at(t)) {
             issued_at_other_time = true;
             continue;
@@ -46,9 +51,26 @@ pub fn verify_chain<'r>(leaf: &Cert, root: &'r TrustedRoot, t: i64) -> Result<&'
     }
     Err(if issued_at_other_time {
         "the certificate was issued by a Fulcio CA of the trusted root, but not one valid at the log's time".into()
+    } else if !unfit.is_empty() {
+        format!(
+            "the certificate was issued by a Fulcio CA of the trusted root that may not issue it: {}",
+            unfit.join("; ")
+        )
     } else {
         "the certificate does not chain to a Fulcio CA of the trusted root".into()
     })
+}
+
+/// Each CA certificate of a chain (issuer of the leaf first) may issue
+/// what is below it: a CA, within its path length (counting the
+/// intermediates below it that are not self-issued), allowed to sign
+/// certificates and code ([`Cert::check_ca_usage`]).
+fn check_ca_chain(chain: &[Cert]) -> Result<(), String> {
+    for (i, ca) in chain.iter().enumerate() {
+        let below = chain[..i].iter().filter(|c| !c.is_self_issued()).count();
+        ca.check_ca_usage(below)?;
+    }
+    Ok(())
 }
 
 /// Verifies the leaf's embedded SCTs: at least one must be signed by a CT
@@ -120,11 +142,13 @@ struct Sct {
     signature: Vec<u8>,
 }
 
-/// Parses a TLS-encoded `SignedCertificateTimestampList`.
+/// Parses a TLS-encoded `SignedCertificateTimestampList` (RFC 6962
+/// §3.3): a non-empty list of non-empty serialized SCTs, each read to its
+/// end. SCTs of a version other than v1 are skipped, as the RFC says.
 fn parse_sct_list(bytes: &[u8]) -> Option<Vec<Sct>> {
     let mut r = Tls(bytes);
     let mut list = Tls(r.vec16()?);
-    if !r.0.is_empty() {
+    if !r.0.is_empty() || list.0.is_empty() {
         return None;
     }
     let mut out = Vec::new();
@@ -137,8 +161,14 @@ fn parse_sct_list(bytes: &[u8]) -> Option<Vec<Sct>> {
         let timestamp_ms = u64::from_be_bytes(s.take(8)?.try_into().ok()?);
         let extensions = s.vec16()?.to_vec();
         let hash = s.take(1)?[0];
-        let _sig_alg = s.take(1)?[0];
+        // ECDSA (3): the only signature the logs of a trusted root make here
+        if s.take(1)? != [3] {
+            return None;
+        }
         let signature = s.vec16()?.to_vec();
+        if !s.0.is_empty() {
+            return None;
+        }
         out.push(Sct {
             log_id,
             timestamp_ms,
@@ -176,6 +206,24 @@ mod tests {
     fn sct_list_parser_refuses_truncation() {
         assert!(parse_sct_list(&[0, 5, 0]).is_none());
         assert!(parse_sct_list(&[]).is_none());
-        assert_eq!(parse_sct_list(&[0, 0]).map(|v| v.len()), Some(0));
+        // an empty list (RFC 6962: at least one SCT)
+        assert!(parse_sct_list(&[0, 0]).is_none());
+        let sct = |sig_alg: u8, trailing: &[u8]| {
+            let mut s = vec![0u8];
+            s.extend([7u8; 32]);
+            s.extend(1_700_000_000_000u64.to_be_bytes());
+            s.extend([0, 0, 4, sig_alg, 0, 2, 0x30, 0x00]);
+            s.extend_from_slice(trailing);
+            let mut one = (s.len() as u16).to_be_bytes().to_vec();
+            one.extend(s);
+            let mut list = (one.len() as u16).to_be_bytes().to_vec();
+            list.extend(one);
+            list
+        };
+        assert_eq!(parse_sct_list(&sct(3, &[])).map(|v| v.len()), Some(1));
+        // RSA (1) or anonymous (0) signatures, bytes after the signature
+        assert!(parse_sct_list(&sct(1, &[])).is_none());
+        assert!(parse_sct_list(&sct(0, &[])).is_none());
+        assert!(parse_sct_list(&sct(3, &[0])).is_none());
     }
 }

@@ -242,6 +242,27 @@ impl Tree {
         .map_err(|e| io_fail("open directory", shown, e))
     }
 
+    /// Runs `make` to create leaf `parent/name`; when something is already
+    /// there, removes it (a whole subtree for a directory) and runs `make`
+    /// once more.
+    fn replace_leaf(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        shown: &[u8],
+        what: &str,
+        make: impl Fn() -> Result<(), Errno>,
+    ) -> Result<(), Fail> {
+        match make() {
+            Err(Errno::EXIST) => {
+                self.remove(parent, name, shown)?;
+                make()
+            }
+            r => r,
+        }
+        .map_err(|e| io_fail(what, shown, e))
+    }
+
     /// Creates a symlink (never resolved) and gives it owner and times.
     pub fn create_symlink(
         &mut self,
@@ -251,22 +272,10 @@ impl Tree {
         meta: &Meta,
         shown: &[u8],
     ) -> Result<(), Fail> {
-        match rfs::symlinkat(target, parent, name) {
-            Err(Errno::EXIST) => {
-                self.remove(parent, name, shown)?;
-                rfs::symlinkat(target, parent, name)
-            }
-            r => r,
-        }
-        .map_err(|e| io_fail("create symlink", shown, e))?;
-        rfs::chownat(
-            parent,
-            name,
-            Some(rfs::Uid::from_raw(meta.uid)),
-            Some(rfs::Gid::from_raw(meta.gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| io_fail("chown symlink", shown, e))?;
+        self.replace_leaf(parent, name, shown, "create symlink", || {
+            rfs::symlinkat(target, parent, name)
+        })?;
+        chown_leaf(parent, name, meta).map_err(|e| io_fail("chown symlink", shown, e))?;
         rfs::utimensat(parent, name, &meta.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| io_fail("set symlink times", shown, e))
     }
@@ -281,22 +290,10 @@ impl Tree {
         shown: &[u8],
     ) -> Result<(), Fail> {
         let mode = Mode::from_raw_mode(0o600);
-        match rfs::mknodat(parent, name, kind, mode, 0) {
-            Err(Errno::EXIST) => {
-                self.remove(parent, name, shown)?;
-                rfs::mknodat(parent, name, kind, mode, 0)
-            }
-            r => r,
-        }
-        .map_err(|e| io_fail("create node", shown, e))?;
-        rfs::chownat(
-            parent,
-            name,
-            Some(rfs::Uid::from_raw(meta.uid)),
-            Some(rfs::Gid::from_raw(meta.gid)),
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| io_fail("chown node", shown, e))?;
+        self.replace_leaf(parent, name, shown, "create node", || {
+            rfs::mknodat(parent, name, kind, mode, 0)
+        })?;
+        chown_leaf(parent, name, meta).map_err(|e| io_fail("chown node", shown, e))?;
         // fchmodat cannot refuse to follow (and a socket cannot be opened
         // for fchmod): check that the leaf still is the node we made, in a
         // staging directory nobody else writes to.
@@ -389,6 +386,17 @@ impl Tree {
         }
         Ok(())
     }
+}
+
+/// Gives leaf `parent/name` (not followed) the entry's owner.
+fn chown_leaf(parent: BorrowedFd<'_>, name: &[u8], meta: &Meta) -> Result<(), Errno> {
+    rfs::chownat(
+        parent,
+        name,
+        Some(rfs::Uid::from_raw(meta.uid)),
+        Some(rfs::Gid::from_raw(meta.gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
 }
 
 /// Why the component `comp` of a parent path could not be opened as a

@@ -6,6 +6,17 @@
 //! registry; and the mutations of that material a host must refuse.
 //! Nothing here signs: every signature, certificate and log entry is the
 //! vector's own (testdata/keyless/README.md says where each comes from).
+//!
+//! What the vectors cannot give (a keylessly signed image for this host)
+//! comes from a test-only Sigstore instance, [`sigstore::TestSigstore`],
+//! with its own DER writer ([`der`]).
+
+pub mod der;
+pub mod sigstore;
+
+pub use sigstore::{
+    image_subjects, LeafSpec, Material, SignSpec, TestSigstore, Workflow, GITHUB_ISSUER,
+};
 
 use std::path::{Path, PathBuf};
 
@@ -164,12 +175,7 @@ pub fn attach_bundle(layout: &Layout, subject: &Descriptor, bundle: &Value) {
     let mut entry = Descriptor::new(MEDIA_TYPE_MANIFEST, mdigest, mbytes.len() as u64);
     entry.artifact_type = Some(BUNDLE_MEDIA_TYPE.into());
     let tag = subject.digest.referrers_tag();
-    let mut referrers = layout
-        .index()
-        .unwrap()
-        .manifests
-        .into_iter()
-        .find(|d| d.annotations.get(ANNOTATION_REF_NAME) == Some(&tag))
+    let mut referrers = tagged(layout, &tag)
         .map(|d| {
             layout
                 .read_json::<Index>(&d.digest, Some(d.size))
@@ -187,18 +193,22 @@ pub fn attach_bundle(layout: &Layout, subject: &Descriptor, bundle: &Value) {
     );
 }
 
-/// Pushes the `index.json` entry `tag` of `layout` (and everything it
-/// references) to `host/repo:tag` with plain distribution-API requests,
-/// byte for byte.
-pub fn push_raw(layout: &Path, tag: &str, host: &str, repo: &str) {
-    let layout = Layout::open(layout).unwrap();
-    let entry = layout
+/// The `index.json` entry of `layout` named `tag`.
+pub fn tagged(layout: &Layout, tag: &str) -> Option<Descriptor> {
+    layout
         .index()
         .unwrap()
         .manifests
         .into_iter()
         .find(|d| d.annotations.get(ANNOTATION_REF_NAME).map(String::as_str) == Some(tag))
-        .unwrap_or_else(|| panic!("no index.json entry {tag}"));
+}
+
+/// Pushes the `index.json` entry `tag` of `layout` (and everything it
+/// references) to `host/repo:tag` with plain distribution-API requests,
+/// byte for byte.
+pub fn push_raw(layout: &Path, tag: &str, host: &str, repo: &str) {
+    let layout = Layout::open(layout).unwrap();
+    let entry = tagged(&layout, tag).unwrap_or_else(|| panic!("no index.json entry {tag}"));
     let agent = ureq::Agent::new_with_defaults();
     push_doc(&agent, &layout, &entry, tag, host, repo);
 }
