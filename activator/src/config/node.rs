@@ -455,21 +455,7 @@ fn check_bundle(config: &Config) -> Result<(), Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigError;
-    use std::path::Path;
-
-    const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
-
-    fn parse(json: &str) -> Result<Config, ConfigError> {
-        Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
-    }
-
-    fn with_top(image: &str, top: &str) -> String {
-        format!(
-            r#"{{"image":"{image}","kubelet":{{"api_server":"https://10.0.0.1:6443",
-            "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"}}{top}}}"#
-        )
-    }
+    use crate::config::tests::{parse, with_top};
 
     #[test]
     fn extra_mounts_are_absolute_and_stay_clear_of_what_kubeslot_binds() {

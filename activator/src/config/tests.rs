@@ -26,7 +26,7 @@ use super::*;
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n";
 
-fn parse(json: &str) -> Result<Config, ConfigError> {
+pub(super) fn parse(json: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("/etc/kubeslot/activator.json"), json.as_bytes())
 }
 
@@ -133,7 +133,7 @@ fn bad_configs_name_the_problem() {
     assert!(e.contains("api_server"), "{e}");
 }
 
-fn with_top(image: &str, top: &str) -> String {
+pub(super) fn with_top(image: &str, top: &str) -> String {
     format!(
         r#"{{"image":"{image}","kubelet":{{"api_server":"https://10.0.0.1:6443",
         "ca_data":"{CA}","bootstrap_token":"abcdef.0123456789abcdef"}}{top}}}"#
