@@ -785,12 +785,15 @@ scenario_activate_v3_rolls_back() {
   check "status marks v3 bad" grep -Eq "^state\.bad\.[0-9]+\.digest=$bad\$" <<<"$flat" || { echo "$flat" >&2; return 1; }
   check "report names the failed check (kubelet-healthz)" grep -q 'kubelet-healthz' <<<"$(jq -r .error "$(report_file)")" || return 1
   check "report carries v3's digest" grep -Eq "$bad" "$(report_file)" || return 1
-  # the failed machine's last words, read before the rollback stopped it
-  local last
-  last=$(jq -r '.diagnostics.kubelet[-1] // empty' "$(report_file)")
-  log "  the report's last kubelet line of $target: $last"
-  check "report names the kubelet's last line (v3 serving /healthz unhealthy)" \
-    grep -q "fake-kubelet v1.35.2-e2e.3: serving /healthz on 127.0.0.1:10248 healthy=false" <<<"$last" || { jq .diagnostics "$(report_file)" >&2; return 1; }
+  # the failed machine's last words, read before the rollback stopped it:
+  # the v3 fixture's own line saying it serves /healthz unhealthy (since
+  # the fixture speaks CRI it logs its runtime checks around that line, so
+  # it need not be the very last one)
+  local lines
+  lines=$(jq -r '.diagnostics.kubelet[]?' "$(report_file)")
+  log "  the report's last kubelet line of $target: $(tail -n 1 <<<"$lines")"
+  check "report has the v3 kubelet's own line (serving /healthz unhealthy)" \
+    grep -q "kubelet\[[0-9]*\]: fake-kubelet v1.35.2-e2e.3: serving /healthz on 127.0.0.1:10248 healthy=false" <<<"$lines" || { jq .diagnostics "$(report_file)" >&2; return 1; }
   check_eq "diagnostics are of $target" "$(jq -r .diagnostics.machine "$(report_file)")" "$target" || return 1
   check "status shows them" grep -q "diagnostics of $target" <<<"$(outer kubeslot-activator status)" || return 1
   check "kubelet of the failed $target was v3's" cmp -s <(tree_cat "$target" usr/bin/kubelet) "$WORK/kubelet/v3/kubelet" || return 1
