@@ -12,8 +12,11 @@
 //! and the adopted tree stays the rollback target until an image is staged
 //! over it. [`config_from_applied`] (pure, golden-tested) turns the applied
 //! config into an activator config: API server, cluster CA, bootstrap token
-//! or exec credential, cluster DNS, labels, taints, node name; every other
-//! field is listed with the reason it is not carried over.
+//! or exec credential, cluster DNS, labels, taints, node name, node IP and
+//! the KubeletConfiguration object (`kubelet.config`, less what kubeslot
+//! renders itself); every other field is listed with the reason it is not
+//! carried over. The adopted tree's `/etc/default/kubelet`
+//! `KUBELET_EXTRA_ARGS` becomes the host's `/etc/kubeslot/default-kubelet`.
 //!
 //! It also takes over what the adopted node needs to keep: the kubelet's
 //! client certificate (`/var/lib/kubelet/pki` in the adopted tree, and the
@@ -34,8 +37,9 @@
 //! `adopt` reports them and, with [`Options::disable_agent`], stops and
 //! disables them through the [`Systemd`] boundary before anything is
 //! recorded. An applied config whose dropped fields change how the node
-//! behaves (`Kubelet.NodeIP`, `Kubelet.Configuration`, an enabled
-//! `LocalDNS`, unknown fields, ...) is written only with `--force`.
+//! behaves (`Kubelet.ImageCredentialProvider`, an enabled `LocalDNS`,
+//! unknown fields, other `/etc/default/kubelet` variables, ...) is written
+//! only with `--force`.
 //!
 //! Given the root handle and the [`Systemd`] boundary (to see whether
 //! machines run, and to stop and disable the agent's units when asked). It
@@ -58,8 +62,10 @@ use crate::systemd::{Systemd, SystemdError};
 use kubeslot_image::digest::Digest;
 
 mod identity;
+mod kubelet;
 
 use identity::carry_identity;
+use kubelet::{carry_extra_args, kubelet_configuration, write_extra_args};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
@@ -163,6 +169,9 @@ pub struct Adopted {
     pub agent_units: Vec<AgentUnit>,
     /// What became of the adopted node's kubelet identity.
     pub identity: Identity,
+    /// The adopted node's `KUBELET_EXTRA_ARGS`, written (or to be written)
+    /// to `/etc/kubeslot/default-kubelet`.
+    pub extra_args: Option<Vec<String>>,
 }
 
 /// One of unbounded-agent's host units that acts after the adoption.
@@ -271,8 +280,6 @@ const KNOWN_DROPPED: &[(&str, &str, bool)] = &[
     ("Downloads", "nothing is downloaded at provisioning time", false),
     ("Attest", "TPM attestation is not supported: the bootstrap token must be in the applied config", false),
     ("HostPrefix", "kubeslot installs nothing on the host's /usr", false),
-    ("Kubelet.NodeIP", "not supported by kubeslot's kubelet settings yet: the kubelet picks the node's address itself", true),
-    ("Kubelet.Configuration", "the KubeletConfiguration is the image's: these settings are lost", true),
     ("Kubelet.ImageCredentialProvider", "not supported by kubeslot's kubelet settings yet: private images need pull secrets instead", true),
     ("LocalDNS", "not supported: pods use the cluster DNS directly", true),
     ("OfflineArtifacts", "images come from the configured source (an oci-archive for air gaps)", false),
@@ -475,7 +482,8 @@ fn carry_auth(
 }
 
 /// The settings an applied config may leave out: cluster DNS, node name,
-/// labels, taints (a LocalDNS that is off is dropped silently).
+/// labels, taints, node IP, the KubeletConfiguration (a LocalDNS that is
+/// off is dropped silently).
 fn carry_optional(v: &mut Value, kubelet: &mut Map<String, Value>, notes: &mut Notes) {
     if let Some(dns) =
         take(v, &["Cluster", "ClusterDNS"]).and_then(|d| d.as_str().map(str::to_string))
@@ -513,6 +521,16 @@ fn carry_optional(v: &mut Value, kubelet: &mut Map<String, Value>, notes: &mut N
     {
         kubelet.insert("taints".into(), taints);
         notes.carried.push("taints".into());
+    }
+    if let Some(ip) = take(v, &["Kubelet", "NodeIP"])
+        .and_then(|s| s.as_str().map(str::to_string))
+        .filter(|s| !s.is_empty())
+    {
+        kubelet.insert("node_ip".into(), ip.into());
+        notes.carried.push("node_ip".into());
+    }
+    if let Some(Value::Object(c)) = take(v, &["Kubelet", "Configuration"]) {
+        kubelet_configuration(c, kubelet, notes);
     }
     // LocalDNS switched off changes nothing
     if v.pointer("/LocalDNS/Enabled") != Some(&Value::Bool(true))
@@ -580,6 +598,7 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
     }
     // The config first, in memory: a bad applied config changes nothing.
     let mut made = None;
+    let mut extra = None;
     let mut token_mode = true;
     if let Some(w) = &opts.write_config {
         let applied = w
@@ -587,7 +606,12 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
             .clone()
             .unwrap_or_else(|| root.unbounded_applied_config(machine.machine()));
         let bytes = read_applied(&applied)?;
-        let (config, notes) = config_from_applied(&applied, &bytes, &w.image, &w.public_keys)?;
+        let (config, mut notes) = config_from_applied(&applied, &bytes, &w.image, &w.public_keys)?;
+        extra = carry_extra_args(root, machine, &mut notes)?;
+        let extra_file = root.kubelet_extra_args();
+        if extra.is_some() && extra_file.exists() && !w.force {
+            return Err(AdoptError::ConfigExists { path: extra_file });
+        }
         if w.path.exists() && !w.force {
             return Err(AdoptError::ConfigExists {
                 path: w.path.clone(),
@@ -643,11 +667,18 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         notes: Notes::default(),
         agent_units,
         identity,
+        extra_args: None,
     };
     if let Some((applied, config, notes, w)) = made {
         if !opts.dry_run {
+            // before the config: a path unit watching it starts the
+            // activation that renders them
+            if let Some(args) = &extra {
+                write_extra_args(root, args)?;
+            }
             write_config(&w.path, &config)?;
         }
+        adopted.extra_args = extra;
         adopted.applied = Some(applied);
         adopted.config = Some(config);
         adopted.notes = notes;
@@ -830,12 +861,8 @@ mod tests {
                     let changing = notes.behaviour_changing();
                     let name = dir.file_name().unwrap().to_str().unwrap();
                     let want: &[&str] = match name {
-                        "later-schema" => &[
-                            "FutureField.Knob",
-                            "Kubelet.Configuration",
-                            "Kubelet.NodeIP",
-                            "LocalDNS",
-                        ],
+                        "later-schema" => &["FutureField.Knob", "LocalDNS"],
+                        "kubelet-configuration" => &["Kubelet.Configuration.healthzPort"],
                         _ => &[],
                     };
                     assert_eq!(changing, want, "{name}");

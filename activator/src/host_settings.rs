@@ -87,6 +87,26 @@ pub const SYSCTLS: &[Sysctl] = &[
         value: "1",
         why: "the same for IPv6 (needs br_netfilter)",
     },
+    Sysctl {
+        key: "net.ipv4.conf.all.src_valid_mark",
+        value: "1",
+        why: "WireGuard pod networks route by firewall mark (reverse-path checks honour it)",
+    },
+    Sysctl {
+        key: "net.ipv4.conf.default.src_valid_mark",
+        value: "1",
+        why: "the same for links created later (the pod network's)",
+    },
+    Sysctl {
+        key: "net.ipv4.conf.all.rp_filter",
+        value: "0",
+        why: "pod networks answer from other links than they were reached on (Ubuntu's default 2 drops it)",
+    },
+    Sysctl {
+        key: "net.ipv4.conf.default.rp_filter",
+        value: "0",
+        why: "the same for links created later (the pod network's)",
+    },
 ];
 
 /// The kernel modules of the node and why.

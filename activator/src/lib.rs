@@ -11,12 +11,16 @@
 
 pub mod activate;
 pub mod adopt;
+pub mod bundle;
 pub mod config;
+pub mod diagnostics;
+pub mod extra_args;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod gc;
 pub mod gpu;
 pub mod health;
+pub mod host_network;
 pub mod host_settings;
 pub mod intact;
 pub mod integrity;

@@ -124,6 +124,20 @@ impl Lock {
         }
     }
 
+    /// Holds the lock shared when no run holds it; `None` while one does
+    /// (`wait --provisioned` polls so, within its timeout).
+    pub fn try_shared(root: &Root) -> Result<Option<Lock>, LockError> {
+        let (f, path) = open(root)?;
+        match flock(&f, FlockOperation::NonBlockingLockShared) {
+            Ok(()) => Ok(Some(Lock { file: f })),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+            Err(e) => Err(LockError::Io {
+                path,
+                source: e.into(),
+            }),
+        }
+    }
+
     /// Blocks until no run holds the lock (for `wait`), then holds it shared.
     pub fn wait_shared(root: &Root) -> Result<Lock, LockError> {
         let (f, path) = open(root)?;

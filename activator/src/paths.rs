@@ -311,6 +311,53 @@ pub fn private_dir(dir: &Path) -> Result<(), kubeslot_image::atomic::AtomicError
     Ok(())
 }
 
+/// Paths of the unbounded-agent parity work (issue 28).
+impl Root {
+    /// `/etc/kubeslot/default-kubelet`: the operator's (or an adopted
+    /// node's) `KUBELET_EXTRA_ARGS`, in `/etc/default/kubelet` syntax.
+    pub fn kubelet_extra_args(&self) -> PathBuf {
+        self.join("etc/kubeslot/default-kubelet")
+    }
+
+    /// `/etc/systemd/system/run-bpffs-<machine>.mount`: the machine's
+    /// private BPF filesystem, which its drop-in requires.
+    pub fn bpffs_mount_unit_file(&self, machine: &str) -> PathBuf {
+        self.systemd_system_dir().join(bpffs_mount_unit(machine))
+    }
+
+    /// `/var/lib/kubeslot/host-network.json`: the links and routing tables
+    /// the host had before its first node ran (`uninstall` never removes
+    /// them).
+    pub fn host_network_record(&self) -> PathBuf {
+        self.state_dir().join("host-network.json")
+    }
+
+    /// `/sys/class/net`: the network links of the namespace the activator
+    /// runs in.
+    pub fn net_links(&self) -> PathBuf {
+        self.join("sys/class/net")
+    }
+
+    /// `/proc/sys/kernel/random/boot_id`: which boot a report belongs to.
+    pub fn boot_id(&self) -> PathBuf {
+        self.join("proc/sys/kernel/random/boot_id")
+    }
+}
+
+/// The host directory of a machine's private BPF filesystem
+/// (`/run/bpffs/<machine>`, bound at `/sys/fs/bpf`).
+pub fn bpffs_dir(machine: &str) -> String {
+    format!("/run/bpffs/{machine}")
+}
+
+/// The mount unit of [`bpffs_dir`] (`run-bpffs-kube1.mount`).
+pub fn bpffs_mount_unit(machine: &str) -> String {
+    format!(
+        "{}.mount",
+        systemd_escape_path(Path::new(&bpffs_dir(machine)))
+    )
+}
+
 /// Absolute host paths as they appear *inside rendered files* (the `.nspawn`
 /// file and drop-ins name real host paths, whatever root we write them under).
 pub mod host {
@@ -402,6 +449,14 @@ pub mod host_files {
     pub const CERTS_D: &str = "certs.d";
     pub const RESOLV_CONF: &str = "resolv.conf";
     pub const HOSTNAME: &str = "hostname";
+    /// The kubelet's environment file (`KUBELET_EXTRA_ARGS` only).
+    pub const KUBELET_DEFAULTS: &str = "default-kubelet";
+    /// containerd's drop-in (sandbox image, metrics address), when the
+    /// config sets any.
+    pub const CONTAINERD_DROPIN: &str = "containerd.toml";
+    /// The offline bundle's images for the import unit: one
+    /// `NAME DIGEST FILE` line each.
+    pub const BUNDLE_LIST: &str = "bundle-images";
 }
 
 /// Paths inside a node machine (the targets of binds).
@@ -429,6 +484,14 @@ pub mod machine {
     pub const HOST_NVIDIA_BIN: &str = "/run/host-nvidia-bin";
     /// The kubelet's own kubeconfig, written by TLS bootstrap into its state.
     pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+    /// The kubelet unit's environment file (the unbounded agent's path).
+    pub const KUBELET_DEFAULTS: &str = "/etc/default/kubelet";
+    /// containerd's drop-in dir entry for the host's settings.
+    pub const CONTAINERD_DROPIN: &str = "/etc/containerd/conf.d/50-kubeslot.toml";
+    /// The offline bundle's archives (the host's `images.bundle_dir`).
+    pub const BUNDLE_DIR: &str = "/etc/kubeslot/bundle";
+    /// The machine's private BPF filesystem.
+    pub const BPFFS: &str = "/sys/fs/bpf";
 }
 
 #[cfg(test)]

@@ -1,13 +1,18 @@
 //! The host files of a node machine: the `.nspawn` file, the
 //! `systemd-nspawn@<machine>.service.d/override.conf` drop-in, the render
 //! oneshot unit, and the kubelet per-host files (kubeconfig, cluster CA,
-//! kubelet unit drop-in, kubelet config drop-in, resolv.conf, hostname) and
+//! kubelet unit drop-in, kubelet config drop-in, resolv.conf, hostname, the
+//! kubelet's environment file with the host's extra arguments) and
 //! containerd's registry mirror files (`certs.d/<host>/hosts.toml`, with
-//! their CA) bound read-only into the machine.
+//! their CA) and drop-in bound read-only into the machine; the machine's
+//! private BPF filesystem (a mount unit its drop-in requires), extra host
+//! mounts and the offline image bundle's list.
 //!
 //! Three steps, each separately testable: [`gather`] reads everything the
 //! files depend on from the host once (through the root handle: CA file,
-//! upstream DNS servers, host name, GPU and extra devices); [`render`] is a
+//! upstream DNS servers, host name, GPU and extra devices, extra mount
+//! sources, the kubelet's extra arguments, the offline bundle's archives,
+//! each verified); [`render`] is a
 //! pure function of the config, the slot and those facts (golden-file
 //! tested); [`write`] puts the files in place, each atomically (temp, fsync,
 //! rename, fsync dir), rewriting only what changed and removing stale files of
@@ -26,8 +31,10 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use crate::bundle::{self, BundleError};
 use crate::config::node::{self, check_node_name};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
+use crate::extra_args::{self, ExtraArgsError};
 use crate::gpu::{self, GpuBinds, GpuError, ToolBind};
 use crate::paths::{self, host, host_files, machine as inside, Root};
 use crate::slot::Slot;
@@ -63,6 +70,9 @@ pub struct HostFacts {
     /// The CA of each registry whose mirrors name a `ca_file`, by registry
     /// host (PEM text, read once).
     pub registry_cas: BTreeMap<String, String>,
+    /// The kubelet's extra arguments from the host's
+    /// `/etc/kubeslot/default-kubelet` (checked: no flag kubeslot owns).
+    pub kubelet_extra_args: Vec<String>,
 }
 
 /// One rendered file.
@@ -137,6 +147,16 @@ pub enum RenderError {
     NoResolv { upstream: PathBuf, etc: PathBuf },
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    ExtraArgs(#[from] ExtraArgsError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error("extra_mounts: host path {path} (for {machine_path}): {reason}: nspawn refuses a bind whose source is missing")]
+    MountSource {
+        path: PathBuf,
+        machine_path: PathBuf,
+        reason: String,
+    },
     #[error("{path}: cannot write: {source}")]
     Write {
         path: PathBuf,
@@ -190,6 +210,18 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
             }
         }
     }
+    for m in &config.extra_mounts {
+        let path = root.join(&m.host_path.to_string_lossy());
+        if let Err(e) = std::fs::metadata(&path) {
+            return Err(RenderError::MountSource {
+                path: m.host_path.clone(),
+                machine_path: m.machine_path.clone(),
+                reason: e.to_string(),
+            });
+        }
+    }
+    let kubelet_extra_args = extra_args::read(root)?;
+    bundle::verify(root, &config.images)?;
     Ok(HostFacts {
         hostname,
         nameservers,
@@ -198,6 +230,7 @@ pub fn gather(root: &Root, config: &Config) -> Result<HostFacts, RenderError> {
         devices,
         lib_modules: root.lib_modules().is_dir(),
         registry_cas,
+        kubelet_extra_args,
     })
 }
 
@@ -349,12 +382,7 @@ fn invalid(field: &'static str, value: &str, reason: &str) -> RenderError {
 /// Paths go into `Bind=`/`DeviceAllow=` lines unquoted: no `:` (the bind
 /// separator), whitespace, quotes or specifier characters.
 fn check_bind_path(field: &'static str, path: &str) -> Result<(), RenderError> {
-    let ok = path.starts_with('/')
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'+'))
-        && !path.split('/').any(|c| c == "..");
-    if ok {
+    if node::is_bind_path(path) {
         Ok(())
     } else {
         Err(invalid(
@@ -419,7 +447,31 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
             contents: format!("{node_name}\n"),
             mode: 0o644,
         },
+        RenderedFile {
+            path: dir.join(host_files::KUBELET_DEFAULTS),
+            contents: extra_args::render(&facts.kubelet_extra_args),
+            mode: 0o644,
+        },
+        RenderedFile {
+            path: rel.bpffs_mount_unit_file(machine),
+            contents: bpffs_mount_unit(machine),
+            mode: 0o644,
+        },
     ];
+    if config.containerd.has_dropin() {
+        files.push(RenderedFile {
+            path: dir.join(host_files::CONTAINERD_DROPIN),
+            contents: containerd_dropin(config),
+            mode: 0o644,
+        });
+    }
+    if !config.images.bundle.is_empty() {
+        files.push(RenderedFile {
+            path: dir.join(host_files::BUNDLE_LIST),
+            contents: bundle::list(&config.images),
+            mode: 0o644,
+        });
+    }
     let (name, contents) = match (
         &config.kubelet.bootstrap_token,
         &config.kubelet.exec_credential,
@@ -553,6 +605,14 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
                 .collect::<String>()
         );
     }
+    host_binds(config, machine, &mut s);
+    s
+}
+
+/// The `.nspawn` binds of what the host hands the machine: its host-files
+/// dir and files, the node state, the private bpffs, extra mounts, the
+/// offline bundle.
+fn host_binds(config: &Config, machine: &str, s: &mut String) {
     let dir = Root::host().host_files(machine);
     let d = dir.display();
     let _ = writeln!(s, "BindReadOnly={d}:{}", inside::HOST_FILES);
@@ -574,6 +634,22 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
         host_files::KUBELET_CONFIG,
         inside::KUBELET_CONFIG_DROPIN
     );
+    // over the image's (and anything the node writes there): the kubelet
+    // unit's environment holds only the host's extra arguments
+    let _ = writeln!(
+        s,
+        "BindReadOnly={d}/{}:{}",
+        host_files::KUBELET_DEFAULTS,
+        inside::KUBELET_DEFAULTS
+    );
+    if config.containerd.has_dropin() {
+        let _ = writeln!(
+            s,
+            "BindReadOnly={d}/{}:{}",
+            host_files::CONTAINERD_DROPIN,
+            inside::CONTAINERD_DROPIN
+        );
+    }
     if !registry_mirrors(config).is_empty() {
         let _ = writeln!(
             s,
@@ -601,6 +677,64 @@ fn nspawn_file(config: &Config, machine: &str, facts: &HostFacts) -> String {
         host::NODE_CONTAINERD,
         inside::CONTAINERD_STATE
     );
+    // eBPF CNIs (Cilium) pin their maps here; mounted by the unit the
+    // drop-in requires, one instance per machine
+    let _ = writeln!(s, "Bind={}:{}", paths::bpffs_dir(machine), inside::BPFFS);
+    for m in &config.extra_mounts {
+        let _ = writeln!(
+            s,
+            "{}={}:{}",
+            if m.read_only { "BindReadOnly" } else { "Bind" },
+            m.host_path.display(),
+            m.machine_path.display()
+        );
+    }
+    if let Some(dir) = config
+        .images
+        .bundle_dir
+        .as_ref()
+        .filter(|_| !config.images.bundle.is_empty())
+    {
+        let _ = writeln!(s, "BindReadOnly={}:{}", dir.display(), inside::BUNDLE_DIR);
+    }
+}
+
+/// The machine's private BPF filesystem (`bpf` mounted at
+/// `/run/bpffs/<machine>`): a mount unit rather than a mount the render
+/// makes, so systemd mounts it before every start of the machine (boot
+/// included: the drop-in's `RequiresMountsFor=`), creates the directory
+/// and owns the mount; a new `bpf` mount is a new instance, so each
+/// machine pins its maps apart from the host's and the other slot's.
+fn bpffs_mount_unit(machine: &str) -> String {
+    let mut s = String::from(HEADER);
+    s.push_str("[Unit]\n");
+    let _ = writeln!(
+        s,
+        "Description=Private BPF filesystem of node machine {machine}"
+    );
+    s.push_str("\n[Mount]\nWhat=bpf\n");
+    let _ = writeln!(s, "Where={}", paths::bpffs_dir(machine));
+    s.push_str("Type=bpf\nOptions=mode=0700\n");
+    s
+}
+
+/// containerd's drop-in for the host's settings (`version = 3`, merged key
+/// by key into the image's config).
+fn containerd_dropin(config: &Config) -> String {
+    let c = &config.containerd;
+    let mut s = String::from(
+        "# Rendered by kubeslot-activator on the host and bound read-only into\n\
+         # /etc/containerd/conf.d: merged over the image's config.toml.\n\
+         version = 3\n",
+    );
+    if let Some(image) = &c.sandbox_image {
+        s.push_str("\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n");
+        let _ = writeln!(s, "  sandbox = {}", q(image));
+    }
+    if let Some(addr) = &c.metrics_address {
+        s.push_str("\n[metrics]\n");
+        let _ = writeln!(s, "  address = {}", q(addr));
+    }
     s
 }
 
@@ -613,6 +747,7 @@ fn dropin_file(machine: &str, devices: &[&str], facts: &HostFacts) -> String {
     s.push_str("StartLimitIntervalSec=0\n");
     let _ = writeln!(s, "Requires={render_unit}");
     let _ = writeln!(s, "After={render_unit}");
+    let _ = writeln!(s, "RequiresMountsFor={}", paths::bpffs_dir(machine));
     s.push_str("\n[Service]\nRestart=on-failure\nRestartSec=10s\n");
     let _ = writeln!(s, "ExecStartPre=-{} terminate {machine}", host::MACHINECTL);
     s.push_str("Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1\n");
@@ -625,6 +760,8 @@ fn dropin_file(machine: &str, devices: &[&str], facts: &HostFacts) -> String {
     for d in &facts.gpu.device_dirs {
         let _ = writeln!(s, "DeviceAllow={} rwm", d.group);
     }
+    // macvtap/ipvtap devices a CNI creates for pods (KubeVirt, Multus)
+    s.push_str("DeviceAllow=char-ipvtap rwm\nDeviceAllow=char-macvtap rwm\n");
     s
 }
 

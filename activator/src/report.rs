@@ -1,6 +1,9 @@
 //! `report.json`: what the last run did, in the spirit of
 //! aks-node-controller's `provision.json` (exit code, error, image digest,
-//! slot, a timestamp per phase, download counts).
+//! slot, a timestamp per phase, download counts, the boot it ran in and
+//! its datapoints: milliseconds from the unit's start to resolved,
+//! verified, staged, machine started, kubelet healthy, committed), and a
+//! failed machine's last journal lines.
 //!
 //! Given the root handle; written atomically at the end of every run that
 //! changes state — also when the config cannot be read, so an operator (or a
@@ -12,6 +15,7 @@ use kubeslot_image::time::now_rfc3339;
 use kubeslot_image::Digest;
 use serde::{Deserialize, Serialize};
 
+use crate::diagnostics::Diagnostics;
 use crate::paths::Root;
 use crate::slot::Slot;
 use kubeslot_image::retry::Traffic;
@@ -145,6 +149,17 @@ pub struct Report {
     /// again. Absent when the run sent no request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_requests: Option<Traffic>,
+    /// The boot the run happened in (`/proc/sys/kernel/random/boot_id`):
+    /// `wait --provisioned` waits for a commit of this boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// When the run got where (milliseconds from the unit's start).
+    #[serde(default, skip_serializing_if = "Datapoints::is_empty")]
+    pub datapoints: Datapoints,
+    /// A machine that failed its gate: its kubelet's and containerd's last
+    /// journal lines and failed units, secrets redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<Diagnostics>,
     pub started: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
@@ -172,6 +187,9 @@ impl Report {
             slot_mode: None,
             gc: None,
             registry_requests: None,
+            boot_id: None,
+            datapoints: Datapoints::default(),
+            diagnostics: None,
             started: now_rfc3339(),
             finished: None,
             phases: Vec::new(),
@@ -208,13 +226,35 @@ impl Report {
         self.finished = Some(now_rfc3339());
     }
 
+    /// Records when the run reached `point` (the first time only).
+    pub fn mark(&mut self, point: Datapoint) {
+        let Some(ms) = since_unit_start_ms() else {
+            return;
+        };
+        let slot = self.datapoints.slot(point);
+        if slot.is_none() {
+            *slot = Some(ms);
+        }
+        if self.datapoints.unit_started_since_boot_ms.is_none() {
+            self.datapoints.unit_started_since_boot_ms = process_started_since_boot_ms();
+        }
+    }
+
+    /// Writes `report.json`, stamped with the boot it is written in.
     pub fn save(&self, root: &Root) -> Result<(), AtomicError> {
         let dir = root.state_dir();
         std::fs::create_dir_all(&dir).map_err(|source| AtomicError {
             path: dir.clone(),
             source,
         })?;
-        let mut bytes = serde_json::to_vec_pretty(self).expect("report serialises");
+        let mut stamped;
+        let mut report = self;
+        if self.boot_id.is_none() {
+            stamped = self.clone();
+            stamped.boot_id = boot_id(root);
+            report = &stamped;
+        }
+        let mut bytes = serde_json::to_vec_pretty(report).expect("report serialises");
         bytes.push(b'\n');
         atomic::write_file(&root.report_file(), &bytes)
     }
@@ -283,6 +323,12 @@ impl Report {
                 t.waited_ms as f64 / 1000.0
             );
         }
+        if !self.datapoints.is_empty() {
+            s += &format!("  datapoints: {}\n", self.datapoints.to_text());
+        }
+        if let Some(d) = &self.diagnostics {
+            s += &d.to_text();
+        }
         s += &format!(
             "  started {} finished {}\n",
             self.started,
@@ -298,6 +344,129 @@ impl Report {
         }
         s
     }
+}
+
+/// The points of a run its datapoints record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Datapoint {
+    Resolved,
+    Verified,
+    Staged,
+    MachineStarted,
+    KubeletHealthy,
+    Committed,
+}
+
+/// Milliseconds from the unit's start (the activator process's start,
+/// which is the oneshot unit's `ExecStart`) to each point a run reached,
+/// and when the unit started after boot: what a provisioning pipeline
+/// charts (aks-node-controller's `provision.json` has the same idea).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Datapoints {
+    /// The unit's start, milliseconds after the host booted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_started_since_boot_ms: Option<u64>,
+    /// The reference resolved to a digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_ms: Option<u64>,
+    /// Its signature and the trust policy checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_ms: Option<u64>,
+    /// The slot's tree in place (fetched and unpacked, or reused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_ms: Option<u64>,
+    /// The machine's unit started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_started_ms: Option<u64>,
+    /// The health gate passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_healthy_ms: Option<u64>,
+    /// The flip committed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_ms: Option<u64>,
+}
+
+impl Datapoints {
+    pub fn is_empty(&self) -> bool {
+        *self == Datapoints::default()
+    }
+
+    fn slot(&mut self, p: Datapoint) -> &mut Option<u64> {
+        match p {
+            Datapoint::Resolved => &mut self.resolved_ms,
+            Datapoint::Verified => &mut self.verified_ms,
+            Datapoint::Staged => &mut self.staged_ms,
+            Datapoint::MachineStarted => &mut self.machine_started_ms,
+            Datapoint::KubeletHealthy => &mut self.kubelet_healthy_ms,
+            Datapoint::Committed => &mut self.committed_ms,
+        }
+    }
+
+    fn to_text(&self) -> String {
+        let mut parts: Vec<String> = [
+            ("resolved", self.resolved_ms),
+            ("verified", self.verified_ms),
+            ("staged", self.staged_ms),
+            ("machine started", self.machine_started_ms),
+            ("kubelet healthy", self.kubelet_healthy_ms),
+            ("committed", self.committed_ms),
+        ]
+        .iter()
+        .filter_map(|(n, v)| v.map(|v| format!("{n} +{v} ms")))
+        .collect();
+        if let Some(b) = self.unit_started_since_boot_ms {
+            parts.push(format!(
+                "from the unit's start, {:.1} s after boot",
+                b as f64 / 1000.0
+            ));
+        }
+        parts.join(", ")
+    }
+}
+
+/// The host's uptime (`CLOCK_BOOTTIME`, from `/proc/uptime`) in ms.
+fn uptime_ms() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/uptime").ok()?;
+    let secs: f64 = text.split_whitespace().next()?.parse().ok()?;
+    Some((secs * 1000.0) as u64)
+}
+
+/// When this process started, ms after boot (`/proc/self/stat` field 22,
+/// in the kernel's fixed 100 ticks per second).
+fn process_started_since_boot_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // the command name (field 2) may hold spaces: count after its ')'
+    let after = stat.rsplit_once(')')?.1;
+    let ticks: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    Some(ticks.saturating_mul(10))
+}
+
+fn since_unit_start_ms() -> Option<u64> {
+    Some(uptime_ms()?.saturating_sub(process_started_since_boot_ms()?))
+}
+
+impl Report {
+    /// Whether this report says the node is provisioned in the boot
+    /// `boot_id` (the root's now): an `activate` or `rollback` of that
+    /// boot ended with the committed node running (committed, started, or
+    /// up to date), exit 0. What `wait --provisioned` waits for.
+    pub fn provisioned_in(&self, boot_id: Option<&str>) -> bool {
+        self.boot_id.as_deref() == boot_id
+            && self.exit_code == exit::OK
+            && matches!(self.command.as_str(), "activate" | "rollback")
+            && matches!(
+                self.outcome,
+                Some(Outcome::Committed | Outcome::Started | Outcome::UpToDate)
+            )
+    }
+}
+
+/// The root's boot id, if it has one.
+pub fn boot_id(root: &Root) -> Option<String> {
+    std::fs::read_to_string(root.boot_id())
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]
@@ -316,5 +485,43 @@ mod tests {
         let root = Root::new(dir.path());
         r.save(&root).unwrap();
         assert_eq!(Report::load(&root).unwrap(), r);
+    }
+
+    #[test]
+    fn datapoints_count_from_the_process_start_and_keep_the_first_time() {
+        let mut r = Report::new("activate");
+        r.mark(Datapoint::Resolved);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        r.mark(Datapoint::Committed);
+        let first = r.datapoints.resolved_ms.unwrap();
+        r.mark(Datapoint::Resolved);
+        assert_eq!(r.datapoints.resolved_ms, Some(first));
+        let committed = r.datapoints.committed_ms.unwrap();
+        assert!(committed >= first + 20, "{:?}", r.datapoints);
+        // the process started after boot, and not in the future
+        let boot = r.datapoints.unit_started_since_boot_ms.unwrap();
+        assert!(boot > 0 && boot <= uptime_ms().unwrap());
+        assert!(
+            r.to_text().contains("  datapoints: resolved +"),
+            "{}",
+            r.to_text()
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["datapoints"]["committed_ms"], committed);
+        assert!(json["datapoints"].get("staged_ms").is_none());
+    }
+
+    #[test]
+    fn a_saved_report_names_the_boot_it_was_written_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        std::fs::create_dir_all(root.boot_id().parent().unwrap()).unwrap();
+        std::fs::write(root.boot_id(), "4a1f\n").unwrap();
+        let r = Report::new("activate");
+        r.save(&root).unwrap();
+        assert_eq!(
+            Report::load(&root).unwrap().boot_id.as_deref(),
+            Some("4a1f")
+        );
     }
 }

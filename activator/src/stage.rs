@@ -131,7 +131,19 @@ pub fn resolve_and_verify(
     policy: &Policy,
     platform: &Platform,
 ) -> Result<Verified, StageError> {
+    resolve_and_verify_with(source, policy, platform, &mut || {})
+}
+
+/// [`resolve_and_verify`], calling `resolved` once the reference named a
+/// digest (a run's `resolved` datapoint).
+pub fn resolve_and_verify_with(
+    source: &Source,
+    policy: &Policy,
+    platform: &Platform,
+    resolved: &mut dyn FnMut(),
+) -> Result<Verified, StageError> {
     let top = source.resolve()?;
+    resolved();
     let manifest = source.select_manifest(&top, platform)?;
     let verdict = verify::check_digests(source, top.digest, manifest.digest, policy)?;
     let image = source.select(&top, platform)?;

@@ -1,7 +1,8 @@
 //! The systemd boundary: the few things the activator asks of the host's
 //! service manager, as one small trait, and the real implementation that runs
-//! `systemctl`, `machinectl`, `systemd-run -M` found on `PATH` (also to run
-//! a command inside a machine and read what it printed).
+//! `systemctl`, `machinectl`, `systemd-run -M` and `journalctl -M` found
+//! on `PATH` (also to run a command inside a machine and read what it
+//! printed).
 //!
 //! Given unit and machine names (never paths). It does not decide when to
 //! start or stop anything (that is `activate`), and it does not parse unit
@@ -29,6 +30,18 @@ pub trait Systemd {
     fn machine_registered(&self, machine: &str) -> Result<bool, SystemdError>;
     /// Runs a command inside a running machine; `Ok(true)` when it exited 0.
     fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError>;
+    /// The last `lines` journal lines of a unit inside a running machine
+    /// (`journalctl -M <machine> -u <unit> -n <lines>`), oldest first: what
+    /// a report shows when the machine failed.
+    fn machine_journal(
+        &self,
+        machine: &str,
+        unit: &str,
+        lines: usize,
+    ) -> Result<Vec<String>, SystemdError>;
+    /// The failed units inside a running machine (`systemctl -M <machine>
+    /// --failed`), one line each.
+    fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError>;
     /// Runs a command inside a running machine and returns what it printed.
     /// Provided for implementations that only model exit codes (the
     /// library's unit-test fakes, which run no machine): they answer
@@ -90,19 +103,27 @@ fn run(program: &str, args: &[&str]) -> Result<std::process::Output, SystemdErro
         })
 }
 
-fn run_ok(program: &str, args: &[&str]) -> Result<(), SystemdError> {
+/// The lines a command printed, when it succeeded.
+fn run_lines(program: &str, args: &[&str]) -> Result<Vec<String>, SystemdError> {
     let out = run(program, args)?;
-    if out.status.success() {
-        return Ok(());
+    if !out.status.success() {
+        return Err(SystemdError::Failed {
+            command: std::iter::once(program)
+                .chain(args.iter().copied())
+                .collect::<Vec<_>>()
+                .join(" "),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
-    Err(SystemdError::Failed {
-        command: std::iter::once(program)
-            .chain(args.iter().copied())
-            .collect::<Vec<_>>()
-            .join(" "),
-        status: out.status.to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    })
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+fn run_ok(program: &str, args: &[&str]) -> Result<(), SystemdError> {
+    run_lines(program, args).map(|_| ())
 }
 
 impl Systemd for SystemCtl {
@@ -146,6 +167,44 @@ impl Systemd for SystemCtl {
         let mut args = vec!["-M", machine, "--wait", "--pipe", "--quiet", "--"];
         args.extend_from_slice(argv);
         Ok(run("systemd-run", &args)?.status.success())
+    }
+
+    fn machine_journal(
+        &self,
+        machine: &str,
+        unit: &str,
+        lines: usize,
+    ) -> Result<Vec<String>, SystemdError> {
+        let n = lines.to_string();
+        run_lines(
+            "journalctl",
+            &[
+                "-M",
+                machine,
+                "-u",
+                unit,
+                "-n",
+                &n,
+                "--no-pager",
+                "-q",
+                "-o",
+                "short-iso",
+            ],
+        )
+    }
+
+    fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError> {
+        run_lines(
+            "systemctl",
+            &[
+                "-M",
+                machine,
+                "--failed",
+                "--no-legend",
+                "--plain",
+                "--no-pager",
+            ],
+        )
     }
 
     fn output_in_machine(

@@ -247,6 +247,30 @@ impl Systemd for FakeSystemd {
         Ok(self.gpu_visible)
     }
 
+    /// A kubelet that names its bootstrap token in its last words (the
+    /// report must not); containerd's journal cannot be read.
+    fn machine_journal(
+        &self,
+        machine: &str,
+        unit: &str,
+        lines: usize,
+    ) -> Result<Vec<String>, SystemdError> {
+        self.record(format!("journal {machine} {unit} {lines}"));
+        match unit {
+            "kubelet" => Ok(vec![
+                format!("{machine} kubelet[1]: starting"),
+                format!("{machine} kubelet[1]: bootstrap token abcdef.0123456789abcdef refused"),
+                format!("{machine} kubelet[1]: last words"),
+            ]),
+            _ => Err(self.failed(&format!("journalctl -M {machine} -u {unit}"))),
+        }
+    }
+
+    fn machine_failed_units(&self, machine: &str) -> Result<Vec<String>, SystemdError> {
+        self.record(format!("failed-units {machine}"));
+        Ok(vec!["kubelet.service loaded failed failed kubelet".into()])
+    }
+
     fn output_in_machine(
         &self,
         machine: &str,

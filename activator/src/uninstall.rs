@@ -33,6 +33,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::host_network;
 use crate::host_settings;
 use crate::lock::{Lock, LockError};
 use crate::paths::{Root, RENDER_UNIT};
@@ -64,6 +65,8 @@ pub enum UninstallError {
     },
     #[error(transparent)]
     Overlay(#[from] crate::overlay::OverlayError),
+    #[error("uninstall: the node's network leftovers: {0}")]
+    Network(#[from] host_network::NetworkError),
     #[error("uninstall: cannot remove {path}: {source}")]
     Remove {
         path: PathBuf,
@@ -84,6 +87,8 @@ pub struct Options {
     /// Also stop and remove `kube1`/`kube2` machines the state has no
     /// record of (instead of refusing).
     pub remove_unmanaged: bool,
+    /// Change nothing; say what would be stopped and removed.
+    pub dry_run: bool,
 }
 
 /// What `uninstall` did, for the operator.
@@ -100,6 +105,13 @@ pub struct Uninstalled {
     /// The state could not be read (why): machines were told apart by
     /// their files alone.
     pub state_unreadable: Option<String>,
+    /// Nothing was changed: the lists say what would be.
+    pub dry_run: bool,
+    /// The node's network leftovers removed (links, routing tables).
+    pub network: Vec<String>,
+    /// Why no network leftover is removed (the host's network was never
+    /// recorded), when so.
+    pub network_note: Option<String>,
 }
 
 /// Whose a slot's machine is, as far as `uninstall` can tell.
@@ -232,6 +244,7 @@ fn kubeslots_paths(root: &Root, host: &Root, ours: &[Slot]) -> Vec<(PathBuf, Pat
                 .to_path_buf()
         }));
         paths.push(both(&|r| r.machine_wants_link(m)));
+        paths.push(both(&|r| r.bpffs_mount_unit_file(m)));
     }
     // staging and archive dirs of killed runs (`.staging-<m>-*`, `.archive-*`)
     if let Ok(entries) = std::fs::read_dir(root.machines_dir()) {
@@ -271,12 +284,51 @@ pub fn uninstall(
     let _lock = Lock::try_exclusive(root)?;
     let host = Root::host();
     let mut done = Uninstalled::default();
+    let ours = owned_slots(root, systemd, opts, &mut done)?;
+    let units = installed_units(root);
+    if opts.dry_run {
+        return dry_run(root, &ours, &units, done);
+    }
 
-    // Whose each machine is, decided before anything changes: a foreign
-    // machine refuses the whole run.
-    // A state that cannot be read cannot say whose the machines are; the
-    // files on disk still can (kubeslot's rendered ones), and the rest is
-    // refused as unmanaged: an uninstall is never blocked for good.
+    // Nothing starts an activation or a machine from here on.
+    for unit in units {
+        systemd.stop(unit)?;
+        systemd.disable(unit)?;
+        done.units.push(unit.to_string());
+    }
+    stop_machines(root, systemd, &ours, &mut done)?;
+    for (p, shown) in kubeslots_paths(root, &host, &ours) {
+        remove(&p, shown, &mut done.removed)?;
+    }
+    for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
+        path: root.sysctl_dropin(),
+        source: std::io::Error::other(kubeslot_image::error_chain(&e)),
+    })? {
+        done.removed.push(host.dir().join(f));
+    }
+    // The node's network leftovers, once no node runs to make them again;
+    // before the state (and the record of what the host had) goes.
+    let leftovers = host_network::leftovers(root)?;
+    done.network_note = leftovers.unrecorded.clone();
+    done.network = host_network::remove(root, &leftovers)?;
+    systemd.daemon_reload()?;
+
+    // The state last: an interrupted uninstall is run again.
+    remove_state(root, opts, &mut done)?;
+    Ok(done)
+}
+
+/// Whose each machine is, decided before anything changes: the slots to
+/// take away; a foreign machine refuses the whole run. A state that
+/// cannot be read cannot say whose the machines are; the files on disk
+/// still can (kubeslot's rendered ones), and the rest is refused as
+/// unmanaged: an uninstall is never blocked for good.
+fn owned_slots(
+    root: &Root,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    done: &mut Uninstalled,
+) -> Result<Vec<Slot>, UninstallError> {
     let state = match State::load_torn(root) {
         Ok((state, _repair)) => state,
         Err(e) => {
@@ -297,32 +349,90 @@ pub fn uninstall(
                 }
                 return Err(UninstallError::Unmanaged {
                     machine: slot,
-                    state: host.state_file(),
+                    state: Root::host().state_file(),
                     found: found.join(", "),
                 });
             }
             Owner::Absent => {}
         }
     }
+    Ok(ours)
+}
 
-    // Nothing starts an activation or a machine from here on. (systemctl
-    // refuses to stop or disable a unit whose file does not exist: a host
-    // that never had the units installed skips them.)
-    for unit in ACTIVATOR_UNITS {
-        let installed = [
-            "etc/systemd/system",
-            "usr/lib/systemd/system",
-            "lib/systemd/system",
-        ]
+/// The activator's units installed on the host (systemctl refuses to stop
+/// or disable a unit whose file does not exist: a host that never had the
+/// units installed skips them).
+fn installed_units(root: &Root) -> Vec<&'static str> {
+    ACTIVATOR_UNITS
         .iter()
-        .any(|d| root.join(d).join(unit).exists());
-        if installed {
-            systemd.stop(unit)?;
-            systemd.disable(unit)?;
-            done.units.push(unit.to_string());
+        .copied()
+        .filter(|unit| {
+            [
+                "etc/systemd/system",
+                "usr/lib/systemd/system",
+                "lib/systemd/system",
+            ]
+            .iter()
+            .any(|d| root.join(d).join(unit).exists())
+        })
+        .collect()
+}
+
+/// What the run would do (units, paths that exist, the host settings, the
+/// network leftovers), nothing changed.
+fn dry_run(
+    root: &Root,
+    ours: &[Slot],
+    units: &[&str],
+    mut done: Uninstalled,
+) -> Result<Uninstalled, UninstallError> {
+    let host = Root::host();
+    done.dry_run = true;
+    done.units = units.iter().map(|u| u.to_string()).collect();
+    for &slot in ours {
+        done.units.push(slot.unit());
+        if crate::overlay::is_overlay(root, slot) {
+            done.units.push(root.mount_unit(slot.machine()));
+            done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
     }
-    for &slot in &ours {
+    done.removed.extend(
+        kubeslots_paths(root, &host, ours)
+            .into_iter()
+            .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
+            .map(|(_, shown)| shown),
+    );
+    done.removed.extend(
+        [root.sysctl_dropin(), root.modules_load_dropin()]
+            .iter()
+            .filter(|p| p.exists())
+            .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
+    );
+    let l = host_network::leftovers(root)?;
+    done.network_note = l.unrecorded.clone();
+    done.network = l
+        .links
+        .iter()
+        .map(|n| format!("link {n}"))
+        .chain(
+            l.tables
+                .iter()
+                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
+        )
+        .collect();
+    Ok(done)
+}
+
+/// Stops and disables each slot's machine (and checks it is gone), an
+/// overlay slot's mount (its unit and upper removed), its bpffs mount.
+fn stop_machines(
+    root: &Root,
+    systemd: &dyn Systemd,
+    ours: &[Slot],
+    done: &mut Uninstalled,
+) -> Result<(), UninstallError> {
+    let host = Root::host();
+    for &slot in ours {
         let unit = slot.unit();
         systemd.stop(&unit)?;
         systemd.disable(&unit)?;
@@ -340,20 +450,19 @@ pub fn uninstall(
             done.removed.push(host.mount_unit_file(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
+        // its private BPF filesystem (the file goes with the paths)
+        if root.bpffs_mount_unit_file(slot.machine()).exists() {
+            let unit = crate::paths::bpffs_mount_unit(slot.machine());
+            systemd.stop(&unit)?;
+            done.units.push(unit);
+        }
     }
+    Ok(())
+}
 
-    for (p, shown) in kubeslots_paths(root, &host, &ours) {
-        remove(&p, shown, &mut done.removed)?;
-    }
-    for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
-        path: root.sysctl_dropin(),
-        source: std::io::Error::other(kubeslot_image::error_chain(&e)),
-    })? {
-        done.removed.push(host.dir().join(f));
-    }
-    systemd.daemon_reload()?;
-
-    // The state last: an interrupted uninstall is run again.
+/// `/var/lib/kubeslot` removed, `node/` kept unless `purge`.
+fn remove_state(root: &Root, opts: &Options, done: &mut Uninstalled) -> Result<(), UninstallError> {
+    let host = Root::host();
     let state_dir = root.state_dir();
     if let Ok(entries) = std::fs::read_dir(&state_dir) {
         for e in entries.flatten() {
@@ -377,5 +486,5 @@ pub fn uninstall(
             }
         }
     }
-    Ok(done)
+    Ok(())
 }

@@ -34,6 +34,10 @@ F="$KUBESLOT_FAKE"
 echo "systemctl $*" >> "$F/calls.log"
 cmd=$1; shift
 case "$cmd" in
+  -M)
+    # inside a machine: only `--failed` is asked (a failed gate's report)
+    [ "$2" = --failed ] || { echo "fake systemctl: unexpected -M $*" >&2; exit 1; }
+    echo "kubelet.service loaded failed failed kubelet: the kubeslot test node" ;;
   daemon-reload) exit 0 ;;
   is-active)
     [ "$1" = --quiet ] && shift
@@ -100,6 +104,20 @@ if [ "$1" = show ]; then
   [ -e "$F/foreign/$m" ] || [ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ]
   exit $?
 fi
+"#;
+
+/// `journalctl -M MACHINE -u UNIT ...`: the unit's last words, as the
+/// started tree's `etc/fixture-health` decides them (the token of the
+/// config in one line, which a report must not show).
+const JOURNALCTL: &str = r#"#!/bin/bash
+F="$KUBESLOT_FAKE"
+echo "journalctl $*" >> "$F/calls.log"
+[ "$1" = -M ] && [ "$3" = -u ] || { echo "fake journalctl: unexpected $*" >&2; exit 1; }
+m=$2 unit=$4
+[ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ] || { echo "No machine '$m' known" >&2; exit 1; }
+mode=$(cat "$KUBESLOT_FAKE_ROOT/var/lib/machines/$m/etc/fixture-health" 2>/dev/null || echo healthy)
+echo "$m $unit[7]: started with bootstrap token abcdef.0123456789abcdef"
+echo "$m $unit[7]: /healthz answers as $mode"
 "#;
 
 const OTHER: &str = r#"#!/bin/bash
@@ -200,6 +218,7 @@ impl Host {
         for (name, text) in [
             ("systemctl", SYSTEMCTL),
             ("machinectl", MACHINECTL),
+            ("journalctl", JOURNALCTL),
             ("systemd-run", OTHER),
         ] {
             let p = fake.join("bin").join(name);
@@ -272,12 +291,25 @@ impl Host {
     }
 
     fn run(&self, args: &[&str], failpoint: Option<&str>) -> Output {
+        self.run_in(None, args, failpoint)
+    }
+
+    /// [`Host::run`] inside the network namespace `netns` (`ip netns exec`).
+    fn run_in(&self, netns: Option<&str>, args: &[&str], failpoint: Option<&str>) -> Output {
         let path = format!(
             "{}:{}",
             self.fake().join("bin").display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"));
+        let bin = env!("CARGO_BIN_EXE_kubeslot-activator");
+        let mut cmd = match netns {
+            None => Command::new(bin),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+        };
         cmd.args(args)
             .arg("--root")
             .arg(self.root())
@@ -586,6 +618,36 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
     );
     assert_eq!(h.running(), [Slot::Kube2]);
     assert_eq!(h.slot_snapshot(Slot::Kube2), kube2_before);
+    // the failed machine's last words, read before the rollback stopped it
+    let d = &r["diagnostics"];
+    assert_eq!(d["machine"], "kube1");
+    assert_eq!(
+        d["kubelet"].as_array().unwrap().last().unwrap(),
+        "kube1 kubelet[7]: /healthz answers as never"
+    );
+    assert_eq!(
+        d["containerd"][0],
+        "kube1 containerd[7]: started with bootstrap token <redacted>"
+    );
+    assert_eq!(
+        d["failed_units"][0],
+        "kubelet.service loaded failed failed kubelet: the kubeslot test node"
+    );
+    let calls = h.calls();
+    let pos = |c: &str| calls.iter().position(|x| x.starts_with(c)).unwrap();
+    assert!(
+        pos("journalctl -M kube1 -u kubelet -n 50") < pos("systemctl stop systemd-nspawn@kube1"),
+        "{calls:?}"
+    );
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(
+        out.contains("  diagnostics of kube1:\n")
+            && out.contains("      kube1 kubelet[7]: /healthz answers as never\n"),
+        "{out}"
+    );
+    assert!(!out.contains("0123456789abcdef"), "{out}");
+    let (_, out, _) = h.cmd(&["status", "--json"]);
+    assert!(!out.contains("0123456789abcdef"), "{out}");
 
     // 5. v3 is not retried on the next run
     h.clear_calls();
@@ -1105,6 +1167,91 @@ fn dry_run_writes_nothing_and_wait_blocks_on_a_running_activation() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report, h.report());
     assert_eq!(report["outcome"], "committed");
+}
+
+/// `wait --provisioned`: a commit of this boot ends it (datapoints in the
+/// report, shown by `status --json`); before one, or when the report is
+/// from another boot, it times out with exit 1 naming why.
+#[test]
+fn wait_provisioned_ends_at_the_first_commit_of_this_boot() {
+    let img = images();
+    let h = Host::new(&img);
+    let boot = h.root().join("proc/sys/kernel/random/boot_id");
+    fs::create_dir_all(boot.parent().unwrap()).unwrap();
+    fs::write(&boot, "boot-1\n").unwrap();
+    let (code, _, err) = h.cmd(&["wait", "--provisioned", "--timeout", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("not provisioned after 1 s: no report yet"),
+        "{err}"
+    );
+
+    // started before the run: it waits until the commit
+    let child = Command::new(env!("CARGO_BIN_EXE_kubeslot-activator"))
+        .args([
+            "wait",
+            "--provisioned",
+            "--json",
+            "--timeout",
+            "60",
+            "--root",
+        ])
+        .arg(h.root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(waited["outcome"], "committed");
+    assert_eq!(waited["boot_id"], "boot-1");
+    assert_eq!(r["boot_id"], serde_json::Value::Null, "stamped when saved");
+    // the run's datapoints, in order, and status shows them
+    let (_, out, err) = h.cmd(&["status", "--json"]);
+    let status = json(&out, &err);
+    let d = &status["report"]["datapoints"];
+    let points: Vec<u64> = [
+        "resolved_ms",
+        "verified_ms",
+        "staged_ms",
+        "machine_started_ms",
+        "kubelet_healthy_ms",
+        "committed_ms",
+    ]
+    .iter()
+    .map(|k| d[k].as_u64().unwrap_or_else(|| panic!("{k}: {d}")))
+    .collect();
+    assert!(points.windows(2).all(|w| w[0] <= w[1]), "{d}");
+    assert!(d["unit_started_since_boot_ms"].as_u64().is_some(), "{d}");
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(out.contains("  datapoints: resolved +"), "{out}");
+
+    // after a reboot the old commit does not count
+    fs::write(&boot, "boot-2\n").unwrap();
+    let (code, _, err) = h.cmd(&["wait", "--provisioned", "--timeout", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("is from another boot"), "{err}");
+    // the boot-time run (up to date: the node runs) provisions this boot
+    let (code, r, err) = h.activate();
+    assert_eq!(
+        (code, r["outcome"].as_str()),
+        (0, Some("up-to-date")),
+        "{err}"
+    );
+    let (code, out, err) = h.cmd(&["wait", "--provisioned", "--timeout", "5"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("last run: activate (exit 0, up-to-date)"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -2370,7 +2517,7 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
     let (code, out, err) = h.cmd(&args);
     assert_eq!(code, 3, "{out}\n{err}");
     assert!(
-        err.contains("the node would behave differently without it: FutureField.Knob, Kubelet.Configuration, Kubelet.NodeIP, LocalDNS")
+        err.contains("the node would behave differently without it: FutureField.Knob, LocalDNS")
             && err.contains("--force"),
         "{err}"
     );
@@ -2588,6 +2735,17 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     let h = Host::new(&img);
     unbounded_host(&h);
     let written = h.root().join("etc/kubeslot/adopted.json");
+    // the agent's KUBELET_EXTRA_ARGS convention, and a variable kubeslot's
+    // kubelet unit does not pass
+    let defaults = Root::new(h.root())
+        .machine_tree("kube1")
+        .join("etc/default");
+    fs::create_dir_all(&defaults).unwrap();
+    fs::write(
+        defaults.join("kubelet"),
+        "KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\nKUBELET_TUNING_ARGS=--kube-api-qps=50\n",
+    )
+    .unwrap();
     let args = [
         "adopt",
         "--write-config",
@@ -2611,11 +2769,35 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     assert!(!written.exists() && !Root::new(h.root()).state_file().exists());
     fs::write(&applied, &good).unwrap();
 
-    let (code, out, err) = h.cmd(&args);
+    // KUBELET_TUNING_ARGS is not carried over and changes the node: --force
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("/etc/default/kubelet KUBELET_TUNING_ARGS"),
+        "{err}"
+    );
+    assert!(!Root::new(h.root()).kubelet_extra_args().exists());
+    let forced: Vec<&str> = args.iter().copied().chain(["--force"]).collect();
+    let (code, out, err) = h.cmd(&forced);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(
         out.contains(&format!("wrote {} (mode 0600)", written.display())),
         "{out}"
+    );
+    assert!(
+        out.contains("wrote /etc/kubeslot/default-kubelet from the adopted node's /etc/default/kubelet: KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\""),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  /etc/default/kubelet KUBELET_TUNING_ARGS: the agent's kubelet unit passed it"
+        ),
+        "{out}"
+    );
+    // what the render reads back
+    assert_eq!(
+        kubeslot_activator::extra_args::read(&Root::new(h.root())).unwrap(),
+        ["--max-pods=60", "--v=2"]
     );
     assert!(
         !out.contains("0123456789abcdef"),
@@ -3120,4 +3302,149 @@ fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
     let (code, out, err) = h.cmd(&["rollback", "--force", "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(h.state().active, Some(Slot::Kube1));
+}
+
+/// A network namespace made for one test (removed when dropped): the
+/// node's network leftovers are made and removed there, never in this
+/// machine's own namespace.
+struct NetNs(String);
+
+impl NetNs {
+    fn new() -> NetNs {
+        require_tool("ip", "iproute2");
+        let name = format!("kubeslot-test-{}-{}", std::process::id(), free_port());
+        let ns = NetNs(name);
+        ns.ip(&["netns", "add", &ns.0]);
+        // the health gate and the fake kubelet talk over its loopback
+        ns.ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ip -n NS ARGS...`.
+    fn inside(&self, args: &str) -> String {
+        let mut all = vec!["-n", self.0.as_str()];
+        all.extend(args.split_whitespace());
+        self.ip(&all)
+    }
+
+    fn links(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inside("-o link show")
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_string())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// `uninstall` removes what the node's pod network left in the host's
+/// namespace (links by name, the WireGuard routing tables), never what the
+/// host had at the first activation; `--dry-run` lists it first and
+/// changes nothing. Run in a namespace of its own, with real links.
+#[test]
+fn uninstall_removes_the_network_a_node_left_but_never_the_hosts_own() {
+    let img = images();
+    let h = Host::new(&img);
+    let ns = NetNs::new();
+    // the root shows the namespace the activator runs in
+    fs::create_dir_all(h.root().join("sys/class")).unwrap();
+    std::os::unix::fs::symlink("/sys/class/net", h.root().join("sys/class/net")).unwrap();
+    // the host's own: a WireGuard-named link and a table in the range
+    ns.inside("link add wg9 type bridge");
+    ns.inside("rule add table 51830 pref 200");
+    let out = h.run_in(Some(&ns.0), &["activate", "--json"], None);
+    let r = json(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    assert!(
+        r["host_settings"].as_str().unwrap().contains(
+            "recorded the host's network before its first node (2 links, tables [51830] in use)"
+        ),
+        "{r:#}"
+    );
+    // what a node's pod network makes
+    for add in [
+        "link add cni0 type bridge",
+        "link add cbr0 type bridge",
+        "link add geneve0 type bridge",
+        "link add wg0 type bridge",
+        "link add flannel.1 type vxlan id 1 dstport 8472",
+        "link add vxlan0 type vxlan id 2 dstport 4789",
+        "link add cilium_host type veth peer name cilium_net",
+        "link add eth-keep type bridge",
+        "rule add table 51820 pref 100",
+        "rule add fwmark 0x1 table 51820 pref 101",
+        "route add unreachable 10.9.0.0/24 table 51820",
+    ] {
+        ns.inside(add);
+    }
+    let before = ns.links();
+    let out = h.run_in(Some(&ns.0), &["uninstall", "--dry-run"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "would stop and disable systemd-nspawn@kube1.service",
+        "would remove the node's link cbr0",
+        "would remove the node's link cilium_host",
+        "would remove the node's link cilium_net",
+        "would remove the node's link cni0",
+        "would remove the node's link flannel.1",
+        "would remove the node's link geneve0",
+        "would remove the node's link vxlan0",
+        "would remove the node's link wg0",
+        "would remove the node's routing table 51820 (rule 100:\tfrom all lookup 51820; rule 101:\tfrom all fwmark 0x1 lookup 51820; route unreachable 10.9.0.0/24 table 51820)",
+        "dry run: nothing was changed",
+    ] {
+        assert!(text.lines().any(|l| l == want), "{want}:\n{text}");
+    }
+    for kept in ["wg9", "eth-keep", "51830", "link lo"] {
+        assert!(!text.contains(kept), "{kept}:\n{text}");
+    }
+    assert_eq!(ns.links(), before);
+    assert!(h.root().join("var/lib/machines/kube1").exists());
+
+    let out = h.run_in(Some(&ns.0), &["uninstall"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("removed the node's link cni0\n"), "{text}");
+    assert!(
+        text.contains("removed the node's routing table 51820 (rules and routes)\n"),
+        "{text}"
+    );
+    assert_eq!(ns.links(), ["eth-keep", "lo", "wg9"]);
+    let rules = ns.inside("rule show");
+    assert!(
+        !rules.contains("51820") && rules.contains("lookup 51830"),
+        "{rules}"
+    );
+    assert!(ns.inside("route show table 51820").trim().is_empty());
 }

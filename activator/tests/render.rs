@@ -334,7 +334,41 @@ fn check_invariants(files: &HostFiles, machine: &str) {
         .lines()
         .filter_map(|l| l.strip_prefix("DeviceAllow=char-"))
         .map(|l| l.strip_suffix(" rwm").expect("rwm"))
+        // every machine may use the tap devices a CNI makes for pods
+        .filter(|g| !["ipvtap", "macvtap"].contains(g))
         .collect();
+    for tap in ["ipvtap", "macvtap"] {
+        assert!(
+            dropin.contains(&format!("\nDeviceAllow=char-{tap} rwm\n")),
+            "{dropin}"
+        );
+    }
+    // the private BPF filesystem: mounted before the machine starts (the
+    // drop-in requires its mount unit), bound at /sys/fs/bpf
+    assert!(
+        nspawn.contains(&format!("\nBind=/run/bpffs/{machine}:/sys/fs/bpf\n")),
+        "{nspawn}"
+    );
+    assert!(
+        dropin.contains(&format!("\nRequiresMountsFor=/run/bpffs/{machine}\n")),
+        "{dropin}"
+    );
+    let mount = file(files, &format!("run-bpffs-{machine}.mount"));
+    assert!(
+        mount.contains(&format!(
+            "\nWhat=bpf\nWhere=/run/bpffs/{machine}\nType=bpf\n"
+        )),
+        "{mount}"
+    );
+    // the kubelet's environment file is always bound: nothing the image
+    // or the node puts there is read
+    assert!(
+        nspawn.contains(&format!(
+            "\nBindReadOnly=/etc/kubeslot/host/{machine}/default-kubelet:/etc/default/kubelet\n"
+        )),
+        "{nspawn}"
+    );
+    assert!(!file(files, "default-kubelet").contains("KUBELET_ARGS="));
     assert_eq!(dirs, groups, "{nspawn}\n{dropin}");
     // nothing inside a bound directory is bound again
     for d in &dirs {
@@ -416,7 +450,7 @@ fn no_golden_binds_a_system_program_directory() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 11);
+    assert_eq!(seen, 12);
     // the check itself finds what issue 25's host was given
     assert_eq!(
         system_bin_binds("BindReadOnly=/usr/bin:/run/host-nvidia-bin\nBind=/usr/local/bin/\nBindReadOnly=/run/nvidia/driver/usr/bin:/x\nBindReadOnly=/usr/local/nvidia/bin:/y\n"),
@@ -1165,6 +1199,90 @@ fn golden_pod_settings() {
     check_golden("pod-settings", &files);
 }
 
+/// The unbounded agent's node settings kubeslot now renders (issue 28):
+/// extra host mounts, the host's kubelet extra arguments, containerd's
+/// sandbox image and metrics address, an offline image bundle (verified,
+/// bound read-only, listed for the import unit).
+#[test]
+fn golden_seed_parity() {
+    let host = Host::new();
+    for d in ["srv/models", "var/log/node-audit", "srv/bundle"] {
+        fs::create_dir_all(host.path(d)).unwrap();
+    }
+    fs::write(
+        host.path("etc/kubeslot/default-kubelet"),
+        "# carried over from the agent's /etc/default/kubelet\nKUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\n",
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let digest = kubeslot_test_support::image::bundle_archive(
+        &work.path().join("layout"),
+        "registry.example/e2e/pause:3.10.2",
+        b"pause",
+        &host.path("srv/bundle/pause.oci.tar"),
+    );
+    let text = fs::read_to_string(testdata("render/seed-parity/config.json"))
+        .unwrap()
+        .replace("@PAUSE_DIGEST@", &digest.to_string());
+    let config = Config::parse(Path::new("config.json"), text.as_bytes()).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(facts.kubelet_extra_args, ["--max-pods=60", "--v=2"]);
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    for line in [
+        "BindReadOnly=/srv/models:/var/lib/models",
+        "Bind=/var/log/node-audit:/var/log/audit",
+        "BindReadOnly=/srv/bundle:/etc/kubeslot/bundle",
+        "BindReadOnly=/etc/kubeslot/host/kube1/containerd.toml:/etc/containerd/conf.d/50-kubeslot.toml",
+    ] {
+        assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
+    }
+    assert!(
+        file(&files, "default-kubelet").contains("KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\n")
+    );
+    let toml: toml::Table = file(&files, "containerd.toml").parse().unwrap();
+    assert_eq!(toml["version"].as_integer(), Some(3));
+    assert_eq!(
+        toml["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(),
+        Some("registry.example/e2e/pause:3.10.2")
+    );
+    assert_eq!(toml["metrics"]["address"].as_str(), Some("0.0.0.0:10257"));
+    assert!(file(&files, "bundle-images").ends_with(&format!(
+        "\nregistry.example/e2e/pause:3.10.2 {digest} pause.oci.tar\n"
+    )));
+    check_golden("seed-parity", &files);
+
+    // what the host lacks or breaks is named, before anything is written
+    let gather_err = |h: &Host| render::gather(&h.root, &config).unwrap_err().to_string();
+    fs::remove_dir(host.path("var/log/node-audit")).unwrap();
+    let e = gather_err(&host);
+    assert!(
+        e.starts_with("extra_mounts: host path /var/log/node-audit (for /var/log/audit): No such file or directory"),
+        "{e}"
+    );
+    fs::create_dir_all(host.path("var/log/node-audit")).unwrap();
+    fs::write(
+        host.path("etc/kubeslot/default-kubelet"),
+        "KUBELET_EXTRA_ARGS=\"--hostname-override=x\"\n",
+    )
+    .unwrap();
+    let e = gather_err(&host);
+    assert!(
+        e.starts_with("/etc/kubeslot/default-kubelet:1: --hostname-override is set by kubeslot (use kubelet.node_name)"),
+        "{e}"
+    );
+    fs::remove_file(host.path("etc/kubeslot/default-kubelet")).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert!(facts.kubelet_extra_args.is_empty());
+    fs::write(host.path("srv/bundle/pause.oci.tar"), b"not an archive").unwrap();
+    let e = gather_err(&host);
+    assert!(
+        e.starts_with("images.bundle /srv/bundle/pause.oci.tar (registry.example/e2e/pause:3.10.2): oci-archive"),
+        "{e}"
+    );
+}
+
 #[test]
 fn golden_mirrors_from_registries() {
     let host = Host::new();
@@ -1647,7 +1765,7 @@ fn concurrent_renders_of_one_machine_take_turns() {
             ok(c.wait_with_output().unwrap());
         }
         let dir = tree(&host.path("etc/kubeslot/host/kube1"));
-        assert_eq!(dir.len(), 6, "{:?}", dir.keys().collect::<Vec<_>>());
+        assert_eq!(dir.len(), 7, "{:?}", dir.keys().collect::<Vec<_>>());
         assert!(host
             .read("etc/kubeslot/host/kube1/20-kubeslot.conf")
             .contains(&format!("pool=r{round}")));
@@ -1920,10 +2038,18 @@ fn golden_files_pass_systemds_own_parsers() {
             render_unit,
         )
         .unwrap();
+        // the private BPF filesystem's mount unit the drop-in requires
+        let bpffs = format!("run-bpffs-{machine}.mount");
+        fs::copy(
+            files.join("etc/systemd/system").join(&bpffs),
+            units.join(&bpffs),
+        )
+        .unwrap();
         let out = Command::new(&analyze)
             .arg("verify")
             .arg(units.join(format!("systemd-nspawn@{machine}.service")))
             .arg(units.join(format!("kubeslot-render@{machine}.service")))
+            .arg(units.join(&bpffs))
             .output()
             .unwrap();
         assert!(
@@ -1961,5 +2087,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 11, "one check per golden scenario");
+    assert_eq!(checked, 12, "one check per golden scenario");
 }

@@ -821,6 +821,32 @@ fn the_nvidia_image_and_its_e2e_variant_configure_gpus_alike() {
     );
 }
 
+/// The image's containerd keeps the unbounded agent's pull settings, and
+/// the drop-in the activator renders for a host's sandbox image and
+/// metrics address (its golden file) merges over it key by key.
+#[test]
+fn production_containerd_config_keeps_the_unbounded_agents_pull_settings() {
+    let main = toml_file("recipes/files/containerd-config.toml");
+    let images = &main["plugins"]["io.containerd.cri.v1.images"];
+    assert_eq!(images["image_pull_progress_timeout"].as_str(), Some("30m"));
+    assert_eq!(
+        main["plugins"]["io.containerd.transfer.v1.local"]["max_concurrent_downloads"].as_integer(),
+        Some(6)
+    );
+    let host =
+        toml_file("testdata/render/seed-parity/files/etc/kubeslot/host/kube1/containerd.toml");
+    assert_eq!(host["version"], main["version"]);
+    let merged = merge(&main, &host);
+    let images = &merged["plugins"]["io.containerd.cri.v1.images"];
+    assert_eq!(
+        images["pinned_images"]["sandbox"].as_str(),
+        Some("registry.example/e2e/pause:3.10.2")
+    );
+    // the rest of the image's table stays
+    assert_eq!(images["snapshotter"].as_str(), Some("overlayfs"));
+    assert_eq!(merged["metrics"]["address"].as_str(), Some("0.0.0.0:10257"));
+}
+
 /// The e2e node images run the production containerd config: the node
 /// recipe names `recipes/files/containerd-config.toml`, and no file under
 /// `testdata/e2e` configures containerd.

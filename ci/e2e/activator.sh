@@ -43,6 +43,9 @@ act_setup() {
     -subj /CN=kubeslot-e2e-ca -keyout "$WORK/keys-ca.key" -out "$WORK/ca.crt" 2>/dev/null ||
     die "openssl could not make the test CA"
   install -m 0644 "$WORK/keys/e2e.pub" "$OUTER/etc/kubeslot/trust/e2e.pub"
+  # the unbounded agent's KUBELET_EXTRA_ARGS convention, on the host side
+  # (expect_rendered finds the flag on the kubelet's command line)
+  printf 'KUBELET_EXTRA_ARGS="--v=3"\n' >"$OUTER/etc/kubeslot/default-kubelet"
 }
 
 # write_config IMAGE: the activator config inside the outer host.
@@ -232,8 +235,13 @@ expect_rendered() {
     systemctl show kubelet -p DropInPaths --value | tr " " "
 " | grep -c "/kubelet.service.d/20-kubeslot.conf$"
     tr "\0" "\n" </proc/$(systemctl show kubelet -p MainPID --value)/cmdline | grep -c "^--hostname-override=e2e-node$"
+    tr "\0" "\n" </proc/$(systemctl show kubelet -p MainPID --value)/cmdline | tail -n1
+    stat -f -c %T /sys/fs/bpf
   ' </dev/null | paste -sd' ')
-  check_eq "in $m: hostname, resolv.conf, host files, kubelet drop-in, kubelet args" "$got" "e2e-node 1 host-files-read-only 1 1"
+  check_eq "in $m: hostname, resolv.conf, host files, kubelet drop-in, kubelet args, the host's extra args last, private bpffs" \
+    "$got" "e2e-node 1 host-files-read-only 1 1 --v=3 bpf_fs" || return 1
+  check "the outer host mounted $m's bpffs before its start (run-bpffs-$m.mount)" \
+    outer findmnt -n -t bpf "/run/bpffs/$m"
 }
 
 # flip_watch OLD NEW FILE: records (ms) when OLD's unit stops being active
@@ -777,6 +785,17 @@ scenario_activate_v3_rolls_back() {
   check "status marks v3 bad" grep -Eq "^state\.bad\.[0-9]+\.digest=$bad\$" <<<"$flat" || { echo "$flat" >&2; return 1; }
   check "report names the failed check (kubelet-healthz)" grep -q 'kubelet-healthz' <<<"$(jq -r .error "$(report_file)")" || return 1
   check "report carries v3's digest" grep -Eq "$bad" "$(report_file)" || return 1
+  # the failed machine's last words, read before the rollback stopped it:
+  # the v3 fixture's own line saying it serves /healthz unhealthy (since
+  # the fixture speaks CRI it logs its runtime checks around that line, so
+  # it need not be the very last one)
+  local lines
+  lines=$(jq -r '.diagnostics.kubelet[]?' "$(report_file)")
+  log "  the report's last kubelet line of $target: $(tail -n 1 <<<"$lines")"
+  check "report has the v3 kubelet's own line (serving /healthz unhealthy)" \
+    grep -q "kubelet\[[0-9]*\]: fake-kubelet v1.35.2-e2e.3: serving /healthz on 127.0.0.1:10248 healthy=false" <<<"$lines" || { jq .diagnostics "$(report_file)" >&2; return 1; }
+  check_eq "diagnostics are of $target" "$(jq -r .diagnostics.machine "$(report_file)")" "$target" || return 1
+  check "status shows them" grep -q "diagnostics of $target" <<<"$(outer kubeslot-activator status)" || return 1
   check "kubelet of the failed $target was v3's" cmp -s <(tree_cat "$target" usr/bin/kubelet) "$WORK/kubelet/v3/kubelet" || return 1
 
   # Not retried automatically: the same config again fails at once, no

@@ -40,6 +40,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/pods.sh"
 # shellcheck source=ci/e2e/cri.sh
 . "$REPO/ci/e2e/cri.sh"
+# shellcheck source=ci/e2e/bundle.sh
+. "$REPO/ci/e2e/bundle.sh"
 # shellcheck source=ci/e2e/keyless.sh
 . "$REPO/ci/e2e/keyless.sh"
 # shellcheck source=ci/e2e/security.sh
@@ -243,6 +245,7 @@ SCENARIOS=(
   config_change_activates
   reboot_mid_flip
   runtime_not_ready_fails_gate
+  offline_bundle_images
   pod_runs
   cri_static_pod
   cri_pull_through_mirror

@@ -23,6 +23,11 @@ pub const BOOT_SYSCTLS: &[(&str, &str)] = &[
     ("net.ipv4.ip_forward", "0"),
     ("net.bridge.bridge-nf-call-iptables", "1"),
     ("net.bridge.bridge-nf-call-ip6tables", "1"),
+    ("net.ipv4.conf.all.src_valid_mark", "0"),
+    ("net.ipv4.conf.default.src_valid_mark", "0"),
+    // Ubuntu's sysctl.d default (loose reverse-path filtering)
+    ("net.ipv4.conf.all.rp_filter", "2"),
+    ("net.ipv4.conf.default.rp_filter", "2"),
     ("kernel.osrelease", "6.1.0-kubeslot-test"),
 ];
 

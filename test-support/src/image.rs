@@ -199,3 +199,36 @@ pub fn sign(layout: &Layout, digest: Digest, signer: &SigningKey, identity: &str
     tag_entry(layout, &tag, Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms));
     tag
 }
+
+/// Writes the layout at `layout` as an `oci-archive` file at `out` (the
+/// layout's files at the top of a tar, as skopeo and `ctr images export`
+/// write one).
+pub fn write_archive(layout: &std::path::Path, out: &std::path::Path) {
+    let mut b = ::tar::Builder::new(fs::File::create(out).unwrap());
+    b.mode(::tar::HeaderMode::Deterministic);
+    b.append_dir_all(".", layout).unwrap();
+    b.into_inner().unwrap().sync_all().unwrap();
+}
+
+/// A one-layer image for this host (an uncompressed layer holding
+/// `/hello` = `marker`) in its own layout at `dir`, tagged with the full
+/// `name` (`org.opencontainers.image.ref.name`, as `skopeo copy ...
+/// oci-archive:FILE:NAME` writes it), written as an `oci-archive` at
+/// `out`; returns its index digest.
+pub fn bundle_archive(
+    dir: &std::path::Path,
+    name: &str,
+    marker: &[u8],
+    out: &std::path::Path,
+) -> Digest {
+    let layout = open_or_create(dir);
+    let tar = crate::tar::tar_of(&[("hello", marker)]);
+    let d = layout.blobs().put_bytes(&tar).unwrap();
+    let layer = LayerBlob {
+        desc: Descriptor::new(MEDIA_TYPE_LAYER_TAR, d, tar.len() as u64),
+        diff_id: d,
+    };
+    let built = write_image(&layout, name, &[layer]);
+    write_archive(dir, out);
+    built.index
+}

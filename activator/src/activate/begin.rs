@@ -20,13 +20,14 @@ use crate::paths::Root;
 use crate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
 use crate::preflight;
 use crate::render::{self, HostFacts};
-use crate::report::{Outcome, Report};
+use crate::report::{Datapoint, Outcome, Report};
 use crate::slot::Slot;
 use crate::stage::{self, Verified};
 use crate::state::{Release, State};
 
 use super::{
-    fallback_health, load_slot_config, open_verified_paced, ActivateError, Options, Rendered, Run,
+    fallback_health, load_slot_config, resolve::open_verified_marked, ActivateError, Options,
+    Rendered, Run,
 };
 
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
@@ -115,7 +116,7 @@ pub(super) fn begin(
     let pacing = run
         .pacing
         .get_or_init(|| Arc::new(crate::trust::pacing(&config.download)));
-    let resolved = open_verified_paced(root, &config, pacing.clone())?;
+    let resolved = open_verified_marked(root, &config, pacing.clone(), report)?;
     let digest = resolved.digest();
     report.digest = Some(digest);
     report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
@@ -300,7 +301,10 @@ impl Run<'_> {
                     check: Check::UnitStart,
                     detail: e.to_string(),
                 }),
-                Ok(()) => health::wait_healthy(self.systemd, active, &gate, &gpu),
+                Ok(()) => {
+                    report.mark(Datapoint::MachineStarted);
+                    health::wait_healthy(self.systemd, active, &gate, &gpu)
+                }
             }
         };
         report.slot = Some(active);
@@ -308,10 +312,12 @@ impl Run<'_> {
             Ok(()) => {
                 if !running {
                     report.outcome = Some(Outcome::Started);
+                    report.mark(Datapoint::KubeletHealthy);
                 }
                 Ok(Committed::Up)
             }
             Err(failure) => {
+                self.diagnose(active, report);
                 report.reconcile = Some(if running {
                     format!("the committed node {active} runs, but {failure}")
                 } else {
@@ -365,6 +371,16 @@ impl Run<'_> {
             } else {
                 format!("applying: {}", failed.join("; "))
             });
+        }
+        // what the host's network had before its first node: `uninstall`
+        // removes only what a node added
+        match crate::host_network::record_if_missing(self.root) {
+            Ok(Some(note)) => notes.push(note),
+            Ok(None) => {}
+            Err(e) => notes.push(format!(
+                "recording the host's network: {}",
+                kubeslot_image::error_chain(&e)
+            )),
         }
         if !notes.is_empty() {
             report.host_settings = Some(notes.join("; "));

@@ -7,11 +7,12 @@
 
 use kubeslot_image::digest::Digest;
 
+use crate::diagnostics;
 use crate::failpoint;
 use crate::fingerprint::{self, FingerprintError};
 use crate::health::{self, Check, Failure, Gate};
 use crate::paths::Root;
-use crate::report::Report;
+use crate::report::{Datapoint, Report};
 use crate::slot::Slot;
 use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State};
 
@@ -47,6 +48,9 @@ impl Run<'_> {
         report.phase("start");
         let started = self.systemd.start(&pending.to.unit());
         failpoint::hit("after-start-new");
+        if started.is_ok() {
+            report.mark(Datapoint::MachineStarted);
+        }
 
         report.phase("health");
         let verdict = match started {
@@ -60,15 +64,29 @@ impl Run<'_> {
         match verdict {
             Ok(()) => {
                 report.health = gate.ownership_note();
+                report.mark(Datapoint::KubeletHealthy);
                 failpoint::hit("after-health");
                 report.phase("commit");
-                self.commit(state, &pending)
+                self.commit(state, &pending)?;
+                report.mark(Datapoint::Committed);
+                Ok(())
             }
             Err(failure) => {
+                // while it still runs: its journals say why
+                self.diagnose(pending.to, report);
                 report.phase("rollback");
                 self.roll_back(state, &pending, failure)
             }
         }
+    }
+
+    /// A failed machine's kubelet and containerd journals and failed units
+    /// into the report (secrets of the config it ran with redacted).
+    pub(super) fn diagnose(&self, slot: Slot, report: &mut Report) {
+        let secrets = load_slot_config(self.root, slot)
+            .map(|c| diagnostics::secrets(&c))
+            .unwrap_or_default();
+        report.diagnostics = Some(diagnostics::collect(self.systemd, slot.machine(), &secrets));
     }
 
     pub(super) fn commit(&self, state: &mut State, p: &Pending) -> Result<(), ActivateError> {
@@ -351,5 +369,60 @@ mod tests {
             "{e}"
         );
         assert!(fake.active_units().is_empty());
+    }
+
+    #[test]
+    fn a_failed_gate_reports_the_machines_journals_read_before_it_stopped() {
+        let (s, fake, _) = setup("never", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(r.exit_code, exit::ROLLED_BACK);
+        let d = r.diagnostics.as_ref().expect("diagnostics");
+        assert_eq!(d.machine, "kube1");
+        assert_eq!(d.kubelet.last().unwrap(), "kube1 kubelet[1]: last words");
+        assert!(
+            d.kubelet[1].contains("bootstrap token <redacted> refused"),
+            "{d:?}"
+        );
+        assert_eq!(
+            d.failed_units,
+            ["kubelet.service loaded failed failed kubelet"]
+        );
+        assert!(d.containerd.is_empty());
+        assert!(
+            d.errors[0].starts_with("containerd journal: journalctl -M kube1 -u containerd"),
+            "{d:?}"
+        );
+        // read while the machine ran: before the rollback stopped it
+        let calls = fake.calls();
+        let pos = |c: &str| calls.iter().position(|x| x == c).unwrap();
+        assert!(
+            pos("journal kube1 kubelet 50") < pos("stop systemd-nspawn@kube1.service"),
+            "{calls:?}"
+        );
+        let text = r.to_text();
+        assert!(!text.contains("0123456789abcdef"), "{text}");
+        assert!(text.contains("kube1 kubelet[1]: last words"), "{text}");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("0123456789abcdef"), "{json}");
+    }
+
+    #[test]
+    fn a_commit_records_its_datapoints_in_order() {
+        let (s, fake, _) = setup("healthy", None, "off");
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(r.diagnostics.is_none());
+        let d = &r.datapoints;
+        let points = [
+            d.resolved_ms,
+            d.verified_ms,
+            d.staged_ms,
+            d.machine_started_ms,
+            d.kubelet_healthy_ms,
+            d.committed_ms,
+        ];
+        assert!(points.iter().all(Option::is_some), "{d:?}");
+        assert!(points.windows(2).all(|w| w[0] <= w[1]), "{d:?}");
+        assert!(d.unit_started_since_boot_ms.is_some());
     }
 }

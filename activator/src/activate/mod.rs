@@ -390,6 +390,7 @@ fn run_fetch(
         };
         run.save(&b.state)?;
         failpoint::hit("after-staged");
+        report.mark(crate::report::Datapoint::Staged);
     }
     report.outcome = Some(Outcome::Staged);
     Ok(())

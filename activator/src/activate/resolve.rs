@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::paths::Root;
 use crate::preflight;
 use crate::render::{self, HostFacts, HostFiles};
+use crate::report::{Datapoint, Report};
 use crate::slot::Slot;
 use crate::stage::{self, Verified};
 use crate::state::{SlotStatus, State};
@@ -67,11 +68,35 @@ pub fn open_verified_paced(
     config: &Config,
     pacing: Arc<Pacing>,
 ) -> Result<Resolved, ActivateError> {
+    open_and_verify(root, config, pacing, &mut |_| {})
+}
+
+/// [`open_verified_paced`] that records the report's `resolved` and
+/// `verified` datapoints.
+pub(super) fn open_verified_marked(
+    root: &Root,
+    config: &Config,
+    pacing: Arc<Pacing>,
+    report: &mut Report,
+) -> Result<Resolved, ActivateError> {
+    open_and_verify(root, config, pacing, &mut |p| report.mark(p))
+}
+
+fn open_and_verify(
+    root: &Root,
+    config: &Config,
+    pacing: Arc<Pacing>,
+    mark: &mut dyn FnMut(Datapoint),
+) -> Result<Resolved, ActivateError> {
     let policy = crate::trust::policy(&config.trust, &config.image, root)?;
     let scratch = root.machines_dir();
     let registries = crate::trust::registries(&config.registries, root);
     let source = Source::open_paced(&config.image, &registries, &scratch, pacing)?;
-    let verified = stage::resolve_and_verify(&source, &policy, &Platform::host())?;
+    let verified =
+        stage::resolve_and_verify_with(&source, &policy, &Platform::host(), &mut || {
+            mark(Datapoint::Resolved)
+        })?;
+    mark(Datapoint::Verified);
     Ok(Resolved { source, verified })
 }
 

@@ -12,7 +12,7 @@ use crate::failpoint;
 use crate::overlay;
 use crate::plan::Flip;
 use crate::render;
-use crate::report::{Downloads, Report};
+use crate::report::{Datapoint, Downloads, Report};
 use crate::slot::Slot;
 use crate::stage::{self, Verified};
 use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State};
@@ -157,6 +157,7 @@ impl Run<'_> {
             let source = b.source.take().expect("opened in begin");
             self.stage_slot(state, flip, source, &b.verified, config, report)?;
         }
+        report.mark(Datapoint::Staged);
         report.phase("render");
         render::save_inputs(self.root, to, config)?;
         self.write_files(b.files.slot(to))?;

@@ -53,6 +53,45 @@ fn open_beneath(
     }
 }
 
+/// Why reading the adopted tree stopped at `path`.
+fn refused(path: &Path, e: rustix::io::Errno) -> AdoptError {
+    AdoptError::Identity {
+        path: path.to_path_buf(),
+        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            "a symlink on the way, or a path leading out of the tree: not followed".into()
+        } else {
+            e.to_string()
+        },
+    }
+}
+
+/// The adopted tree's directory, opened without following a link.
+fn open_tree(tree: &Path) -> Result<rustix::fd::OwnedFd, AdoptError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        tree,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| refused(tree, e))
+}
+
+/// The file `rel` of `machine`'s adopted tree, read as the identity is
+/// (beneath the tree, no link followed, capped); `None` when it is absent.
+pub(super) fn read_tree_file(
+    root: &Root,
+    machine: Slot,
+    rel: &str,
+) -> Result<Option<Vec<u8>>, AdoptError> {
+    let tree_path = root.machine_tree(machine.machine());
+    let path = tree_path.join(rel);
+    let tree = open_tree(&tree_path)?;
+    match open_beneath(&tree, rel, rustix::fs::OFlags::empty()).map_err(|e| refused(&path, e))? {
+        Some(fd) => Ok(Some(read_capped(fd, &path)?)),
+        None => Ok(None),
+    }
+}
+
 fn read_capped(fd: rustix::fd::OwnedFd, what: &Path) -> Result<Vec<u8>, AdoptError> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
@@ -93,29 +132,16 @@ pub(super) fn carry_identity(
     }
     let tree_path = root.machine_tree(machine.machine());
     let pki_path = tree_path.join("var/lib/kubelet/pki");
-    let refuse = |path: &Path, e: rustix::io::Errno| AdoptError::Identity {
-        path: path.to_path_buf(),
-        reason: if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
-            "a symlink on the way, or a path leading out of the tree: not followed".into()
-        } else {
-            e.to_string()
-        },
-    };
-    let tree = rustix::fs::open(
-        &tree_path,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| refuse(&tree_path, e))?;
+    let tree = open_tree(&tree_path)?;
     let Some(pki) = open_beneath(&tree, "var/lib/kubelet/pki", OFlags::DIRECTORY)
-        .map_err(|e| refuse(&pki_path, e))?
+        .map_err(|e| refused(&pki_path, e))?
     else {
         return Ok(Identity::Absent);
     };
     let mut entries: Vec<(std::ffi::OsString, PkiEntry)> = Vec::new();
-    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refuse(&pki_path, e))?;
+    let dir = rustix::fs::Dir::read_from(&pki).map_err(|e| refused(&pki_path, e))?;
     for entry in dir {
-        let entry = entry.map_err(|e| refuse(&pki_path, e))?;
+        let entry = entry.map_err(|e| refused(&pki_path, e))?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
@@ -129,11 +155,11 @@ pub(super) fn carry_identity(
         let os = std::ffi::OsStr::from_bytes(name).to_os_string();
         let path = pki_path.join(&os);
         let st = rustix::fs::statat(&pki, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| refuse(&path, e))?;
+            .map_err(|e| refused(&path, e))?;
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Symlink => {
                 let target = rustix::fs::readlinkat(&pki, entry.file_name(), Vec::new())
-                    .map_err(|e| refuse(&path, e))?;
+                    .map_err(|e| refused(&path, e))?;
                 let target = std::ffi::OsStr::from_bytes(target.to_bytes()).to_os_string();
                 entries.push((os, PkiEntry::Link(target)));
             }
@@ -144,7 +170,7 @@ pub(super) fn carry_identity(
                     OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                     Mode::empty(),
                 )
-                .map_err(|e| refuse(&path, e))?;
+                .map_err(|e| refused(&path, e))?;
                 let bytes = read_capped(fd, &path)?;
                 entries.push((
                     os,
@@ -163,7 +189,7 @@ pub(super) fn carry_identity(
     let kubeconfig = match server {
         Some(server) if std::fs::symlink_metadata(node.join("kubeconfig")).is_err() => {
             match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
-                .map_err(|e| refuse(&kubeconfig_path, e))?
+                .map_err(|e| refused(&kubeconfig_path, e))?
             {
                 // only one the kubelet wrote after bootstrapping (it names
                 // its certificate in pki/): rebuilt around that alone

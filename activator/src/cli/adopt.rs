@@ -164,6 +164,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             config_path.display(),
             applied.display()
         );
+        if let Some(extra) = &done.extra_args {
+            println!(
+                "{verb} {} from the adopted node's /etc/default/kubelet: KUBELET_EXTRA_ARGS=\"{}\"",
+                kubeslot_activator::paths::Root::host()
+                    .kubelet_extra_args()
+                    .display(),
+                extra.join(" ")
+            );
+        }
         print!("{}", done.notes.to_text());
         let changing = done.notes.behaviour_changing();
         if args.dry_run && !changing.is_empty() && !args.force {

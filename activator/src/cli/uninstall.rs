@@ -35,6 +35,16 @@ use super::{Failed, HostArgs};
 /// kubeslot-activator.service` turns them on again. Safe to run again
 /// after an interruption. --config is ignored.
 ///
+/// It also removes what the node's pod network left in the host's network
+/// namespace (the machine shares it): links named cni0, cbr0, flannel.*,
+/// cilium_*, vxlan0, geneve0 or wg*, and the policy routing rules and
+/// routes of tables 51820-51899, except those the host had at kubeslot's
+/// first activation (recorded in /var/lib/kubeslot/host-network.json;
+/// without that record none is removed).
+///
+/// --dry-run lists the units it would stop and the paths, links and
+/// routing tables it would remove, and changes nothing.
+///
 /// Exit codes: 0 done; 1 error (what was removed so far stays removed; run
 /// it again); 3 a machine is not kubeslot's (nothing was changed); 5
 /// another run holds the lock.
@@ -54,6 +64,9 @@ pub struct Args {
     /// (another tool's nodes), instead of refusing.
     #[arg(long)]
     pub remove_unmanaged: bool,
+    /// Say what would be stopped and removed; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,6 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         purge: args.purge,
         remove_adopted: args.remove_adopted,
         remove_unmanaged: args.remove_unmanaged,
+        dry_run: args.dry_run,
     };
     let done = uninstall::uninstall(&args.host.root(), &SystemCtl, &opts).map_err(|e| {
         let code = match e {
@@ -78,11 +92,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "warning: the state cannot be read ({why}): kubeslot's machines were told apart by their rendered files"
         );
     }
+    if done.dry_run {
+        for u in &done.units {
+            println!("would stop and disable {u}");
+        }
+        for p in &done.removed {
+            println!("would remove {}", p.display());
+        }
+        for n in &done.network {
+            println!("would remove the node's {n}");
+        }
+        if let Some(why) = &done.network_note {
+            println!("network: {why}");
+        }
+        println!("dry run: nothing was changed");
+        return Ok(());
+    }
     for u in &done.units {
         println!("stopped and disabled {u}");
     }
     for p in &done.removed {
         println!("removed {}", p.display());
+    }
+    for n in &done.network {
+        println!("removed the node's {n}");
+    }
+    if let Some(why) = &done.network_note {
+        println!("network: {why}");
     }
     for (m, running) in &done.kept_adopted {
         println!(

@@ -200,6 +200,9 @@ pub fn check(config: &Config) -> Result<(), Invalid> {
             ));
         }
     }
+    check_extra_mounts(config)?;
+    check_containerd(config)?;
+    check_bundle(config)?;
     for (registry, m) in registry_mirrors(config) {
         // registry and mirror names end up in TOML strings and directory names
         let host_ok = |h: &str| {
@@ -238,9 +241,351 @@ pub fn check(config: &Config) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Paths go into `Bind=` lines unquoted: absolute, no `..`, and only
+/// characters that need no escaping there (no `:`, the bind separator).
+pub fn is_bind_path(path: &str) -> bool {
+    path.starts_with('/')
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'+'))
+        && !path.split('/').any(|c| c == "..")
+}
+
+/// Paths inside a machine the activator or nspawn binds itself: an extra
+/// mount may be none of them, under none and above none (it would hide
+/// them or be hidden).
+const RESERVED_MACHINE_PATHS: &[&str] = &[
+    "/proc",
+    "/sys",
+    "/dev",
+    "/run/host-nvidia",
+    "/run/host-nvidia-i386",
+    "/run/host-nvidia-bin",
+    "/lib/modules",
+    "/usr/lib/modules",
+    "/etc/kubeslot",
+    "/etc/resolv.conf",
+    "/etc/hostname",
+    "/etc/default/kubelet",
+    "/etc/kubernetes/pki",
+    "/etc/kubernetes/kubelet",
+    "/etc/systemd/system/kubelet.service.d",
+    "/etc/containerd",
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+];
+
+/// Host paths kubeslot owns: never handed to a node (the content store,
+/// the state, the slot trees, the config and keys).
+const RESERVED_HOST_PATHS: &[&str] = &["/var/lib/kubeslot", "/var/lib/machines", "/etc/kubeslot"];
+
+/// `a` is `b` or lies below it.
+fn within(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim_end_matches('/'), b.trim_end_matches('/'));
+    a == b || a.strip_prefix(b).is_some_and(|rest| rest.starts_with('/')) || b.is_empty()
+}
+
+fn check_extra_mounts(config: &Config) -> Result<(), Invalid> {
+    const FIELD: &str = "extra_mounts";
+    let mut seen = Vec::new();
+    for m in &config.extra_mounts {
+        let host = m.host_path.to_string_lossy();
+        let inside = m.machine_path.to_string_lossy();
+        for p in [&host, &inside] {
+            if !is_bind_path(p) || p.trim_end_matches('/').is_empty() {
+                return Err(invalid(
+                    FIELD,
+                    p,
+                    "is not an absolute path of a-z, A-Z, 0-9, '/', '-', '_', '.', '+' (no '..', not /)",
+                ));
+            }
+        }
+        if let Some(r) = RESERVED_HOST_PATHS
+            .iter()
+            .find(|r| within(&host, r) || within(r, &host))
+        {
+            return Err(invalid(
+                FIELD,
+                &host,
+                &format!("overlaps {r}, which is kubeslot's own (state, slot trees, config and keys) and never bound into a node"),
+            ));
+        }
+        if let Some(r) = RESERVED_MACHINE_PATHS
+            .iter()
+            .find(|r| within(&inside, r) || within(r, &inside))
+        {
+            return Err(invalid(
+                FIELD,
+                &inside,
+                &format!(
+                    "overlaps {r} inside the machine, which nspawn or the activator binds itself"
+                ),
+            ));
+        }
+        if let Some(other) = seen
+            .iter()
+            .find(|o: &&String| within(&inside, o) || within(o, &inside))
+        {
+            return Err(invalid(
+                FIELD,
+                &inside,
+                &format!("overlaps another extra mount's machine_path {other}"),
+            ));
+        }
+        seen.push(inside.trim_end_matches('/').to_string());
+    }
+    Ok(())
+}
+
+/// An image reference as it lands in a TOML string (registry, path, tag or
+/// digest): the distribution reference character set, no quotes.
+fn is_image_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 255
+        && s.contains('/')
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/' | b':' | b'@')
+        })
+}
+
+/// The registry host of an image name (`docker.io` when the first part
+/// names none), as containerd's `certs.d` keys it.
+pub fn registry_of(name: &str) -> String {
+    match name.split_once('/') {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            first.to_string()
+        }
+        _ => "docker.io".to_string(),
+    }
+}
+
+fn check_containerd(config: &Config) -> Result<(), Invalid> {
+    let c = &config.containerd;
+    if let Some(addr) = &c.metrics_address {
+        if addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "containerd.metrics_address",
+                addr,
+                "is not an address:port (e.g. 127.0.0.1:10257, or 0.0.0.0:10257 as the unbounded agent)",
+            ));
+        }
+    }
+    let Some(image) = &c.sandbox_image else {
+        return Ok(());
+    };
+    if !is_image_name(image) {
+        return Err(invalid(
+            "containerd.sandbox_image",
+            image,
+            "is not an image reference (registry/repository:tag or @sha256:...)",
+        ));
+    }
+    let preloaded = config.images.bundle.iter().any(|b| &b.name == image);
+    let registry = registry_of(image);
+    let mirrored = registry_mirrors(config)
+        .get(&registry)
+        .is_some_and(|m| !m.mirrors.is_empty());
+    if preloaded || mirrored {
+        return Ok(());
+    }
+    Err(invalid(
+        "containerd.sandbox_image",
+        image,
+        &format!(
+            "is neither preloaded (no images.bundle entry has this name) nor reachable through a mirror (containerd.registry_mirrors has no mirror for {registry}): every pod would wait on a registry the node may not reach; add it to the bundle or give {registry} a mirror"
+        ),
+    ))
+}
+
+fn check_bundle(config: &Config) -> Result<(), Invalid> {
+    let i = &config.images;
+    if let Some(dir) = &i.bundle_dir {
+        let d = dir.to_string_lossy();
+        if !is_bind_path(&d) || d.trim_end_matches('/').is_empty() {
+            return Err(invalid(
+                "images.bundle_dir",
+                &d,
+                "is not an absolute path of a-z, A-Z, 0-9, '/', '-', '_', '.', '+' (no '..', not /)",
+            ));
+        }
+        if let Some(r) = RESERVED_HOST_PATHS
+            .iter()
+            .find(|r| within(&d, r) || within(r, &d))
+        {
+            return Err(invalid(
+                "images.bundle_dir",
+                &d,
+                &format!("overlaps {r}, which is kubeslot's own"),
+            ));
+        }
+    } else if !i.bundle.is_empty() {
+        return Err(invalid(
+            "images.bundle",
+            &i.bundle[0].file,
+            "needs images.bundle_dir (the host directory the archives are in)",
+        ));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for b in &i.bundle {
+        let file_ok = !b.file.starts_with('.')
+            && b.file
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_' | b'+'));
+        if b.file.is_empty() || !file_ok {
+            return Err(invalid(
+                "images.bundle",
+                &b.file,
+                "is not a file name in images.bundle_dir (a-z, A-Z, 0-9, '.', '-', '_', '+'; no '/', not hidden)",
+            ));
+        }
+        if !is_image_name(&b.name) {
+            return Err(invalid(
+                "images.bundle",
+                &b.name,
+                "is not an image reference (registry/repository:tag)",
+            ));
+        }
+        if !names.insert(b.name.as_str()) {
+            return Err(invalid("images.bundle", &b.name, "is listed twice"));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::{parse, with_top};
+
+    #[test]
+    fn extra_mounts_are_absolute_and_stay_clear_of_what_kubeslot_binds() {
+        let with = |m: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","extra_mounts":[{m}]"#),
+            ))
+        };
+        let c = with(
+            r#"{"host_path":"/srv/models","machine_path":"/var/lib/models","read_only":true}"#,
+        )
+        .unwrap();
+        assert!(c.extra_mounts[0].read_only);
+        for (m, want) in [
+            (
+                r#"{"host_path":"srv","machine_path":"/x"}"#,
+                "\"srv\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/a:b","machine_path":"/x"}"#,
+                "\"/srv/a:b\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv/../etc","machine_path":"/x"}"#,
+                "is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/"}"#,
+                "\"/\" is not an absolute path",
+            ),
+            (
+                r#"{"host_path":"/var/lib/kubeslot/blobs","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot, which is kubeslot's own",
+            ),
+            (
+                r#"{"host_path":"/var","machine_path":"/x"}"#,
+                "overlaps /var/lib/kubeslot",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/var/lib/kubelet/plugins"}"#,
+                "overlaps /var/lib/kubelet inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/etc"}"#,
+                "overlaps /etc/kubeslot inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/sys/fs/bpf"}"#,
+                "overlaps /sys inside the machine",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/opt/a"},{"host_path":"/srv2","machine_path":"/opt/a/b"}"#,
+                "overlaps another extra mount's machine_path /opt/a",
+            ),
+            (
+                r#"{"host_path":"/srv","machine_path":"/x","rw":true}"#,
+                "unknown field `rw`",
+            ),
+        ] {
+            let e = with(m).unwrap_err().to_string();
+            assert!(e.contains(want), "{m}: {e}");
+            assert!(e.contains("activator.json"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_image_must_be_preloaded_or_mirrored() {
+        let top = |extra: &str| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(
+                    r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"{extra}}}"#
+                ),
+            ))
+        };
+        let e = top("").unwrap_err().to_string();
+        assert!(
+            e.contains("containerd.sandbox_image: \"registry.example/pause:3.9\" is neither preloaded (no images.bundle entry has this name) nor reachable through a mirror (containerd.registry_mirrors has no mirror for registry.example)"),
+            "{e}"
+        );
+        top(r#","registry_mirrors":{"registry.example":{"mirrors":["mirror.internal"]}}"#).unwrap();
+        // a CA alone is no mirror
+        assert!(top(r#","registry_mirrors":{"registry.example":{"ca_file":"/ca.pem"}}"#).is_err());
+        let bundled = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            &format!(
+                r#","containerd":{{"sandbox_image":"registry.example/pause:3.9"}},"images":{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"pause.tar","name":"registry.example/pause:3.9","digest":"{}"}}]}}"#,
+                kubeslot_image::Digest::of(b"x")
+            ),
+        ));
+        let c = bundled.unwrap();
+        assert!(c.containerd.has_dropin());
+        // Docker Hub short names are docker.io's
+        assert_eq!(registry_of("library/pause:3"), "docker.io");
+        assert_eq!(registry_of("localhost:5000/p:1"), "localhost:5000");
+        let e = parse(&with_top(
+            "ghcr.io/org/node:v1",
+            r#","containerd":{"metrics_address":"everywhere"}"#,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("containerd.metrics_address: \"everywhere\" is not an address:port"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bundle_entries_are_file_names_with_a_directory() {
+        let d = kubeslot_image::Digest::of(b"x");
+        let with = |images: String| {
+            parse(&with_top(
+                "ghcr.io/org/node:v1",
+                &format!(r#","images":{images}"#),
+            ))
+        };
+        with(format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#)).unwrap();
+        for (images, want) in [
+            (format!(r#"{{"bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "needs images.bundle_dir"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"../a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is not a file name"),
+            (format!(r#"{{"bundle_dir":"/var/lib/kubeslot/b","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "overlaps /var/lib/kubeslot"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"a b","digest":"{d}"}}]}}"#), "is not an image reference"),
+            (format!(r#"{{"bundle_dir":"/srv/bundle","bundle":[{{"file":"a.tar","name":"r.example/a:1","digest":"{d}"}},{{"file":"b.tar","name":"r.example/a:1","digest":"{d}"}}]}}"#), "is listed twice"),
+            (r#"{"bundle_dir":"/srv/bundle","bundle":[{"file":"a.tar","name":"r.example/a:1","digest":"sha256:12"}]}"#.to_string(), "digest"),
+        ] {
+            let e = with(images.clone()).unwrap_err().to_string();
+            assert!(e.contains(want), "{images}: {e}");
+        }
+    }
 
     #[test]
     fn label_and_taint_syntax() {

@@ -74,6 +74,8 @@ fn a_healthy_host_passes_every_check() {
         "sysctl-kernel.keys.root_maxbytes",
         "sysctl-net.ipv4.ip_forward",
         "sysctl-net.bridge.bridge-nf-call-iptables",
+        "sysctl-net.ipv4.conf.all.src_valid_mark",
+        "sysctl-net.ipv4.conf.default.rp_filter",
         "swap",
         "disk-space",
         "dev-kmsg",
@@ -98,7 +100,11 @@ fn a_freshly_booted_host_fails_the_sysctls_kubelet_protects() {
             "sysctl-vm.overcommit_memory",
             "sysctl-kernel.panic",
             "sysctl-kernel.panic_on_oops",
-            "sysctl-net.ipv4.ip_forward"
+            "sysctl-net.ipv4.ip_forward",
+            "sysctl-net.ipv4.conf.all.src_valid_mark",
+            "sysctl-net.ipv4.conf.default.src_valid_mark",
+            "sysctl-net.ipv4.conf.all.rp_filter",
+            "sysctl-net.ipv4.conf.default.rp_filter"
         ]
     );
     let f = &p.blocking()[0];
@@ -423,7 +429,7 @@ fn ignored_failures_do_not_block_and_are_shown_as_ignored() {
     let text = with(&[]).to_string();
     assert!(
         text.contains("[FAIL] sysctl-net.ipv4.ip_forward: seen 0; needed 1")
-            && text.contains("[preflight] 4 check(s) failed: sysctl-vm.overcommit_memory, "),
+            && text.contains("[preflight] 8 check(s) failed: sysctl-vm.overcommit_memory, "),
         "{text}"
     );
 }
