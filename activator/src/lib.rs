@@ -21,6 +21,7 @@ pub mod host_settings;
 pub mod integrity;
 pub mod layers;
 pub mod lock;
+pub mod metalayer;
 pub mod overlay;
 pub mod paths;
 pub mod plan;

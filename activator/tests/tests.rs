@@ -5,6 +5,7 @@
 //! other process-wide state; the binary's own runs get theirs through
 //! `Command`).
 
+mod differential;
 mod fetch;
 mod help;
 mod host;
