@@ -797,8 +797,12 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     )
     .unwrap_or_else(|e| panic!("image {seed}: overlay install: {e}"));
     let merged = facts(&root.machine_tree("kube1"));
-    overlay::remove(&root, &sd, Slot::Kube1).unwrap();
     diffs.extend(differences(seed, "overlay", &want, &merged));
+    // `rollback --clean` makes a fresh upper: the root keeps the image's.
+    overlay::clean(&root, &sd, Slot::Kube1).unwrap();
+    let cleaned = facts(&root.machine_tree("kube1"));
+    overlay::remove(&root, &sd, Slot::Kube1).unwrap();
+    diffs.extend(differences(seed, "overlay after clean", &want, &cleaned));
     diffs
 }
 
