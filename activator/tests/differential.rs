@@ -290,12 +290,6 @@ impl Gen {
         }
         let mut anc = parent_of(&p);
         while !anc.is_empty() {
-            if out.written.contains(anc) && !out.docker {
-                // written by this layer: fine only as a directory
-                if self.model.0.get(anc).is_some_and(|n| n.kind != Kind::Dir) {
-                    return None;
-                }
-            }
             if self.model.0.get(anc).is_some_and(|n| n.kind != Kind::Dir) {
                 return None;
             }
@@ -319,7 +313,7 @@ impl Gen {
             dot: self.rng.chance(30),
         };
         // `./`: the root's own attributes.
-        if index > 0 && self.rng.chance(25) || index == 0 && self.rng.chance(15) {
+        if (index > 0 && self.rng.chance(25)) || (index == 0 && self.rng.chance(15)) {
             let mode = *self.rng.pick(&[0o755, 0o700, 0o750, 0o1777]);
             let node = self.meta(Kind::Dir, mode);
             let mut h = self.header(&out, "", &node);
