@@ -284,9 +284,9 @@ impl Gen {
             .filter(|d| d.matches('/').count() < 2)
             .collect();
         let dir = self.rng.pick(&dirs).clone();
-        let mut p = join(&dir, *self.rng.pick(&NAMES));
+        let mut p = join(&dir, self.rng.pick(&NAMES));
         if self.rng.chance(30) {
-            p = join(&p, *self.rng.pick(&NAMES));
+            p = join(&p, self.rng.pick(&NAMES));
         }
         let mut anc = parent_of(&p);
         while !anc.is_empty() {

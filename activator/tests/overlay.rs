@@ -427,8 +427,11 @@ fn the_overlay_slots_check_warns_on_fallback_and_fails_an_explicit_overlay() {
     );
 }
 
-/// A tar of `(path, kind, mode, xattrs)` entries ('d' dir, 'f' empty file).
-fn tar_entries(entries: &[(&str, char, u32, &[(&str, &[u8])])]) -> Vec<u8> {
+/// One tar entry: path, kind ('d' dir, 'f' empty file), mode, xattrs.
+type Entry<'a> = (&'a str, char, u32, &'a [(&'a str, &'a [u8])]);
+
+/// A tar of `entries`.
+fn tar_entries(entries: &[Entry<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, kind, mode, xattrs) in entries {
         if !xattrs.is_empty() {
