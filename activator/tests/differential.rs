@@ -284,9 +284,11 @@ impl Gen {
             .filter(|d| d.matches('/').count() < 2)
             .collect();
         let dir = self.rng.pick(&dirs).clone();
-        let mut p = join(&dir, self.rng.pick(&NAMES));
+        let name = NAMES[self.rng.below(NAMES.len())];
+        let mut p = join(&dir, name);
         if self.rng.chance(30) {
-            p = join(&p, self.rng.pick(&NAMES));
+            let name = NAMES[self.rng.below(NAMES.len())];
+            p = join(&p, name);
         }
         let mut anc = parent_of(&p);
         while !anc.is_empty() {
