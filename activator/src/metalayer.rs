@@ -12,7 +12,8 @@
 //! one more lower, `layers/meta-<chain id hex>` (the image's chain of
 //! `diff_id`s, image-spec `config.md`), mounted topmost: the image's
 //! layers applied with the copy mode's semantics into a scratch skeleton
-//! (`Unpacker::new_skeleton`: files empty), every directory whose
+//! (`Unpacker::new_skeleton`: files empty; on a private tmpfs where the
+//! host can), every directory whose
 //! attributes there differ from the topmost layer directory holding it
 //! copied into the metadata layer (with its ancestors, which keep theirs),
 //! and the root always. It is made while the slot is staged, through a
@@ -97,7 +98,7 @@ fn ensure_meta(
     let base = root.layers_dir();
     let skeleton = scratch(&base, ".staging-skeleton-")?;
     let built = (|| {
-        apply_skeleton(store, image, policy, skeleton.path())?;
+        skeleton_in_memory(store, image, policy, skeleton.path())?;
         let name = dest
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -106,6 +107,8 @@ fn ensure_meta(
         build(skeleton.path(), lowers, staging.path())?;
         Ok::<_, LayerError>(staging)
     })();
+    // Whatever happened, nothing stays mounted before the dir goes.
+    let _ = rustix::mount::unmount(skeleton.path(), rustix::mount::UnmountFlags::DETACH);
     let skel_path = skeleton.keep();
     crate::remove::remove_tree(&skel_path).map_err(|e| io_err(&skel_path)(e.into_io()))?;
     let staging = built?;
@@ -133,6 +136,35 @@ fn scratch(base: &Path, prefix: &str) -> Result<tempfile::TempDir, LayerError> {
     fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))
         .map_err(io_err(dir.path()))?;
     Ok(dir)
+}
+
+/// The skeleton on a private tmpfs mounted on `target` (its directories
+/// and inodes then cost no disk writes: on ext4 every directory is a 4 KiB
+/// block); on the disk when tmpfs cannot be mounted or takes no `user.*`
+/// xattrs (kernels before 6.6): the skeleton applied again there.
+fn skeleton_in_memory(
+    store: &Store,
+    image: &SelectedImage,
+    policy: &unpack::Policy,
+    target: &Path,
+) -> Result<(), LayerError> {
+    let data = c"mode=0755";
+    let mounted = rustix::mount::mount(
+        "tmpfs",
+        target,
+        "tmpfs",
+        rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV,
+        Some(data),
+    )
+    .is_ok();
+    if mounted {
+        if apply_skeleton(store, image, policy, target).is_ok() {
+            return Ok(());
+        }
+        rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH)
+            .map_err(|e| io_err(target)(std::io::Error::from(e)))?;
+    }
+    apply_skeleton(store, image, policy, target)
 }
 
 /// The image's layers applied into `target` with the copy mode's semantics,
