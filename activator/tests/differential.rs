@@ -20,7 +20,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
-use std::sync::Arc;
 
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::slot::Slot;
@@ -30,10 +29,10 @@ use kubeslot_activator::{layers, metalayer, overlay, stage};
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::Platform;
 use kubeslot_image::reference::ImageSource;
-use kubeslot_image::retry::Pacing;
-use kubeslot_image::source::{SelectedImage, Source};
 use kubeslot_image::unpack::{Policy, Rule};
 use kubeslot_test_support::{image, require_tool};
+
+use crate::overlay::fetched;
 
 /// The seeds every suite run checks (about 1 s each on 2 cores).
 const SEEDS: std::ops::Range<u64> = 1..13;
@@ -705,20 +704,6 @@ fn differences(
         }
     }
     out
-}
-
-fn fetched(store: &Store, src: &ImageSource, scratch: &Path) -> SelectedImage {
-    let source = Source::open_paced(
-        src,
-        &Default::default(),
-        scratch,
-        Arc::new(Pacing::default()),
-    )
-    .unwrap();
-    let top = source.resolve().unwrap();
-    let image = source.select(&top, &Platform::host()).unwrap();
-    store.fetch_image(&source, &image).unwrap();
-    image
 }
 
 /// Unpacks image `seed` three ways; returns the differences from umoci.

@@ -214,7 +214,9 @@ fn two_images(dir: &Path) -> (ImageSource, ImageSource, Vec<u8>) {
     (src("v1"), src("v2"), k2)
 }
 
-fn fetched(store: &Store, src: &ImageSource, scratch: &Path) -> SelectedImage {
+/// `src` resolved for this host and fetched into `store` (also the
+/// differential test's).
+pub(crate) fn fetched(store: &Store, src: &ImageSource, scratch: &Path) -> SelectedImage {
     let source = Source::open_paced(
         src,
         &Default::default(),
