@@ -124,6 +124,10 @@ pub struct Options {
     pub dry_run: bool,
     /// Stop and disable unbounded-agent's host units ([`AGENT_UNITS`]).
     pub disable_agent: bool,
+    /// The activator config in place, whose API server a carried
+    /// kubeconfig names when no config is written (none: the kubelet's
+    /// kubeconfig is not carried, and it bootstraps again).
+    pub config: Option<PathBuf>,
 }
 
 /// The activator config `adopt` writes.
@@ -599,10 +603,25 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         token_mode = config.pointer("/kubelet/bootstrap_token").is_some();
         made = Some((applied, config, notes, w));
     }
+    // The API server a carried kubeconfig names: the config's (the one
+    // written, else the one in place), never the adopted tree's.
+    let server = match &made {
+        Some((_, config, _, _)) => config
+            .pointer("/kubelet/api_server")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        None => opts
+            .config
+            .as_deref()
+            .and_then(|p| Config::load(p).ok())
+            .filter(|c| c.kubelet.bootstrap_token.is_some())
+            .map(|c| c.kubelet.api_server),
+    }
+    .filter(|_| token_mode);
     // unbounded-agent's units go before anything is recorded: its daemon
     // must not re-provision the slot the next activation stages into.
     let agent_units = agent_units(root, systemd, opts)?;
-    let identity = carry_identity(root, machine, token_mode, opts.dry_run)?;
+    let identity = carry_identity(root, machine, server.as_deref(), opts.dry_run)?;
     if !opts.dry_run {
         *state.slot_mut(machine) = SlotState {
             status: SlotStatus::Active,
@@ -723,7 +742,8 @@ fn write_config(path: &Path, config: &Value) -> Result<(), AdoptError> {
 pub const REDACTED: &str = "<secret: not shown>";
 
 /// `config` with its secrets (the bootstrap token, the exec credential's
-/// environment values) replaced by [`REDACTED`]: what `--dry-run` prints.
+/// arguments and environment values) replaced by [`REDACTED`]: what
+/// `--dry-run` prints.
 pub fn redacted(config: &Value) -> Value {
     let mut v = config.clone();
     if let Some(t) = v.pointer_mut("/kubelet/bootstrap_token") {
@@ -732,6 +752,12 @@ pub fn redacted(config: &Value) -> Value {
     if let Some(Value::Object(env)) = v.pointer_mut("/kubelet/exec_credential/env") {
         for val in env.values_mut() {
             *val = REDACTED.into();
+        }
+    }
+    // Arguments often carry a token or a secret's path (`--token=...`).
+    if let Some(Value::Array(args)) = v.pointer_mut("/kubelet/exec_credential/args") {
+        for arg in args.iter_mut() {
+            *arg = REDACTED.into();
         }
     }
     v

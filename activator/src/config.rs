@@ -536,17 +536,6 @@ impl Config {
                 "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/example-org/kubeslot/ubuntu2404), unless trust.allow_unsigned",
             ));
         }
-        for (host, r) in &self.registries {
-            for (i, url) in r.mirrors.iter().enumerate() {
-                if has_user_info(url) {
-                    return Err(ConfigError::Invalid {
-                        path: path.to_path_buf(),
-                        field: "registries",
-                        reason: format!("{host:?} mirror {}: {USER_INFO_REFUSED}", i + 1),
-                    });
-                }
-            }
-        }
         if let Some(m) = &self.containerd.registry_mirrors {
             for (host, mirror) in m {
                 if let Some(i) = mirror.mirrors.iter().position(|u| has_user_info(u)) {
@@ -674,6 +663,19 @@ impl Config {
 /// Why a mirror URL with `user:pass@` is refused (the URL is not echoed:
 /// it holds the password).
 const USER_INFO_REFUSED: &str = "a URL with user info (user:password@) is refused: it would show the password in plans, reports and logs; use registries.<host>.credentials with a password_file";
+
+/// `registries.<host>.mirrors`, none with user info (the error names the
+/// mirror by its position, never its text).
+fn mirror_urls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let urls = Vec::<String>::deserialize(d)?;
+    if let Some(i) = urls.iter().position(|u| has_user_info(u)) {
+        return Err(serde::de::Error::custom(format!(
+            "registries: mirror {}: {USER_INFO_REFUSED}",
+            i + 1
+        )));
+    }
+    Ok(urls)
+}
 
 /// Whether `url`'s authority (before the first `/` after any scheme)
 /// carries `user[:password]@`.

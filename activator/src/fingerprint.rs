@@ -24,6 +24,7 @@ use kubeslot_image::digest::Digest;
 use serde::{Deserialize, Serialize};
 
 use crate::paths::Root;
+use crate::walk::{self, Visit};
 
 /// What a mark records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,32 +77,27 @@ pub enum FingerprintError {
 
 /// Counts the entries and regular-file bytes below `tree`, without
 /// following symlinks (a link counts as one entry; its target is not
-/// visited). Hardlinked files count once per name.
+/// visited), at any depth and path length ([`crate::walk`]). Hardlinked
+/// files count once per name.
 pub fn count(tree: &Path) -> Result<(u64, u64), FingerprintError> {
-    let mut entries = 0u64;
-    let mut bytes = 0u64;
-    let mut stack = vec![tree.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let walk = |source| FingerprintError::Walk {
-            path: dir.clone(),
-            source,
-        };
-        for entry in fs::read_dir(&dir).map_err(walk)? {
-            let entry = entry.map_err(walk)?;
-            // DirEntry::metadata is an lstat: symlinks are not followed.
-            let meta = entry.metadata().map_err(|source| FingerprintError::Walk {
-                path: entry.path(),
-                source,
-            })?;
-            entries += 1;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else if meta.is_file() {
-                bytes += meta.len();
+    struct Counter(u64, u64);
+    impl Visit for Counter {
+        fn entry(&mut self, e: &walk::Entry) -> std::io::Result<bool> {
+            self.0 += 1;
+            if rustix::fs::FileType::from_raw_mode(e.stat.st_mode)
+                == rustix::fs::FileType::RegularFile
+            {
+                self.1 += e.stat.st_size as u64;
             }
+            Ok(true)
         }
     }
-    Ok((entries, bytes))
+    let mut c = Counter(0, 0);
+    walk::walk(tree, &mut c).map_err(|e| FingerprintError::Walk {
+        path: e.path,
+        source: e.error,
+    })?;
+    Ok((c.0, c.1))
 }
 
 /// How a mark's image reads in messages.

@@ -12,16 +12,21 @@
 //! read timeouts: no HTTP crate, because the activator stays small and the
 //! endpoint is a loopback plain-text `ok`. A loopback answer counts only
 //! when the listening socket belongs to a process of the new machine
-//! (`/proc/net/tcp` → socket inode → `/proc/<pid>/fd` → the pid's cgroup
-//! under `systemd-nspawn@<machine>.service`): an old kubelet or anything
-//! else on the host answering on the port does not pass. The runtime is
-//! asked the way an operator asks it: the image's `crictl info --quiet`
-//! run inside the machine (`systemd-run -M`, through [`Systemd`]), its JSON
-//! read for `status.conditions` (cri-tools' `cmd/crictl/info.go` prints
-//! the CRI `Status` answer there); production images ship crictl, and
-//! nothing of the image runs on the host. It does not start or stop
-//! anything and does not decide what a failure means (that is
-//! `activate`).
+//! (`/proc/net/tcp` → socket inode → `/proc/<pid>/fd` → the pid's cgroup in
+//! systemd's hierarchy (the v2 `0::` line, else v1 `name=systemd`) exactly
+//! at or below `/machine.slice/systemd-nspawn@<machine>.service`): an old
+//! kubelet, or any user's process in a cgroup merely named like the unit
+//! (`systemd-run --user --unit=systemd-nspawn@kube2` makes one under
+//! `user.slice`), answering on the port does not pass. Where `/proc` cannot
+//! tell (a test root without it) the answer's ownership is not checked and
+//! [`Gate::ownership_note`] says so; on the host's own `/` that fails the
+//! gate. The runtime is asked the way an operator asks it: the image's
+//! `crictl info --quiet` run inside the machine (`systemd-run -M`, through
+//! [`Systemd`]), its JSON read for `status.conditions` (cri-tools'
+//! `cmd/crictl/info.go` prints the CRI `Status` answer there); production
+//! images ship crictl, and nothing of the image runs on the host. It does
+//! not start or stop anything and does not decide what a failure means (that
+//! is `activate`).
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpStream, ToSocketAddrs as _};
@@ -95,6 +100,9 @@ pub struct Gate {
     /// from a socket a process of the machine listens on. `None`: not
     /// checked.
     pub proc_dir: Option<PathBuf>,
+    /// A loopback answer whose listener `proc_dir` cannot name fails the
+    /// gate (the host's `/`), instead of passing unchecked (a test root).
+    pub require_owner: bool,
     /// Whether the machine's container runtime is asked over CRI. Only a
     /// live host runs machines to ask ([`Gate::on_host`]).
     pub runtime: bool,
@@ -108,6 +116,7 @@ impl From<&Health> for Gate {
             timeout: Duration::from_secs(h.timeout_secs),
             interval: Duration::from_millis(h.interval_ms),
             proc_dir: None,
+            require_owner: false,
             runtime: false,
         }
     }
@@ -122,9 +131,30 @@ impl Gate {
     pub fn on_host(h: &Health, root: &Root) -> Gate {
         Gate {
             proc_dir: Some(root.dir().join("proc")),
+            require_owner: root.dir() == Path::new("/"),
             runtime: root.dir().join("proc/1").is_dir(),
             ..Gate::from(h)
         }
+    }
+
+    /// What the report says when a passed gate could not tie the kubelet's
+    /// loopback answer to the machine (a root whose `/proc` cannot tell).
+    pub fn ownership_note(&self) -> Option<String> {
+        let port = loopback_port(&self.url)?;
+        let tables = match &self.proc_dir {
+            None => {
+                return Some(format!(
+                    "ownership of the answer on port {port} not checked (no /proc given)"
+                ))
+            }
+            Some(p) => p.join("net/tcp"),
+        };
+        (!self.require_owner && std::fs::metadata(&tables).is_err()).then(|| {
+            format!(
+                "ownership of the answer on port {port} not checked: {} cannot be read",
+                tables.display()
+            )
+        })
     }
 }
 
@@ -177,7 +207,6 @@ pub fn listener(proc_dir: &Path, port: u16, machine: &str) -> Listener {
     if inodes.is_empty() {
         return Listener::Nobody;
     }
-    let unit = format!("/systemd-nspawn@{machine}.service");
     let mut owners = 0;
     let Ok(procs) = std::fs::read_dir(proc_dir) else {
         return Listener::Unknown;
@@ -204,11 +233,7 @@ pub fn listener(proc_dir: &Path, port: u16, machine: &str) -> Listener {
         }
         owners += 1;
         let cgroup = std::fs::read_to_string(p.path().join("cgroup")).unwrap_or_default();
-        let inside = cgroup.lines().any(|l| {
-            let path = l.splitn(3, ':').nth(2).unwrap_or("");
-            path.contains(&format!("{unit}/")) || path.ends_with(&unit)
-        });
-        if !inside {
+        if !in_machine(&cgroup, machine) {
             return Listener::Outside {
                 pid,
                 cgroup: cgroup.trim().to_string(),
@@ -220,6 +245,33 @@ pub fn listener(proc_dir: &Path, port: u16, machine: &str) -> Listener {
     } else {
         Listener::InMachine
     }
+}
+
+/// The path of a process's cgroup in systemd's hierarchy, from
+/// `/proc/<pid>/cgroup`: the cgroup v2 line (`0::<path>`), else the v1
+/// `name=systemd` one. Controller hierarchies are not systemd's naming.
+fn systemd_cgroup(text: &str) -> Option<&str> {
+    let line = |want: &str| {
+        text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+            (controllers == want).then_some(path)
+        })
+    };
+    line("").or_else(|| line("name=systemd"))
+}
+
+/// Whether a process whose `/proc/<pid>/cgroup` reads `text` runs in
+/// `machine`: its systemd cgroup is the machine's unit under
+/// `machine.slice` or below it, exactly, from the top of the hierarchy
+/// (a cgroup that only ends in the unit's name, under a user's slice, is
+/// not the machine).
+pub fn in_machine(text: &str, machine: &str) -> bool {
+    let unit = format!("/machine.slice/systemd-nspawn@{machine}.service");
+    systemd_cgroup(text).is_some_and(|p| {
+        p.strip_prefix(unit.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 /// The port of a loopback `http://` URL (`None` for another host: nothing
@@ -412,7 +464,13 @@ fn answered_by_machine(gate: &Gate, machine: &str) -> Result<(), String> {
         return Ok(());
     };
     match listener(proc_dir, port, machine) {
-        Listener::InMachine | Listener::Unknown => Ok(()),
+        Listener::InMachine => Ok(()),
+        Listener::Unknown if !gate.require_owner => Ok(()),
+        Listener::Unknown => Err(format!(
+            "{} answered, but who listens on port {port} cannot be read from {} (net/tcp, the processes' fds and cgroups): ownership not checked, so the answer does not count",
+            gate.url,
+            proc_dir.display()
+        )),
         Listener::Outside { pid, cgroup } => Err(format!(
             "{} answered, but port {port} is held by pid {pid} outside machine {machine} (cgroup {cgroup})",
             gate.url
@@ -533,6 +591,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             interval: Duration::from_millis(1),
             proc_dir: None,
+            require_owner: false,
             runtime: false,
         }
     }
@@ -577,6 +636,17 @@ mod tests {
             listener(host.path(), 10248, "kube2"),
             Listener::Outside { pid: 100, .. }
         ));
+        // a user's cgroup named like the machine's unit (systemd-run
+        // --user --unit=systemd-nspawn@kube2.service makes one)
+        let user = fake_proc(
+            10248,
+            4242,
+            "/user.slice/user-1000.slice/user@1000.service/app.slice/systemd-nspawn@kube2.service",
+        );
+        assert!(matches!(
+            listener(user.path(), 10248, "kube2"),
+            Listener::Outside { pid: 100, .. }
+        ));
         // nobody listens on the port; and a test root without /proc
         assert_eq!(listener(proc.path(), 10250, "kube2"), Listener::Nobody);
         let empty = tempfile::tempdir().unwrap();
@@ -599,6 +669,58 @@ mod tests {
                 && e.detail.contains(&format!("pid {}", std::process::id())),
             "{e}"
         );
+    }
+
+    #[test]
+    fn only_the_machines_unit_in_systemds_hierarchy_is_the_machine() {
+        let v2 =
+            "0::/machine.slice/systemd-nspawn@kube2.service/payload/system.slice/kubelet.service\n";
+        assert!(in_machine(v2, "kube2"));
+        assert!(!in_machine(v2, "kube1"));
+        assert!(in_machine(
+            "0::/machine.slice/systemd-nspawn@kube2.service\n",
+            "kube2"
+        ));
+        assert!(!in_machine(
+            "0::/machine.slice/systemd-nspawn@kube2.service2/x\n",
+            "kube2"
+        ));
+        // v1 (hybrid hosts have both; a pure v1 host only name=systemd)
+        let v1 = "4:memory:/user.slice\n1:name=systemd:/machine.slice/systemd-nspawn@kube2.service/payload\n";
+        assert!(in_machine(v1, "kube2"));
+        // the name anywhere else, in any hierarchy, is not the machine
+        for fake in [
+            "0::/user.slice/user-1000.slice/user@1000.service/app.slice/systemd-nspawn@kube2.service\n",
+            "0::/x/machine.slice/systemd-nspawn@kube2.service\n",
+            "4:memory:/machine.slice/systemd-nspawn@kube2.service\n",
+            "",
+        ] {
+            assert!(!in_machine(fake, "kube2"), "{fake:?}");
+        }
+    }
+
+    #[test]
+    fn an_answer_whose_owner_cannot_be_read_fails_on_the_hosts_root() {
+        let url = server(vec![OK; 8]);
+        let empty = tempfile::tempdir().unwrap();
+        let mut g = gate(url, 1);
+        g.timeout = Duration::from_millis(300);
+        g.interval = Duration::from_millis(50);
+        g.proc_dir = Some(empty.path().to_path_buf());
+        // a test root: passes, and says the answer was not checked
+        wait_healthy(&up(true), Slot::Kube2, &g, &[]).unwrap();
+        assert!(
+            g.ownership_note()
+                .is_some_and(|n| n.contains("not checked")),
+            "{:?}",
+            g.ownership_note()
+        );
+        // the host's /: the same answer does not count
+        g.require_owner = true;
+        let e = wait_healthy(&up(true), Slot::Kube2, &g, &[]).unwrap_err();
+        assert!(e.detail.contains("ownership not checked"), "{e}");
+        assert_eq!(g.ownership_note(), None);
+        assert!(Gate::on_host(&Health::default(), &Root::host()).require_owner);
     }
 
     #[test]

@@ -1,104 +1,292 @@
-//! Per-file records of what a layer directory held when it was unpacked,
-//! and the check of a directory against its record (`verify-layers`).
+//! Per-entry records of what a tree held when it was made (a layer
+//! directory of the layer store, a copied slot tree), and the check of a
+//! tree against its record (`verify-layers`, layer reuse, `rollback`).
 //!
-//! A record lists every regular file (path bytes hex-encoded, size,
-//! sha256), every symlink (its target) and every directory of a tree, as
-//! JSON written atomically beside the layer (`layers/<diff_id>.files`),
-//! before the layer directory is renamed into place: a layer never exists
-//! without its record. [`check`] walks the tree again without following
-//! anything and reports what differs: changed, missing, added or retyped
-//! entries. It owns no policy about what to do with a difference.
+//! A record lists every entry below the tree's root by its path (the bytes,
+//! hex-encoded): its type, permission bits (setuid, setgid and sticky
+//! included), owner, extended attributes (all but `security.selinux`, the
+//! label the host's policy assigns, not the image), and per type the size
+//! and sha256 of a regular file, the target of a symlink, the device
+//! number of a device node (an overlayfs whiteout is a 0:0 character
+//! device). Each entry is what an unpacker knows when it writes it, so a
+//! record can be produced while a layer is unpacked as well as by walking
+//! the tree afterwards ([`record`], which always stays for checking). A
+//! layer's record also names the unpack policy it was made under
+//! ([`Record::policy`]). Records are JSON, written atomically (0600) beside
+//! the tree (`layers/<diff_id>.files`, `slots/<machine>.files`) before the
+//! tree is used: a layer never exists without its record.
+//!
+//! [`check`] walks the tree again ([`crate::walk`]: any depth, any path
+//! length, nothing followed) and reports what differs: changed, missing,
+//! added or retyped entries, modes, owners, xattrs, device numbers. It owns
+//! no policy about what to do with a difference.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStrExt as _;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::digest::HashingReader;
+use rustix::fs::{FileType, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
-/// One entry of a tree, keyed by its path (hex of the bytes) in [`Record`].
+use crate::walk::{self, Visit};
+
+/// The record format written now. Records of the first format (no
+/// version: no modes, owners or xattrs) are refused as such.
+pub const VERSION: u32 = 2;
+
+/// The xattr never recorded: the host's security policy assigns it.
+const HOST_LABEL: &str = "security.selinux";
+
+/// What an entry is, with what identifies its contents.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Entry {
+pub enum Kind {
     File {
         size: u64,
         sha256: String,
     },
+    /// The target's bytes, hex-encoded.
     Symlink {
         target: String,
     },
     Dir,
-    /// Anything else (an overlay whiteout device, a FIFO): present, unhashed.
-    Other {
-        mode: u32,
+    Char {
+        rdev: u64,
     },
+    Block {
+        rdev: u64,
+    },
+    Fifo,
+    Socket,
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::File { .. } => "file",
+            Kind::Symlink { .. } => "symlink",
+            Kind::Dir => "directory",
+            Kind::Char { .. } => "character device",
+            Kind::Block { .. } => "block device",
+            Kind::Fifo => "fifo",
+            Kind::Socket => "socket",
+        }
+    }
+}
+
+/// One entry of a tree, keyed by its path (hex of the bytes) in [`Record`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    #[serde(flatten)]
+    pub kind: Kind,
+    /// Permission bits with setuid, setgid and sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Extended attributes: name to hex-encoded value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// What a tree held: entry by hex-encoded relative path.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Record {
+    pub version: u32,
+    /// The sha256 of the unpack policy a layer was unpacked under
+    /// (`layers::policy_hash`): a layer is reused only under the same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
     pub entries: BTreeMap<String, Entry>,
+}
+
+impl Default for Record {
+    fn default() -> Record {
+        Record {
+            version: VERSION,
+            policy: None,
+            entries: BTreeMap::new(),
+        }
+    }
 }
 
 /// One difference between a tree and its record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Mismatch {
+    /// The entry's path relative to the tree, as text.
     pub path: String,
+    /// `missing`, `added`, or what changed.
     pub what: String,
+    /// The path's bytes.
+    #[serde(skip)]
+    pub bytes: Vec<u8>,
 }
 
-fn shown(hex_path: &str) -> String {
-    hex::decode(hex_path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_else(|_| hex_path.to_string())
-}
-
-/// Records `dir` (not following links).
-pub fn record(dir: &Path) -> io::Result<Record> {
-    let mut r = Record::default();
-    walk(dir, Path::new(""), &mut r)?;
-    Ok(r)
-}
-
-fn entry_of(path: &Path, meta: &std::fs::Metadata) -> io::Result<Entry> {
-    use std::os::unix::fs::MetadataExt as _;
-    let t = meta.file_type();
-    Ok(if t.is_file() {
-        let mut h = HashingReader::new(File::open(path)?);
-        io::copy(&mut h, &mut io::sink())?;
-        let (digest, size) = h.finish();
-        Entry::File {
-            size,
-            sha256: digest.hex(),
+impl Mismatch {
+    fn new(hex_path: &str, what: String) -> Mismatch {
+        let bytes = hex::decode(hex_path).unwrap_or_else(|_| hex_path.as_bytes().to_vec());
+        Mismatch {
+            path: String::from_utf8_lossy(&bytes).into_owned(),
+            what,
+            bytes,
         }
-    } else if t.is_symlink() {
-        Entry::Symlink {
-            target: hex::encode(std::fs::read_link(path)?.as_os_str().as_bytes()),
-        }
-    } else if t.is_dir() {
-        Entry::Dir
-    } else {
-        Entry::Other { mode: meta.mode() }
+    }
+
+    /// An entry the record does not have.
+    pub fn is_addition(&self) -> bool {
+        self.what == ADDED
+    }
+}
+
+const ADDED: &str = "added";
+
+/// Records the tree at `dir` (not following links), made under `policy`.
+pub fn record(dir: &Path, policy: Option<String>) -> io::Result<Record> {
+    recorded(dir, policy, &|_| false)
+}
+
+fn recorded(
+    dir: &Path,
+    policy: Option<String>,
+    skip: &dyn Fn(&[u8]) -> bool,
+) -> io::Result<Record> {
+    let mut r = Recorder {
+        entries: BTreeMap::new(),
+        skip,
+    };
+    walk::walk(dir, &mut r).map_err(walk::WalkError::into_io)?;
+    Ok(Record {
+        version: VERSION,
+        policy,
+        entries: r.entries,
     })
 }
 
-fn walk(root: &Path, rel: &Path, r: &mut Record) -> io::Result<()> {
-    for e in std::fs::read_dir(root.join(rel))? {
-        let e = e?;
-        let rel = rel.join(e.file_name());
-        let full = root.join(&rel);
-        let meta = std::fs::symlink_metadata(&full)?;
-        r.entries.insert(
-            hex::encode(rel.as_os_str().as_bytes()),
-            entry_of(&full, &meta)?,
-        );
-        if meta.is_dir() {
-            walk(root, &rel, r)?;
+struct Recorder<'a> {
+    entries: BTreeMap<String, Entry>,
+    /// Paths neither recorded nor walked into.
+    skip: &'a dyn Fn(&[u8]) -> bool,
+}
+
+impl Visit for Recorder<'_> {
+    fn entry(&mut self, e: &walk::Entry) -> io::Result<bool> {
+        if (self.skip)(e.rel) {
+            return Ok(false);
+        }
+        self.entries.insert(hex::encode(e.rel), entry_of(e)?);
+        Ok(true)
+    }
+}
+
+/// The record entry of what the walk shows.
+pub fn entry_of(e: &walk::Entry) -> io::Result<Entry> {
+    let st = e.stat;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => {
+            // O_NONBLOCK | O_NOCTTY: should the name have become a fifo or
+            // a device since the stat, opening it neither blocks nor acts.
+            let fd = rustix::fs::openat(
+                e.dir,
+                e.name,
+                OFlags::RDONLY
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC
+                    | OFlags::NOCTTY
+                    | OFlags::NONBLOCK,
+                Mode::empty(),
+            )?;
+            let now = rustix::fs::fstat(&fd)?;
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+                return Err(io::Error::other("replaced while it was being read"));
+            }
+            let mut h = HashingReader::new(File::from(fd));
+            io::copy(&mut h, &mut io::sink())?;
+            let (digest, size) = h.finish();
+            Kind::File {
+                size,
+                sha256: digest.hex(),
+            }
+        }
+        FileType::Symlink => Kind::Symlink {
+            target: hex::encode(rustix::fs::readlinkat(e.dir, e.name, Vec::new())?.to_bytes()),
+        },
+        FileType::Directory => Kind::Dir,
+        FileType::CharacterDevice => Kind::Char { rdev: st.st_rdev },
+        FileType::BlockDevice => Kind::Block { rdev: st.st_rdev },
+        FileType::Fifo => Kind::Fifo,
+        FileType::Socket => Kind::Socket,
+        FileType::Unknown => return Err(io::Error::other("an entry of unknown type")),
+    };
+    Ok(Entry {
+        kind,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        xattrs: xattrs_of(e)?,
+    })
+}
+
+/// The entry's xattrs (but [`HOST_LABEL`]), read through
+/// `/proc/self/fd/<dir>/<name>` with the `l*` calls: relative to the open
+/// directory (no long path is resolved) and the entry itself, never what a
+/// link names. Works for every type, where `f*` calls need an open file.
+fn xattrs_of(e: &walk::Entry) -> io::Result<BTreeMap<String, String>> {
+    let mut path = format!("/proc/self/fd/{}/", e.dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(e.name.to_bytes());
+    let path = PathBuf::from(OsString::from_vec(path));
+    let mut out = BTreeMap::new();
+    let names = match read_sized(|buf| match buf {
+        None => rustix::fs::llistxattr_query(&path),
+        Some(b) => rustix::fs::llistxattr(&path, b),
+    }) {
+        Ok(n) => n,
+        Err(e) if e == rustix::io::Errno::NOTSUP => return Ok(out),
+        Err(e) => return Err(e.into()),
+    };
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let name = String::from_utf8_lossy(name).into_owned();
+        if name == HOST_LABEL {
+            continue;
+        }
+        let value = match read_sized(|buf| match buf {
+            None => rustix::fs::lgetxattr_query(&path, name.as_str()),
+            Some(b) => rustix::fs::lgetxattr(&path, name.as_str(), b),
+        }) {
+            Ok(v) => v,
+            // removed between the list and the read
+            Err(e) if e == rustix::io::Errno::NODATA => continue,
+            Err(e) => return Err(e.into()),
+        };
+        out.insert(name, hex::encode(value));
+    }
+    Ok(out)
+}
+
+/// Calls `call(None)` for the size, then `call(Some(buf))`, again when the
+/// value grew in between (ERANGE).
+fn read_sized(
+    call: impl Fn(Option<&mut [u8]>) -> rustix::io::Result<usize>,
+) -> rustix::io::Result<Vec<u8>> {
+    loop {
+        let size = call(None)?;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; size];
+        match call(Some(&mut buf)) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Err(rustix::io::Errno::RANGE) => continue,
+            Err(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
 /// Writes `record` to `path` atomically (0600).
@@ -108,39 +296,90 @@ pub fn save(path: &Path, record: &Record) -> io::Result<()> {
         .map_err(|e| io::Error::other(e.to_string()))
 }
 
+/// Reads a record; one of the first format (no modes, owners or xattrs)
+/// is an error that says so.
 pub fn load(path: &Path) -> io::Result<Record> {
-    serde_json::from_slice(&std::fs::read(path)?).map_err(io::Error::other)
+    let bytes = std::fs::read(path)?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        if bytes.starts_with(b"{\"entries\"") {
+            io::Error::other(
+                "written by an earlier kubeslot version (no modes, owners or xattrs): not trusted",
+            )
+        } else {
+            io::Error::other(e)
+        }
+    })
 }
 
-/// What differs between `dir` now and `record`.
+/// What differs between `dir` now and `record`, sorted by path.
 pub fn check(dir: &Path, record: &Record) -> io::Result<Vec<Mismatch>> {
-    let now = self::record(dir)?;
+    let now = self::record(dir, None)?;
+    Ok(compare(&record.entries, &now.entries))
+}
+
+/// [`check`] of everything but what `skip` names (a path it names is
+/// neither read nor reported, nor anything below it).
+pub fn check_except(
+    dir: &Path,
+    record: &Record,
+    skip: &dyn Fn(&[u8]) -> bool,
+) -> io::Result<Vec<Mismatch>> {
+    let now = recorded(dir, None, skip)?;
+    let want: BTreeMap<String, Entry> = record
+        .entries
+        .iter()
+        .filter(|(p, _)| !hex::decode(p).is_ok_and(|b| skip(&b)))
+        .map(|(p, e)| (p.clone(), e.clone()))
+        .collect();
+    Ok(compare(&want, &now.entries))
+}
+
+/// What differs from `want` in `got` (both by hex path), sorted by path.
+pub fn compare(want: &BTreeMap<String, Entry>, got: &BTreeMap<String, Entry>) -> Vec<Mismatch> {
     let mut out = Vec::new();
-    for (p, want) in &record.entries {
-        match now.entries.get(p) {
-            None => out.push(Mismatch {
-                path: shown(p),
-                what: "missing".into(),
-            }),
-            Some(got) if got != want => out.push(Mismatch {
-                path: shown(p),
-                what: match (want, got) {
-                    (Entry::File { .. }, Entry::File { .. }) => "contents changed".into(),
-                    _ => "changed type or target".into(),
-                },
-            }),
-            Some(_) => {}
+    for (p, w) in want {
+        match got.get(p) {
+            None => out.push(Mismatch::new(p, "missing".into())),
+            Some(g) => {
+                if let Some(what) = difference(w, g) {
+                    out.push(Mismatch::new(p, what));
+                }
+            }
         }
     }
-    for p in now.entries.keys() {
-        if !record.entries.contains_key(p) {
-            out.push(Mismatch {
-                path: shown(p),
-                what: "added".into(),
-            });
-        }
+    for p in got.keys().filter(|p| !want.contains_key(*p)) {
+        out.push(Mismatch::new(p, ADDED.into()));
     }
-    Ok(out)
+    out.sort_by(|a, b| a.bytes.cmp(&b.bytes));
+    out
+}
+
+/// How `got` differs from `want`, in words; `None` when it does not.
+pub fn difference(want: &Entry, got: &Entry) -> Option<String> {
+    let mut what = Vec::new();
+    match (&want.kind, &got.kind) {
+        (a, b) if a == b => {}
+        (Kind::File { .. }, Kind::File { .. }) => what.push("contents changed".to_string()),
+        (Kind::Symlink { .. }, Kind::Symlink { .. }) => what.push("target changed".into()),
+        (Kind::Char { .. }, Kind::Char { .. }) | (Kind::Block { .. }, Kind::Block { .. }) => {
+            what.push("device number changed".into())
+        }
+        (a, b) => what.push(format!("was a {}, is a {}", a.name(), b.name())),
+    }
+    if want.mode != got.mode {
+        what.push(format!("mode {:04o} -> {:04o}", want.mode, got.mode));
+    }
+    if (want.uid, want.gid) != (got.uid, got.gid) {
+        what.push(format!(
+            "owner {}:{} -> {}:{}",
+            want.uid, want.gid, got.uid, got.gid
+        ));
+    }
+    if want.xattrs != got.xattrs {
+        let names = |e: &Entry| e.xattrs.keys().cloned().collect::<Vec<_>>().join(" ");
+        what.push(format!("xattrs [{}] -> [{}]", names(want), names(got)));
+    }
+    (!what.is_empty()).then(|| what.join(", "))
 }
 
 /// The record file of the tree at `dir`: `<dir>.files`.
@@ -153,6 +392,15 @@ pub fn record_path(dir: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::{chown, PermissionsExt as _};
+
+    fn changes(d: &Path, r: &Record) -> Vec<(String, String)> {
+        check(d, r)
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.path, m.what))
+            .collect()
+    }
 
     #[test]
     fn a_changed_added_or_removed_entry_is_reported() {
@@ -162,7 +410,7 @@ mod tests {
         std::fs::write(d.join("usr/bin/kubelet"), b"v1").unwrap();
         std::fs::write(d.join("etc"), b"x").unwrap();
         std::os::unix::fs::symlink("kubelet", d.join("usr/bin/k")).unwrap();
-        let r = record(&d).unwrap();
+        let r = record(&d, Some("p".into())).unwrap();
         save(&record_path(&d), &r).unwrap();
         assert_eq!(load(&record_path(&d)).unwrap(), r);
         assert!(check(&d, &r).unwrap().is_empty());
@@ -171,20 +419,58 @@ mod tests {
         std::fs::write(d.join("new"), b"").unwrap();
         std::fs::remove_file(d.join("usr/bin/k")).unwrap();
         std::os::unix::fs::symlink("/etc/shadow", d.join("usr/bin/k")).unwrap();
-        let mut m: Vec<(String, String)> = check(&d, &r)
-            .unwrap()
-            .into_iter()
-            .map(|m| (m.path, m.what))
-            .collect();
-        m.sort();
         assert_eq!(
-            m,
+            changes(&d, &r),
             [
                 ("etc".to_string(), "missing".to_string()),
                 ("new".into(), "added".into()),
-                ("usr/bin/k".into(), "changed type or target".into()),
+                ("usr/bin/k".into(), "target changed".into()),
                 ("usr/bin/kubelet".into(), "contents changed".into()),
             ]
         );
+    }
+
+    #[test]
+    fn modes_owners_xattrs_and_device_numbers_are_recorded() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("layer");
+        std::fs::create_dir_all(d.join("usr/bin")).unwrap();
+        std::fs::write(d.join("usr/bin/kubelet"), b"v1").unwrap();
+        crate::gpu::mknod_char(&d.join("wh"), 0, 0).unwrap();
+        let r = record(&d, None).unwrap();
+        assert_eq!(
+            r.entries[&hex::encode("wh")].kind,
+            Kind::Char { rdev: 0 },
+            "{r:?}"
+        );
+        // same contents, same size: only the metadata changes
+        let kubelet = d.join("usr/bin/kubelet");
+        chown(&kubelet, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&kubelet, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        rustix::fs::setxattr(
+            &kubelet,
+            "security.capability",
+            &[1u8, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        std::fs::remove_file(d.join("wh")).unwrap();
+        crate::gpu::mknod_char(&d.join("wh"), 1, 3).unwrap();
+        let got = changes(&d, &r);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(
+            got[0].1,
+            "mode 0644 -> 4755, owner 0:0 -> 65534:65534, xattrs [] -> [security.capability]"
+        );
+        assert_eq!(got[1], ("wh".into(), "device number changed".into()));
+    }
+
+    #[test]
+    fn a_record_of_the_first_format_is_refused_as_such() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("l.files");
+        std::fs::write(&p, br#"{"entries":{"6574":{"type":"dir"}}}"#).unwrap();
+        let e = load(&p).unwrap_err().to_string();
+        assert!(e.contains("earlier kubeslot version"), "{e}");
     }
 }

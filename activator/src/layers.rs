@@ -6,9 +6,18 @@
 //! a missing one is unpacked alone into `layers/.staging-<hex>-<random>`
 //! ([`Unpacker::new_overlay_layer`]: whiteouts recorded as overlayfs
 //! whiteouts, never applied), synced, and renamed into place (no replace);
-//! a present one is reused, never unpacked again. A directory appears under
-//! its diff_id only complete, so a crash leaves staging garbage (removed by
-//! the next run, which holds the host lock), never a half layer.
+//! a present one is reused only when it still matches its record
+//! ([`crate::integrity`]) and was unpacked under the same unpack policy
+//! ([`policy_hash`]), never unpacked again otherwise. One that does not
+//! (a file changed, added or chmod-ed in the store, another policy, a
+//! record of an earlier version) is never mounted again: it is removed and
+//! unpacked afresh, or, while a slot's mount unit still names it, unpacked
+//! afresh beside it (`<diff_id hex>-p<policy hash>`) and left to GC. A
+//! directory appears under its name only complete, so a crash leaves
+//! staging garbage (removed by the next run, which holds the host lock),
+//! never a half layer. The store is root's alone (0700, narrowed when an
+//! earlier version made it wider): a layer may hold setuid programs and
+//! world-writable directories no other user may reach.
 //!
 //! Nothing here writes into a layer directory once it is in place: overlay
 //! mounts use them as read-only lowers. It does not mount, choose slots or
@@ -38,6 +47,13 @@ pub enum LayerError {
     },
     #[error(transparent)]
     Store(#[from] Box<StoreError>),
+    #[error("layer {diff_id}: {why}; a slot's mount unit still names {dir}, and so does the other slot's for {alternate}: refusing to reuse or replace them (`verify-layers` names the entries; `rollback --clean` or staging the other slot frees one)")]
+    Unusable {
+        diff_id: Digest,
+        dir: PathBuf,
+        alternate: PathBuf,
+        why: String,
+    },
     #[error("layer store {path}: {error}")]
     Io {
         path: PathBuf,
@@ -63,11 +79,123 @@ pub struct Ensured {
     pub reused: usize,
     /// Uncompressed tar bytes of the layers unpacked by this call.
     pub bytes_unpacked: u64,
+    /// Layers found in the store but not reused, and why (each was
+    /// unpacked again).
+    pub replaced: Vec<String>,
 }
 
 /// The directory of the layer with `diff_id`.
 pub fn layer_dir(root: &Root, diff_id: &Digest) -> PathBuf {
     root.layers_dir().join(diff_id.hex())
+}
+
+/// Where a layer is unpacked when its own directory cannot be replaced
+/// (a slot's mount unit names it): beside it, named by the policy too.
+fn alternate_dir(root: &Root, diff_id: &Digest, policy: &str) -> PathBuf {
+    root.layers_dir()
+        .join(format!("{}-p{}", diff_id.hex(), &policy[..16]))
+}
+
+/// The sha256 of everything in `policy` that decides what a layer may
+/// hold, as a record stores it: a layer unpacked under another policy (an
+/// allowlisted setuid path removed since, a limit lowered) is unpacked
+/// again, under this one, before it is reused.
+pub fn policy_hash(policy: &unpack::Policy) -> String {
+    // Destructured, so a new field cannot be left out of the hash.
+    let unpack::Policy {
+        limits,
+        allow_fifos_and_sockets,
+        setuid_allowlist,
+    } = policy;
+    let unpack::Limits {
+        max_layer_bytes,
+        max_total_bytes,
+        max_entries,
+        max_path_bytes,
+        max_depth,
+    } = limits;
+    let mut allow = setuid_allowlist.clone();
+    allow.sort();
+    allow.dedup();
+    let canonical = serde_json::json!({
+        "record": crate::integrity::VERSION,
+        "limits": [max_layer_bytes, max_total_bytes, max_entries, max_path_bytes, max_depth],
+        "allow_fifos_and_sockets": allow_fifos_and_sockets,
+        "setuid_allowlist": allow,
+    });
+    Digest::of(canonical.to_string().as_bytes()).hex()
+}
+
+/// Why the layer directory `dir` may not be reused under `policy`, if so.
+pub fn unusable(dir: &Path, policy: &str) -> Option<String> {
+    let record = match crate::integrity::load(&crate::integrity::record_path(dir)) {
+        Ok(r) => r,
+        Err(e) => return Some(format!("its record cannot be used ({e})")),
+    };
+    if record.policy.as_deref() != Some(policy) {
+        return Some("it was unpacked under another unpack policy".into());
+    }
+    match crate::integrity::check(dir, &record) {
+        Ok(m) if m.is_empty() => None,
+        Ok(m) => Some(format!(
+            "{} entr{} differ from its record ({})",
+            m.len(),
+            if m.len() == 1 { "y" } else { "ies" },
+            m.iter()
+                .take(3)
+                .map(|m| format!("/{}: {}", m.path, m.what))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )),
+        Err(e) => Some(format!("checking it against its record: {e}")),
+    }
+}
+
+/// Where layer `diff_id` comes from: a directory to reuse, or one to
+/// unpack into (`replace`: what is there goes first, and why).
+enum Place {
+    Reuse(PathBuf),
+    Unpack {
+        dest: PathBuf,
+        replace: Option<String>,
+    },
+}
+
+/// Finds layer `diff_id` in the store: its own directory or the alternate,
+/// whichever matches its record under `policy`; else where to unpack it,
+/// never over a directory a slot's mount unit (`keep`) names.
+fn place(
+    root: &Root,
+    diff_id: &Digest,
+    policy: &str,
+    keep: &std::collections::BTreeSet<PathBuf>,
+) -> Result<Place, LayerError> {
+    let own = layer_dir(root, diff_id);
+    let alternate = alternate_dir(root, diff_id, policy);
+    let mut why = None;
+    for dir in [&own, &alternate] {
+        if fs::symlink_metadata(dir).is_ok() {
+            match unusable(dir, policy) {
+                None => return Ok(Place::Reuse(dir.clone())),
+                Some(w) => why = why.or(Some(w)),
+            }
+        }
+    }
+    for dir in [&own, &alternate] {
+        let there = fs::symlink_metadata(dir).is_ok();
+        if !there || !keep.contains(dir) {
+            return Ok(Place::Unpack {
+                dest: dir.clone(),
+                replace: if there { why } else { None },
+            });
+        }
+    }
+    Err(LayerError::Unusable {
+        diff_id: *diff_id,
+        dir: own,
+        alternate,
+        why: why.unwrap_or_default(),
+    })
 }
 
 /// The directories `image`'s layers are (or would be) in, bottom first.
@@ -106,27 +234,43 @@ pub fn ensure(
     policy: &unpack::Policy,
 ) -> Result<Ensured, LayerError> {
     let base = root.layers_dir();
-    atomic::create_dir(&base, 0o700).map_err(|e| LayerError::Io {
+    crate::paths::private_dir(&base).map_err(|e| LayerError::Io {
         path: e.path,
         error: e.source,
     })?;
     remove_stale(root)?;
+    let keep = referenced(root)?;
+    let policy_hash = policy_hash(policy);
     let count = image.layers.len();
     let mut out = Ensured::default();
     for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
-        let dest = layer_dir(root, diff_id);
+        let dest = match place(root, diff_id, &policy_hash, &keep)? {
+            Place::Reuse(dir) => {
+                progress::line(|| {
+                    format!(
+                        "layer {}/{count} {}: in the layer store, as recorded",
+                        index + 1,
+                        progress::short(&desc.digest)
+                    )
+                });
+                out.dirs.push(dir);
+                out.reused += 1;
+                continue;
+            }
+            Place::Unpack { dest, replace } => {
+                if let Some(why) = replace {
+                    // Never mounted again; no slot's unit names it.
+                    progress::line(|| {
+                        format!("layer {}: {why}: unpacking it again", dest.display())
+                    });
+                    crate::remove::remove_tree(&dest).map_err(|e| io_err(&dest)(e.into_io()))?;
+                    remove_file_if_there(&crate::integrity::record_path(&dest))?;
+                    out.replaced.push(format!("{diff_id}: {why}"));
+                }
+                dest
+            }
+        };
         out.dirs.push(dest.clone());
-        if dest.is_dir() {
-            progress::line(|| {
-                format!(
-                    "layer {}/{count} {}: in the layer store",
-                    index + 1,
-                    progress::short(&desc.digest)
-                )
-            });
-            out.reused += 1;
-            continue;
-        }
         progress::line(|| {
             format!(
                 "layer {}/{count} {}: unpacking {} into the layer store",
@@ -165,7 +309,8 @@ pub fn ensure(
         unpacker.finish().map_err(wrap)?;
         // The record first: a layer directory never exists without it
         // (`verify-layers` checks the layer against it).
-        let record = crate::integrity::record(staging.path()).map_err(io_err(staging.path()))?;
+        let record = crate::integrity::record(staging.path(), Some(policy_hash.clone()))
+            .map_err(io_err(staging.path()))?;
         let record_path = crate::integrity::record_path(&dest);
         crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
         renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
@@ -187,22 +332,9 @@ pub fn ensure(
 pub fn referenced(root: &Root) -> Result<std::collections::BTreeSet<PathBuf>, LayerError> {
     let mut keep = std::collections::BTreeSet::new();
     for slot in crate::slot::Slot::ALL {
-        let unit = root.mount_unit_file(slot.machine());
-        let text = match fs::read_to_string(&unit) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_err(&unit)(e)),
-        };
-        for line in text.lines() {
-            let Some(options) = line.strip_prefix("Options=") else {
-                continue;
-            };
-            for opt in options.split(',') {
-                if let Some(lowers) = opt.strip_prefix("lowerdir=") {
-                    keep.extend(lowers.split(':').map(PathBuf::from));
-                }
-            }
-        }
+        let lowers = crate::overlay::lowers(root, slot)
+            .map_err(|e| io_err(&root.mount_unit_file(slot.machine()))(e))?;
+        keep.extend(lowers);
     }
     Ok(keep)
 }

@@ -2,6 +2,12 @@
 //! held for a whole `activate`/`rollback`/`fetch`, so two runs never
 //! interleave (a timer and the `.path` unit may fire together).
 //!
+//! The lock is root's alone: the state dir is 0700 and the lock file 0600,
+//! opened `O_NOFOLLOW` (any user who could open it could `flock` it and
+//! keep every run out, `wait` and the package's `prerm` with them). Taking
+//! it narrows what an earlier version made wider: the state dir and lock
+//! file, then the layer store, the slot dirs and `/var/lib/machines`.
+//!
 //! Given the root handle. It does not record who holds the lock (the kernel
 //! drops a `flock` when its holder dies, so a crashed run never leaves a stale
 //! lock behind; recovery is `activate`'s job, not the lock's).
@@ -46,23 +52,58 @@ pub enum LockError {
 }
 
 fn open(root: &Root) -> Result<(File, PathBuf), LockError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let path = root.lock_file();
-    let dir = root.state_dir();
-    std::fs::create_dir_all(&dir).map_err(|source| LockError::Io {
-        path: dir.clone(),
-        source,
+    crate::paths::private_dir(&root.state_dir()).map_err(|e| LockError::Io {
+        path: e.path,
+        source: e.source,
     })?;
+    let io = |source| LockError::Io {
+        path: path.clone(),
+        source,
+    };
+    // O_NOFOLLOW: a link put there is not followed to something else
+    // to lock (or to create).
     let f = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
+        .custom_flags(libc_nofollow())
         .open(&path)
-        .map_err(|source| LockError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        .map_err(io)?;
+    // A lock file an earlier version made 0644 is narrowed: nobody but
+    // root may open it, so nobody else can hold it.
+    let mode = rustix::fs::fstat(&f).map_err(|e| io(e.into()))?.st_mode & 0o7777;
+    if mode != 0o600 {
+        rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(0o600)).map_err(|e| io(e.into()))?;
+    }
     Ok((f, path))
+}
+
+/// `O_NOFOLLOW` as `OpenOptionsExt::custom_flags` takes it.
+fn libc_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
+}
+
+/// The directories under the root that hold what only root may read or
+/// write (layers with setuid programs and world-writable dirs, slot trees,
+/// overlay uppers), narrowed to 0700 where an earlier version left them
+/// wider; missing ones are left missing.
+fn tighten(root: &Root) -> Result<(), LockError> {
+    let slots = root.state_dir().join("slots");
+    let mut dirs = vec![root.layers_dir(), root.machines_dir(), slots.clone()];
+    dirs.extend(crate::slot::Slot::ALL.map(|s| root.slot_overlay_dir(s.machine())));
+    for dir in dirs {
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            crate::paths::private_dir(&dir).map_err(|e| LockError::Io {
+                path: e.path,
+                source: e.source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 impl Lock {
@@ -70,7 +111,11 @@ impl Lock {
     pub fn try_exclusive(root: &Root) -> Result<Lock, LockError> {
         let (f, path) = open(root)?;
         match flock(&f, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Lock { file: f }),
+            Ok(()) => {
+                let lock = Lock { file: f };
+                tighten(root)?;
+                Ok(lock)
+            }
             Err(rustix::io::Errno::WOULDBLOCK) => Err(LockError::Busy { path }),
             Err(e) => Err(LockError::Io {
                 path,

@@ -19,7 +19,8 @@
 //! and the root always. It is made while the slot is staged, through a
 //! staging dir and a no-replace rename, its record written first (like a
 //! layer: `verify-layers`, GC), and reused by the next image with the same
-//! chain. The overlay code gives the slot's upper root the metadata
+//! chain only as a layer is: made under the same unpack policy and still
+//! matching its record (else built again, beside it while a slot mounts it). The overlay code gives the slot's upper root the metadata
 //! layer's root attributes ([`crate::overlay`]).
 //!
 //! It does not unpack layers into the store, mount, or remove anything
@@ -89,11 +90,14 @@ fn ensure_meta(
     policy: &unpack::Policy,
     lowers: &[PathBuf],
 ) -> Result<PathBuf, LayerError> {
-    let dest = meta_dir(root, image);
-    if dest.is_dir() {
-        progress::line(|| "metadata layer: in the layer store".to_string());
-        return Ok(dest);
-    }
+    let policy_hash = layers::policy_hash(policy);
+    let dest = match place(root, image, &policy_hash)? {
+        Place::Reuse(dir) => {
+            progress::line(|| "metadata layer: in the layer store, as recorded".to_string());
+            return Ok(dir);
+        }
+        Place::Build(dir) => dir,
+    };
     progress::line(|| "metadata layer: the image's directory attributes".to_string());
     let base = root.layers_dir();
     let skeleton = scratch(&base, ".staging-skeleton-")?;
@@ -112,7 +116,8 @@ fn ensure_meta(
     let skel_path = skeleton.keep();
     crate::remove::remove_tree(&skel_path).map_err(|e| io_err(&skel_path)(e.into_io()))?;
     let staging = built?;
-    let record = crate::integrity::record(staging.path()).map_err(io_err(staging.path()))?;
+    let record = crate::integrity::record(staging.path(), Some(policy_hash))
+        .map_err(io_err(staging.path()))?;
     let record_path = crate::integrity::record_path(&dest);
     crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
     renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
@@ -123,6 +128,65 @@ fn ensure_meta(
         error: e.source,
     })?;
     Ok(dest)
+}
+
+/// Where the metadata layer comes from: a directory to reuse, or one to
+/// build into.
+enum Place {
+    Reuse(PathBuf),
+    Build(PathBuf),
+}
+
+/// Like a layer ([`layers::unusable`]): `meta-<chain>` (or, when a slot
+/// mounts that one and it is unusable, `meta-<chain>-p<policy>`) is reused
+/// only when its record was made under this unpack policy and its files
+/// match it; otherwise it is removed (never while a slot's unit names it)
+/// and built again.
+fn place(root: &Root, image: &SelectedImage, policy_hash: &str) -> Result<Place, LayerError> {
+    let own = meta_dir(root, image);
+    let name = own
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let alternate = own.with_file_name(format!("{name}-p{}", &policy_hash[..16]));
+    let mut why = None;
+    for dir in [&own, &alternate] {
+        if fs::symlink_metadata(dir).is_ok() {
+            match layers::unusable(dir, policy_hash) {
+                None => return Ok(Place::Reuse(dir.clone())),
+                Some(w) => why = why.or(Some(w)),
+            }
+        }
+    }
+    let keep = layers::referenced(root)?;
+    for dir in [&own, &alternate] {
+        if fs::symlink_metadata(dir).is_err() {
+            return Ok(Place::Build(dir.clone()));
+        }
+        if !keep.contains(dir) {
+            let why = why.clone().unwrap_or_default();
+            progress::line(|| {
+                format!("metadata layer {}: {why}: building it again", dir.display())
+            });
+            crate::remove::remove_tree(dir).map_err(|e| io_err(dir)(e.into_io()))?;
+            let record = crate::integrity::record_path(dir);
+            match fs::remove_file(&record) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_err(&record)(e))
+                }
+                _ => {}
+            }
+            return Ok(Place::Build(dir.clone()));
+        }
+    }
+    Err(LayerError::Io {
+        path: own.clone(),
+        error: std::io::Error::other(format!(
+            "metadata layer: {}; a slot's mount unit still names it, and so does the other slot's for {}: refusing to reuse or replace them (`rollback --clean` or staging the other slot frees one)",
+            why.unwrap_or_default(),
+            alternate.display()
+        )),
+    })
 }
 
 /// A 0755 scratch directory in the layer store (`.staging-*`: a killed

@@ -84,6 +84,24 @@ pub fn work_dir(root: &Root, slot: Slot) -> PathBuf {
     root.slot_overlay_dir(slot.machine()).join("work")
 }
 
+/// The lower directories `slot`'s mount unit names, top first as in its
+/// `Options=` (none when it has no unit): every one of them, whatever made
+/// it, is a lower the slot's tree is made of.
+pub fn lowers(root: &Root, slot: Slot) -> std::io::Result<Vec<PathBuf>> {
+    let text = match fs::read_to_string(root.mount_unit_file(slot.machine())) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Options="))
+        .flat_map(|o| o.split(','))
+        .filter_map(|o| o.strip_prefix("lowerdir="))
+        .flat_map(|l| l.split(':').map(PathBuf::from))
+        .collect())
+}
+
 /// Whether `slot` is an overlay slot (its mount unit is installed).
 pub fn is_overlay(root: &Root, slot: Slot) -> bool {
     root.mount_unit_file(slot.machine()).is_file()
@@ -212,6 +230,14 @@ fn top_lower(root: &Root, slot: Slot) -> Result<Option<PathBuf>, OverlayError> {
         .map(PathBuf::from))
 }
 
+fn private(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
+    crate::paths::private_dir(dir).map_err(|e| OverlayError::Io {
+        slot,
+        path: e.path,
+        error: e.source,
+    })
+}
+
 /// Makes `slot` an overlay of `layers` (bottom first) for image `digest`:
 /// the old mount stopped, the tree an empty mount point, a fresh upper and
 /// work dir, the unit written, daemon-reload, the mount started. Only for
@@ -225,8 +251,12 @@ pub fn install(
 ) -> Result<(), OverlayError> {
     let options = mount_options(root, slot, layers)?;
     unmount(root, systemd, slot)?;
+    private(slot, &root.machines_dir())?;
     fresh_dir(slot, &root.machine_tree(slot.machine()))?;
+    // The upper's root is the tree's root (0755); its parent keeps every
+    // other user out of what the machine writes.
     fresh_dir(slot, &root.slot_overlay_dir(slot.machine()))?;
+    private(slot, &root.slot_overlay_dir(slot.machine()))?;
     fresh_dir(slot, &upper_dir(root, slot))?;
     upper_root_like(root, slot, layers.last())?;
     fresh_dir(slot, &work_dir(root, slot))?;
@@ -284,7 +314,7 @@ pub fn clean(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), Overl
 /// or device nodes refused, overlay over an overlay refused, ...).
 pub fn probe(root: &Root) -> Result<(), String> {
     let base = root.layers_dir();
-    fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
+    crate::paths::private_dir(&base).map_err(|e| format!("{}: {}", e.path.display(), e.source))?;
     let dir = tempfile::Builder::new()
         .prefix(".probe-")
         .tempdir_in(&base)

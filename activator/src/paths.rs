@@ -286,6 +286,31 @@ impl Root {
     }
 }
 
+/// Makes `dir` a directory only root enters: created 0700 (missing
+/// parents 0755), an existing one narrowed to 0700 (an earlier version
+/// made the state dir, the layer store and the slot dirs 0755, and
+/// `create_dir` leaves what exists as it is). A symlink there is refused,
+/// not followed.
+pub fn private_dir(dir: &Path) -> Result<(), kubeslot_image::atomic::AtomicError> {
+    use rustix::fs::{Mode, OFlags};
+    let err = |source: std::io::Error| kubeslot_image::atomic::AtomicError {
+        path: dir.to_path_buf(),
+        source,
+    };
+    kubeslot_image::atomic::create_dir(dir, 0o700)?;
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err(e.into()))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| err(e.into()))?;
+    if st.st_mode & 0o7777 != 0o700 {
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700)).map_err(|e| err(e.into()))?;
+    }
+    Ok(())
+}
+
 /// Absolute host paths as they appear *inside rendered files* (the `.nspawn`
 /// file and drop-ins name real host paths, whatever root we write them under).
 pub mod host {

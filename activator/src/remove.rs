@@ -2,23 +2,22 @@
 //!
 //! `std::fs::remove_dir_all` keeps one open directory per level, so a node
 //! that writes a tree deeper than the process's open-file limit makes
-//! every later removal of that tree fail (EMFILE). [`remove_tree`] holds
-//! at most three descriptors at any depth: it walks down by `openat` of a
-//! child and back up by `openat(..)`, checking that the parent it comes back
-//! to is the directory it left (device and inode), and keeps only names in
-//! memory. Nothing is followed: symlinks are unlinked as entries, children
-//! are opened with `O_NOFOLLOW | O_DIRECTORY`.
+//! every later removal of that tree fail (EMFILE). [`remove_tree`] walks it
+//! with [`crate::walk`] (at most three descriptors at any depth, nothing
+//! followed, every name relative to an open directory): non-directories
+//! are unlinked as they are met, each directory once it is empty.
 //!
 //! It owns no policy about *what* to remove; callers (staging, slot trees,
 //! overlay uppers, layers, uninstall) decide, and report its errors.
 
-use std::ffi::CString;
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt as _;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, CWD};
+use rustix::fs::{AtFlags, CWD};
+
+use crate::walk::{self, Entry, Visit};
 
 /// Why a tree could not be removed: the path of the entry and the error.
 #[derive(Debug, thiserror::Error)]
@@ -39,24 +38,26 @@ impl RemoveError {
     }
 }
 
-/// One directory on the way down: its name in its parent, the parent's
-/// identity (checked when coming back up), and the parent's subdirectories
-/// still to remove.
-struct Level {
-    name: CString,
-    parent: (u64, u64),
-    pending: Vec<CString>,
+/// Unlinks files as they are met and directories once they are empty.
+struct Remover;
+
+impl Visit for Remover {
+    fn entry(&mut self, e: &Entry) -> io::Result<bool> {
+        if e.is_dir() {
+            return Ok(true);
+        }
+        rustix::fs::unlinkat(e.dir, e.name, AtFlags::empty())?;
+        Ok(false)
+    }
+
+    fn leave(&mut self, parent: BorrowedFd, name: &CStr, _rel: &[u8]) -> io::Result<()> {
+        Ok(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?)
+    }
 }
 
 /// Removes `path` and everything under it (a file or symlink is unlinked);
 /// a missing `path` is not an error.
 pub fn remove_tree(path: &Path) -> Result<(), RemoveError> {
-    let err = |p: PathBuf| {
-        move |e: rustix::io::Errno| RemoveError {
-            path: p,
-            error: e.into(),
-        }
-    };
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(error) => {
@@ -73,92 +74,14 @@ pub fn remove_tree(path: &Path) -> Result<(), RemoveError> {
         }
         Ok(_) => {}
     }
-    let mut fd = open_dir(&CWD, path.as_os_str().as_bytes()).map_err(err(path.into()))?;
-    let mut levels: Vec<Level> = Vec::new();
-    let shown = |levels: &[Level], leaf: Option<&CString>| {
-        let mut p = path.to_path_buf();
-        for l in levels {
-            p.push(std::ffi::OsStr::from_bytes(l.name.as_bytes()));
-        }
-        if let Some(n) = leaf {
-            p.push(std::ffi::OsStr::from_bytes(n.as_bytes()));
-        }
-        p
-    };
-    let mut pending = empty_files(&fd).map_err(|(n, e)| err(shown(&levels, n.as_ref()))(e))?;
-    loop {
-        if let Some(child) = pending.pop() {
-            let parent = id(&fd).map_err(err(shown(&levels, None)))?;
-            let cfd = open_dir(&fd, child.as_bytes()).map_err(err(shown(&levels, Some(&child))))?;
-            levels.push(Level {
-                name: child,
-                parent,
-                pending,
-            });
-            fd = cfd;
-            pending = empty_files(&fd).map_err(|(n, e)| err(shown(&levels, n.as_ref()))(e))?;
-            continue;
-        }
-        let Some(level) = levels.pop() else {
-            drop(fd);
-            return rustix::fs::unlinkat(CWD, path, AtFlags::REMOVEDIR).map_err(err(path.into()));
-        };
-        let here = shown(&levels, Some(&level.name));
-        let pfd = open_dir(&fd, b"..").map_err(err(here.clone()))?;
-        if id(&pfd).map_err(err(here.clone()))? != level.parent {
-            return Err(RemoveError {
-                path: here,
-                error: io::Error::other("its parent changed while the tree was being removed"),
-            });
-        }
-        drop(fd);
-        rustix::fs::unlinkat(&pfd, level.name.as_c_str(), AtFlags::REMOVEDIR).map_err(err(here))?;
-        fd = pfd;
-        pending = level.pending;
-    }
-}
-
-fn open_dir(at: &impl std::os::fd::AsFd, name: &[u8]) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-fn id(fd: &OwnedFd) -> rustix::io::Result<(u64, u64)> {
-    let st = rustix::fs::fstat(fd)?;
-    Ok((st.st_dev, st.st_ino))
-}
-
-/// Unlinks every non-directory entry of `fd`; returns the names of its
-/// subdirectories. An error names the entry it was about, if any.
-#[allow(clippy::type_complexity)]
-fn empty_files(fd: &OwnedFd) -> Result<Vec<CString>, (Option<CString>, rustix::io::Errno)> {
-    let mut dirs = Vec::new();
-    let mut dir = Dir::read_from(fd).map_err(|e| (None, e))?;
-    while let Some(entry) = dir.read() {
-        let entry = entry.map_err(|e| (None, e))?;
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let name = name.to_owned();
-        let kind = match entry.file_type() {
-            FileType::Unknown => rustix::fs::statat(fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                .map(|st| FileType::from_raw_mode(st.st_mode))
-                .map_err(|e| (Some(name.clone()), e))?,
-            t => t,
-        };
-        if kind == FileType::Directory {
-            dirs.push(name);
-        } else {
-            rustix::fs::unlinkat(fd, name.as_c_str(), AtFlags::empty())
-                .map_err(|e| (Some(name.clone()), e))?;
-        }
-    }
-    Ok(dirs)
+    walk::walk(path, &mut Remover).map_err(|e| RemoveError {
+        path: e.path,
+        error: e.error,
+    })?;
+    rustix::fs::unlinkat(CWD, path, AtFlags::REMOVEDIR).map_err(|e| RemoveError {
+        path: path.into(),
+        error: e.into(),
+    })
 }
 
 #[cfg(test)]

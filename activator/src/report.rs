@@ -127,6 +127,10 @@ pub struct Report {
     /// (failed, ignored, warned).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preflight: Vec<crate::preflight::Finding>,
+    /// What the health gate could not check (the kubelet answer's owner
+    /// on a root whose `/proc` cannot tell), when it passed all the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
     /// How the staged slot's tree was made (`overlay` or `copy`) and, when
     /// the config left it open and overlay could not be used, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +168,7 @@ impl Report {
             downloads: None,
             host_settings: None,
             preflight: Vec::new(),
+            health: None,
             slot_mode: None,
             gc: None,
             registry_requests: None,

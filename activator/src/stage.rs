@@ -83,6 +83,15 @@ impl From<StoreError> for StageError {
     }
 }
 
+impl From<kubeslot_image::atomic::AtomicError> for StageError {
+    fn from(e: kubeslot_image::atomic::AtomicError) -> Self {
+        StageError::Io {
+            path: e.path,
+            error: e.source,
+        }
+    }
+}
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
     move |source| StageError::Io {
         path: path.to_path_buf(),
@@ -378,10 +387,10 @@ fn check_slot_dir(slot_dir: &str) -> Result<(), StageError> {
 /// and before it opens its own source.
 pub fn remove_stale_extractions(root: &Root) -> Result<(), StageError> {
     let machines = root.machines_dir();
-    if machines.is_dir() {
-        remove_stale(&machines, ".archive-")?;
-    }
-    Ok(())
+    // The slot trees live here: root's alone (an overlay slot's mounted
+    // tree, a copied one, setuid programs and world-writable dirs included).
+    crate::paths::private_dir(&machines)?;
+    remove_stale(&machines, ".archive-")
 }
 
 /// Stages `config.image` into `<machines>/<slot_dir>` under `root`, using
@@ -434,6 +443,7 @@ pub fn prepare_resolved(
     slot_dir: &str,
 ) -> Result<Prepared, StageError> {
     check_slot_dir(slot_dir)?;
+    crate::paths::private_dir(&root.machines_dir())?;
     prepare(
         source,
         verified,

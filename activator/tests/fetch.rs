@@ -1249,7 +1249,7 @@ fn a_3_gib_long_name_header_in_an_archive_is_refused_in_bounded_memory() {
 
 /// A CA and a server certificate for 127.0.0.1 made with the openssl CLI;
 /// returns (ca.crt, server.crt, server.key).
-fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub(crate) fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let openssl = require_tool("openssl", "openssl");
     let run = |args: &[&str]| {
         let out = Command::new(&openssl)

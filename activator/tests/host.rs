@@ -2422,6 +2422,122 @@ fn adopt_keeps_the_node_identity_and_deals_with_the_agents_units() {
         .contains("Bind=/var/lib/kubeslot/node/kubelet:/var/lib/kubelet"));
 }
 
+/// The `adopt` arguments that write a config from the later-schema
+/// applied config (API server `10.1.0.1:6443`, a bootstrap token).
+fn adopt_writing_config(h: &Host, applied: &str) -> Vec<String> {
+    let applied = kubeslot_test_support::workspace_root().join(applied);
+    let written = h.root().join("etc/kubeslot/adopted.json");
+    [
+        "adopt",
+        "--write-config",
+        "--config",
+        written.to_str().unwrap(),
+        "--applied-config",
+        applied.to_str().unwrap(),
+        "--image",
+        "ghcr.io/example/kubeslot-node:v1.35.1",
+        "--public-key",
+        "/etc/kubeslot/trust/release.pub",
+        "--force",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Issue 26, finding 8: `adopt` copied the adopted node's kubeconfig, so
+/// its `server`, CA and `exec` plugin (from a tree nothing verified) were
+/// what every later kubelet used. It is rebuilt from the config: the
+/// config's API server, the host's cluster CA, and of the adopted one only
+/// the client certificate and key, each a file of the copied `pki/`.
+#[test]
+fn adopt_rebuilds_the_kubeconfig_from_the_config_not_the_adopted_one() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    unbounded_identity_and_units(&h);
+    let adopted = root
+        .machine_tree("kube1")
+        .join("var/lib/kubelet/kubeconfig");
+    fs::write(
+        &adopted,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: evil\n  cluster:\n    \
+         server: https://203.0.113.66:6443\n    certificate-authority-data: RVZJTENB\n\
+         users:\n- name: default-auth\n  user:\n    \
+         client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    \
+         client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n    \
+         exec:\n      command: /tmp/evil-plugin\n",
+    )
+    .unwrap();
+    let args = adopt_writing_config(&h, "testdata/adopt/later-schema/applied-config.json");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let kubeconfig = fs::read_to_string(root.node_state().join("kubelet/kubeconfig")).unwrap();
+    let written: serde_json::Value =
+        serde_json::from_slice(&fs::read(h.root().join("etc/kubeslot/adopted.json")).unwrap())
+            .unwrap();
+    let server = written["kubelet"]["api_server"].as_str().unwrap();
+    assert!(server.contains("10.1.0.1:6443"), "{written:#}");
+    assert_eq!(
+        kubeconfig,
+        format!(
+            "# Rebuilt by kubeslot-activator adopt: the API server and CA of the config,\n\
+             # the adopted kubelet's client certificate; nothing else of the adopted one.\n\
+             apiVersion: v1\nkind: Config\nclusters:\n- name: kubeslot\n  cluster:\n    \
+             server: \"{server}\"\n    \
+             certificate-authority: /etc/kubernetes/pki/apiserver-client-ca.crt\n\
+             contexts:\n- name: kubeslot\n  context:\n    cluster: kubeslot\n    \
+             user: kubelet\ncurrent-context: kubeslot\nusers:\n- name: kubelet\n  user:\n    \
+             client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    \
+             client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n"
+        )
+    );
+}
+
+/// Issue 26, finding 8: an adopted kubeconfig whose client certificate is
+/// not a file of the copied `pki/` (here a host path) is not carried: the
+/// kubelet bootstraps again with the config's token.
+#[test]
+fn adopt_carries_no_kubeconfig_naming_a_certificate_outside_pki() {
+    let img = images();
+    let h = Host::new(&img);
+    let root = Root::new(h.root());
+    unbounded_host(&h);
+    unbounded_identity_and_units(&h);
+    fs::write(
+        root.machine_tree("kube1").join("var/lib/kubelet/kubeconfig"),
+        "users:\n- name: x\n  user:\n    client-certificate: /var/lib/kubelet/pki/../../../../etc/kubeslot/host/kube1/bootstrap-kubeconfig\n",
+    )
+    .unwrap();
+    let args = adopt_writing_config(&h, "testdata/adopt/later-schema/applied-config.json");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(root.node_state().join("kubelet/pki").is_dir());
+    assert!(!root.node_state().join("kubelet/kubeconfig").exists());
+}
+
+/// Issue 26, finding 9: `adopt --dry-run` printed the exec credential's
+/// arguments (which often carry a token or a secret's path); they are
+/// shown redacted, as its environment values are.
+#[test]
+fn adopt_dry_run_shows_no_exec_credential_argument() {
+    let img = images();
+    let h = Host::new(&img);
+    unbounded_host(&h);
+    let mut args = adopt_writing_config(&h, "testdata/adopt/exec-credential/applied-config.json");
+    args.push("--dry-run".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = h.cmd(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("/usr/local/bin/kubelogin"), "{out}");
+    for secret in ["get-token", "--login", "msi", "s3cr3t"] {
+        assert!(!out.contains(secret), "{secret} shown: {out}");
+    }
+    assert!(out.contains(kubeslot_activator::adopt::REDACTED), "{out}");
+}
+
 #[test]
 fn adopt_never_follows_a_link_out_of_the_adopted_tree() {
     let img = images();
@@ -3000,7 +3116,7 @@ fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         err.contains("/usr/bin/kubelet-version (contents changed)")
-            && err.contains("1 image file(s) changed")
+            && err.contains("1 change(s) to its image")
             && !err.contains("var/lib/kubelet"),
         "{err}"
     );

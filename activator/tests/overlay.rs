@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
@@ -596,5 +596,29 @@ fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
         fs::metadata(&meta).unwrap().ino(),
         ino,
         "reused, not made again"
+    );
+
+    // Changed in the store (no slot mounts it): built again, as recorded.
+    fs::set_permissions(meta.join("tmp"), fs::Permissions::from_mode(0o777)).unwrap();
+    let third = metalayer::ensure_slot_lowers(&root, &store, &img, &Policy::default()).unwrap();
+    assert_eq!(third.dirs, e.dirs);
+    assert_eq!(
+        fs::metadata(meta.join("tmp")).unwrap().mode() & 0o7777,
+        0o1777,
+        "the changed metadata layer was reused"
+    );
+    // Made under another unpack policy: built again under this one.
+    let other = Policy {
+        allow_fifos_and_sockets: true,
+        ..Policy::default()
+    };
+    metalayer::ensure_slot_lowers(&root, &store, &img, &other).unwrap();
+    let record =
+        kubeslot_activator::integrity::load(&kubeslot_activator::integrity::record_path(&meta))
+            .unwrap();
+    assert_eq!(
+        record.policy,
+        Some(layers::policy_hash(&other)),
+        "reused under another policy"
     );
 }

@@ -14,5 +14,6 @@ mod identity;
 mod keyless;
 mod overlay;
 mod render;
+mod security;
 mod throttle;
 mod unpack;

@@ -42,6 +42,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/cri.sh"
 # shellcheck source=ci/e2e/keyless.sh
 . "$REPO/ci/e2e/keyless.sh"
+# shellcheck source=ci/e2e/security.sh
+. "$REPO/ci/e2e/security.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 # The node: Debian trixie (its systemd 257 still boots on this hybrid-cgroup
@@ -226,10 +228,12 @@ SCENARIOS=(
   overlay_update_writes_changed_layer_only
   overlay_rollback_is_pristine
   activate_v1
+  local_user_cannot_touch_state
   activate_v2_flip
   reboot
   unsigned_refused
   preflight_fails
+  rollback_refuses_tampered_image
   rollback
   activate_v3_rolls_back
   kill_mid_unpack

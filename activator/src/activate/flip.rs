@@ -59,6 +59,7 @@ impl Run<'_> {
         };
         match verdict {
             Ok(()) => {
+                report.health = gate.ownership_note();
                 failpoint::hit("after-health");
                 report.phase("commit");
                 self.commit(state, &pending)
@@ -136,11 +137,20 @@ impl Run<'_> {
         // Never start the old machine while the new one may still run: they
         // share the host network and the node state.
         self.systemd.stop(&p.to.unit())?;
+        let mut mark_failed = None;
         if p.kind == FlipKind::Rollback {
             // The previous slot ran during the attempt and wrote its own
             // tree; it stays the previous slot, so its mark follows what
-            // the tree holds now that its machine is stopped again.
-            fingerprint::record(self.root, p.to.machine(), p.digest)?;
+            // the tree holds now that its machine is stopped again. A tree
+            // that cannot be counted loses its mark (`rollback` then
+            // refuses it, naming the missing mark): never a reason to leave
+            // the machine that ran before down.
+            if let Err(e) = fingerprint::record(self.root, p.to.machine(), p.digest) {
+                // (a mark that cannot be removed either no longer matches
+                // what the tree holds: `rollback` refuses it all the same)
+                let _ = remove_mark(self.root, p.to);
+                mark_failed = Some(kubeslot_image::error_chain(&e));
+            }
         }
         failpoint::hit("after-rollback-stop");
         let mut old_failure = None;
@@ -176,6 +186,13 @@ impl Run<'_> {
         }
         state.pending = None;
         self.save(state)?;
+        let mut failure = failure;
+        if let Some(why) = mark_failed {
+            failure.detail = format!(
+                "{} (and {}'s tree mark could not be taken again: {why}; it is no rollback target until it is staged again)",
+                failure.detail, p.to
+            );
+        }
         Err(ActivateError::RolledBack {
             failure,
             from: p.from,

@@ -1,10 +1,13 @@
 //! `rollback`: back to the previous slot through the same gate, without
 //! downloading; refused when that slot's tree is not what was committed
-//! away from (its fingerprint, and for copied trees its recorded files).
+//! away from (its fingerprint) or not its image (a copied tree against its
+//! record, an overlay slot's layers against theirs and its upper against
+//! the node's own paths: [`crate::intact`]).
 
 use crate::failpoint;
 use crate::fingerprint;
 use crate::health::Gate;
+use crate::intact;
 use crate::lock::Lock;
 use crate::overlay;
 use crate::paths::Root;
@@ -68,7 +71,15 @@ pub(super) fn run_rollback(
         }
         .into());
     }
-    if overlay::is_overlay(root, rb.to) {
+    let overlay = overlay::is_overlay(root, rb.to);
+    // The layers first: --clean drops only the upper, so a lower that is
+    // not what was unpacked refuses before anything is dropped.
+    let lowers = if overlay {
+        checked_lowers(root, rb.to, force)?
+    } else {
+        Vec::new()
+    };
+    if overlay {
         if clean {
             // Only the upper goes: the lowers are the verified layers.
             overlay::clean(root, systemd, rb.to)?;
@@ -91,10 +102,10 @@ pub(super) fn run_rollback(
                 ),
             }
         })?;
-        // And file by file (copied slots): what the image installed is
-        // still what it installed, outside the paths a node writes.
-        if !force && !overlay::is_overlay(root, rb.to) {
-            image_files_intact(root, rb.to)?;
+        // And entry by entry: what the node wrote outside its own paths
+        // is a change to the image (the node is not trusted).
+        if !force {
+            image_intact(root, rb.to, overlay, &lowers)?;
         }
     }
     let adopted = state.slot(rb.to).adopted;
@@ -129,47 +140,62 @@ pub(super) fn run_rollback(
     Ok(())
 }
 
-/// Where a node writes: changes there are its state, not the image's.
-const NODE_WRITES: [&str; 5] = ["var", "tmp", "run", "root", "home"];
-/// Image files a booting node rewrites by design: systemd writes the
-/// machine id at first boot.
-const NODE_REWRITES: [&str; 1] = ["etc/machine-id"];
-
-/// A copied slot's image-owned files (outside [`NODE_WRITES`]) are what
-/// was installed, per its record; no record (an adopted tree, a slot from
-/// an earlier version) is nothing to check.
-pub(super) fn image_files_intact(root: &Root, slot: Slot) -> Result<(), ActivateError> {
-    let Ok(record) = crate::integrity::load(&root.slot_files_record(slot.machine())) else {
-        return Ok(());
-    };
-    let tree = root.machine_tree(slot.machine());
-    let changed: Vec<_> = crate::integrity::check(&tree, &record)
-        .map_err(|e| ActivateError::NotIntact {
-            slot,
-            reason: format!("checking its files: {e}"),
-        })?
-        .into_iter()
-        // Entries the image did not have (nspawn's bind mount points, what
-        // the node created) are not image files; changed and missing ones are.
-        .filter(|m| m.what != "added")
-        .filter(|m| !NODE_WRITES.contains(&m.path.split('/').next().unwrap_or("")))
-        .filter(|m| !NODE_REWRITES.contains(&m.path.as_str()))
-        .collect();
-    if changed.is_empty() {
-        return Ok(());
+fn not_intact(slot: Slot, e: std::io::Error) -> ActivateError {
+    ActivateError::NotIntact {
+        slot,
+        reason: format!("checking it: {e}; the running machine is untouched"),
     }
-    let shown: Vec<String> = changed
-        .iter()
-        .take(10)
-        .map(|m| format!("/{} ({})", m.path, m.what))
-        .collect();
+}
+
+/// An overlay slot's lowers, each checked against its record (unless
+/// `force`): their records, top first.
+fn checked_lowers(
+    root: &Root,
+    slot: Slot,
+    force: bool,
+) -> Result<Vec<crate::integrity::Record>, ActivateError> {
+    let (records, changes) = intact::overlay_lowers(root, slot).map_err(|e| not_intact(slot, e))?;
+    if force || changes.is_empty() {
+        return Ok(records);
+    }
     Err(ActivateError::NotIntact {
         slot,
         reason: format!(
-            "refusing to start it: {} image file(s) changed since it was installed: {}{}; the running machine is untouched (rollback --force starts it anyway)",
-            changed.len(),
-            shown.join(", "),
-            if changed.len() > 10 { ", ..." } else { "" }
+            "refusing to start it: {} entr{} of its layers differ from what was unpacked: {}; the running machine is untouched (rollback --force starts it anyway; --clean does not repair a layer)",
+            changes.len(),
+            if changes.len() == 1 { "y" } else { "ies" },
+            intact::shown(&changes)
+        ),
+    })
+}
+
+/// The slot's tree is its image, but for what its node wrote in its own
+/// paths ([`intact`]): a copied tree per its record (none: an adopted
+/// tree, nothing to check), an overlay slot's upper over `lowers`.
+pub(super) fn image_intact(
+    root: &Root,
+    slot: Slot,
+    overlay: bool,
+    lowers: &[crate::integrity::Record],
+) -> Result<(), ActivateError> {
+    let changes = if overlay {
+        intact::overlay_upper(root, slot, lowers).map_err(|e| not_intact(slot, e))?
+    } else {
+        match intact::copy_slot(root, slot).map_err(|e| not_intact(slot, e))? {
+            Some(c) => c,
+            None => return Ok(()),
+        }
+    };
+    if changes.is_empty() {
+        return Ok(());
+    }
+    Err(ActivateError::NotIntact {
+        slot,
+        reason: format!(
+            "refusing to start it: {} change(s) to its image since it was installed: {}; the running machine is untouched (rollback --force starts it anyway{})",
+            changes.len(),
+            intact::shown(&changes),
+            if overlay { ", --clean drops what its node wrote" } else { "" }
         ),
     })
 }

@@ -1,9 +1,16 @@
 //! The adopted node's kubelet identity carried into the node state: the
 //! kubelet's `pki/` (regular files and links, nothing else) and, with a
-//! bootstrap token, the kubeconfig it wrote, read from the adopted tree
-//! through `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` with capped
-//! sizes (the tree is another tool's and was never verified), written
-//! beside the node state and renamed in.
+//! bootstrap token, a kubeconfig for its client certificate, read from the
+//! adopted tree through `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`
+//! with capped sizes (the tree is another tool's and was never verified),
+//! written beside the node state and renamed in.
+//!
+//! The kubeconfig the adopted kubelet wrote is not copied: its `server`,
+//! CA, `exec` or auth provider would come from that untrusted tree and
+//! every later kubelet would use them. Only its `client-certificate` and
+//! `client-key` are taken, and only when they name a file of the copied
+//! `pki/`; the kubeconfig is rebuilt around them from the config (its API
+//! server, the cluster CA the host binds into every slot).
 
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::PermissionsExt as _;
@@ -73,7 +80,7 @@ fn read_capped(fd: rustix::fd::OwnedFd, what: &Path) -> Result<Vec<u8>, AdoptErr
 pub(super) fn carry_identity(
     root: &Root,
     machine: Slot,
-    token_mode: bool,
+    server: Option<&str>,
     dry_run: bool,
 ) -> Result<Identity, AdoptError> {
     use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -153,18 +160,22 @@ pub(super) fn carry_identity(
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let kubeconfig_path = tree_path.join("var/lib/kubelet/kubeconfig");
-    let kubeconfig = if token_mode && std::fs::symlink_metadata(node.join("kubeconfig")).is_err() {
-        match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
-            .map_err(|e| refuse(&kubeconfig_path, e))?
-        {
-            // only the one the kubelet wrote after bootstrapping (it names
-            // its certificate in pki/), never an exec-credential one
-            Some(fd) => Some(read_capped(fd, &kubeconfig_path)?)
-                .filter(|b| String::from_utf8_lossy(b).contains("/var/lib/kubelet/pki/")),
-            None => None,
+    let kubeconfig = match server {
+        Some(server) if std::fs::symlink_metadata(node.join("kubeconfig")).is_err() => {
+            match open_beneath(&tree, "var/lib/kubelet/kubeconfig", OFlags::empty())
+                .map_err(|e| refuse(&kubeconfig_path, e))?
+            {
+                // only one the kubelet wrote after bootstrapping (it names
+                // its certificate in pki/): rebuilt around that alone
+                Some(fd) => {
+                    let adopted = read_capped(fd, &kubeconfig_path)?;
+                    client_files(&String::from_utf8_lossy(&adopted), &entries)
+                        .map(|(cert, key)| rebuilt_kubeconfig(server, &cert, key.as_deref()))
+                }
+                None => None,
+            }
         }
-    } else {
-        None
+        _ => None,
     };
     let names: Vec<String> = entries
         .iter()
@@ -177,6 +188,84 @@ pub(super) fn carry_identity(
         pki: names,
         kubeconfig: kubeconfig.is_some(),
     })
+}
+
+/// Where the kubelet's state is in a machine: what a carried kubeconfig's
+/// client files must be in (`pki/<name>`).
+const PKI_IN_MACHINE: &str = "/var/lib/kubelet/pki/";
+
+/// The `client-certificate` and (if any) `client-key` of an adopted
+/// kubeconfig, when each is one file of the copied `pki/` (a plain name
+/// under [`PKI_IN_MACHINE`]) and the kubeconfig names no other; else
+/// `None` (nothing carried: the kubelet bootstraps again).
+fn client_files(
+    kubeconfig: &str,
+    pki: &[(std::ffi::OsString, PkiEntry)],
+) -> Option<(String, Option<String>)> {
+    let values = |key: &str| -> Vec<String> {
+        kubeconfig
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim().trim_start_matches('"');
+                let rest = l.strip_prefix(key)?.trim_start_matches('"').trim_start();
+                let value = rest.strip_prefix(':')?.trim().trim_end_matches(',');
+                Some(value.trim_matches(|c| c == '"' || c == '\'').to_string())
+            })
+            .collect()
+    };
+    let in_pki = |path: &str| {
+        let name = path.strip_prefix(PKI_IN_MACHINE)?;
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        (plain && pki.iter().any(|(n, _)| n.as_bytes() == name.as_bytes()))
+            .then(|| path.to_string())
+    };
+    let one = |key: &str| -> Option<Option<String>> {
+        match values(key).as_slice() {
+            [] => Some(None),
+            [v] => in_pki(v).map(Some),
+            _ => None,
+        }
+    };
+    let cert = one("client-certificate")??;
+    let key = one("client-key")?;
+    Some((cert, key))
+}
+
+/// A kubeconfig for the kubelet's client certificate, from the config's
+/// API server and the cluster CA the host binds into every slot.
+fn rebuilt_kubeconfig(server: &str, cert: &str, key: Option<&str>) -> Vec<u8> {
+    let quoted = serde_json::to_string(server).expect("a string");
+    let ca = crate::paths::machine::CLIENT_CA;
+    let mut s = format!(
+        "# Rebuilt by kubeslot-activator adopt: the API server and CA of the config,\n\
+         # the adopted kubelet's client certificate; nothing else of the adopted one.\n\
+         apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: kubeslot\n\
+         \x20 cluster:\n\
+         \x20   server: {quoted}\n\
+         \x20   certificate-authority: {ca}\n\
+         contexts:\n\
+         - name: kubeslot\n\
+         \x20 context:\n\
+         \x20   cluster: kubeslot\n\
+         \x20   user: kubelet\n\
+         current-context: kubeslot\n\
+         users:\n\
+         - name: kubelet\n\
+         \x20 user:\n\
+         \x20   client-certificate: {cert}\n"
+    );
+    if let Some(key) = key {
+        s.push_str(&format!("    client-key: {key}\n"));
+    }
+    s.into_bytes()
 }
 
 /// Puts the copied identity in place: `pki/` built beside it and renamed

@@ -101,6 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }),
         dry_run: args.dry_run,
         disable_agent: args.disable_agent,
+        config: Some(config_path.clone()),
     };
     let done = adopt::adopt(&root, &SystemCtl, &opts).map_err(|e| {
         let code = match e {

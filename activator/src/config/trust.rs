@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Mirrors tried in order before the registry itself (`host[:port]`).
-    #[serde(default)]
+    /// A URL with user info is refused while the config is read, by every
+    /// command that reads `registries` (`unpack --config` included).
+    #[serde(default, deserialize_with = "super::mirror_urls")]
     pub mirrors: Vec<String>,
     /// Plain HTTP. Loopback hosts may always use it; others only when set.
     #[serde(default)]

@@ -284,8 +284,10 @@ impl Client {
                 let host = m
                     .trim_start_matches("https://")
                     .trim_start_matches("http://")
-                    .trim_end_matches('/')
-                    .to_string();
+                    .trim_end_matches('/');
+                // User info is never sent, shown or logged (hosts refuse
+                // it in their config): only the host[:port] is kept.
+                let host = host.rsplit_once('@').map_or(host, |(_, h)| h).to_string();
                 out.push(Endpoint {
                     scheme: self.scheme_for(&host, &host),
                     settings_key: host.clone(),
@@ -646,16 +648,20 @@ impl Client {
                 )
             }),
             "bearer" => {
-                let realm = c
+                let realm_url = c
                     .params
                     .get("realm")
                     .ok_or("Bearer challenge without a realm")?;
-                let realm_host = realm
+                // What errors show of it: a registry's realm may carry
+                // user info, which no message repeats.
+                let realm = &without_user_info(realm_url);
+                let realm_host = realm_url
                     .strip_prefix("https://")
-                    .or_else(|| realm.strip_prefix("http://"))
+                    .or_else(|| realm_url.strip_prefix("http://"))
                     .ok_or_else(|| format!("token realm {realm:?} is not an http(s) URL"))?;
-                let host = realm_host.split(['/', '?']).next().unwrap_or_default();
-                let plain = realm.starts_with("http://");
+                let authority = realm_host.split(['/', '?', '#']).next().unwrap_or_default();
+                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                let plain = realm_url.starts_with("http://");
                 // A plain-HTTP realm only on loopback or on the (insecure)
                 // registry host itself: anywhere else a token (and the
                 // credentials it is asked with) would cross the network in
@@ -677,7 +683,14 @@ impl Client {
                 } else {
                     self.agent.clone()
                 };
-                let mut req = agent.get(realm.as_str()).query("scope", &scope);
+                // An https realm stays https: a redirect to plain HTTP would
+                // send the credentials' answer (the token) in clear text.
+                let mut req = agent
+                    .get(realm_url.as_str())
+                    .config()
+                    .https_only(!plain)
+                    .build()
+                    .query("scope", &scope);
                 if let Some(service) = c.params.get("service") {
                     req = req.query("service", service);
                 }
@@ -713,6 +726,21 @@ impl Client {
             }
             other => Err(format!("unsupported auth scheme {other:?}")),
         }
+    }
+}
+
+/// `url` with the user info of its authority (`user:password@`) replaced
+/// by `<user info>@`, for messages.
+pub fn without_user_info(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => {
+            let sep = if scheme.is_empty() { "" } else { "://" };
+            format!("{scheme}{sep}<user info>@{host}{tail}")
+        }
+        None => url.to_string(),
     }
 }
 

@@ -1,0 +1,99 @@
+# shellcheck shell=bash
+# The host's other users and the node as attackers (issue 26), sourced by
+# ci/e2e/run.sh: what a local unprivileged user (`nobody`, through the
+# outer's real setpriv) cannot reach on a host kubeslot runs, and a slot the
+# node tampered with refused by `rollback`, in whichever slot mode the run
+# uses. They run inside the activator chain (see ci/e2e/README.md).
+
+# as_nobody SCRIPT: runs `sh -c SCRIPT` in the outer host as nobody
+# (uid/gid 65534, no groups); true when it succeeded.
+as_nobody() {
+  outer setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "$1" </dev/null >/dev/null 2>&1
+}
+
+# nobody_cannot WHAT SCRIPT: a check that nobody fails to do WHAT.
+nobody_cannot() {
+  if as_nobody "$2"; then
+    fail "nobody could $1 ($2)"
+  else
+    log "  ok: nobody cannot $1"
+  fi
+}
+
+# After activate_v1 (a node runs): the state, its lock, the layer store and
+# the machines dir are root's alone; nobody can neither read them, nor take
+# the run lock, nor write into the running slot's world-writable /tmp; and
+# a run afterwards is not kept out.
+scenario_local_user_cannot_touch_state() {
+  local m
+  m=$(running_machine) || return 1
+  check_eq "/var/lib/kubeslot" "$(outer stat -c '%a %U' /var/lib/kubeslot)" "700 root" || return 1
+  check_eq "/var/lib/kubeslot/lock" "$(outer stat -c '%a %U' /var/lib/kubeslot/lock)" "600 root" || return 1
+  check_eq "/var/lib/machines" "$(outer stat -c '%a %U' /var/lib/machines)" "700 root" || return 1
+  if outer test -d /var/lib/kubeslot/layers; then
+    check_eq "/var/lib/kubeslot/layers" "$(outer stat -c '%a %U' /var/lib/kubeslot/layers)" "700 root" || return 1
+  fi
+  # the probe itself works: nobody runs, and reaches what is open to all
+  check "nobody can list /var/lib" as_nobody "ls /var/lib" || return 1
+  check "$m's /tmp is world-writable inside it" outer test -w "/var/lib/machines/$m/tmp" -a -k "/var/lib/machines/$m/tmp" || return 1
+  nobody_cannot "take the run lock" "flock --nonblock /var/lib/kubeslot/lock true" || return 1
+  nobody_cannot "list the state dir" "ls /var/lib/kubeslot" || return 1
+  nobody_cannot "read the report" "cat /var/lib/kubeslot/report.json" || return 1
+  nobody_cannot "list the layer store" "ls /var/lib/kubeslot/layers" || return 1
+  nobody_cannot "list the machines dir" "ls /var/lib/machines" || return 1
+  nobody_cannot "write into $m's /tmp" "echo x > /var/lib/machines/$m/tmp/e2e-by-nobody" || return 1
+  check "nothing of nobody's in $m" outer test ! -e "/var/lib/machines/$m/tmp/e2e-by-nobody" || return 1
+  act activate || { show_log; log_report; fail "activate after nobody's tries exited non-zero"; return 1; }
+  check_eq "outcome of the next run" "$(jq -r .outcome "$(report_file)")" up-to-date
+}
+
+# Before `rollback` (kube2 runs v2, kube1 holds v1): kube1's image is
+# changed as its node could have left it, in a way the cheap fingerprint
+# cannot see (entry count and bytes unchanged): its kubelet rewritten at the
+# same size and made setuid (overlay: in its upper, a copied-up file, as
+# overlayfs writes it; copy: in the tree). `rollback` refuses naming it and
+# changes nothing. The change is then undone, exactly, for `rollback`.
+scenario_rollback_refuses_tampered_image() {
+  local run prev upper kubelet mode added=() d rc=0 overlay=0
+  run=$(running_machine) || return 1
+  prev=$(other_machine "$run")
+  upper=$OUTER/var/lib/kubeslot/slots/$prev/upper
+  if outer test -f "/etc/systemd/system/var-lib-machines-$prev.mount"; then
+    overlay=1
+    # what the node wrote is in its upper (written unmounted, as a stopped
+    # slot's upper is; rollback mounts it)
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    for d in usr usr/bin; do
+      if [ ! -d "$upper/$d" ]; then
+        mkdir -m 0755 "$upper/$d"
+        added=("$d" "${added[@]}")
+      fi
+    done
+    kubelet=$upper/usr/bin/kubelet
+    [ ! -e "$kubelet" ] || { fail "$prev's upper already holds usr/bin/kubelet"; return 1; }
+    cp "$WORK/kubelet/v1/kubelet" "$kubelet"
+    mode=0755
+  else
+    kubelet=$OUTER/var/lib/machines/$prev/usr/bin/kubelet
+    mode=$(stat -c %a "$kubelet")
+  fi
+  tamper_file "$kubelet"
+  chmod 4755 "$kubelet"
+  act rollback || rc=$?
+  log "  rollback exited $rc: $(act_error)"
+  check_eq "rollback's exit code" "$rc" 1 || { show_log; return 1; }
+  check "the refusal names the kubelet" grep -q '/usr/bin/kubelet' <<<"$(act_error)" || return 1
+  check "the refusal says how to override" grep -q -- '--force' <<<"$(act_error)" || return 1
+  check_eq "machine running after the refusal" "$(active_machines)" "$run" || return 1
+
+  # undone: the next scenario rolls back to the image as it was installed
+  if [ $overlay = 1 ]; then
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    rm "$kubelet"
+    for d in "${added[@]}"; do rmdir "$upper/$d"; done
+  else
+    tamper_file "$kubelet"
+    chmod "$mode" "$kubelet"
+    check "$prev's kubelet is v1's again" cmp -s "$kubelet" "$WORK/kubelet/v1/kubelet" || return 1
+  fi
+}
