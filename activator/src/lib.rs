@@ -26,6 +26,7 @@ pub mod intact;
 pub mod integrity;
 pub mod layers;
 pub mod lock;
+pub mod metalayer;
 pub mod overlay;
 pub mod paths;
 pub mod plan;

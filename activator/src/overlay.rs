@@ -204,6 +204,32 @@ fn fresh_dir(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(io_err(slot, dir))
 }
 
+/// The merged root's attributes are the upper root's (it always holds the
+/// root): it gets the owner, mode and `user.*` xattrs of the topmost lower's
+/// root, the image's metadata layer ([`crate::metalayer`]), which has the
+/// root the image defines.
+fn upper_root_like(root: &Root, slot: Slot, top: Option<&PathBuf>) -> Result<(), OverlayError> {
+    let Some(top) = top else {
+        return Ok(());
+    };
+    let upper = upper_dir(root, slot);
+    crate::metalayer::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
+}
+
+/// The topmost lower of `slot`'s installed mount unit (the first in its
+/// `lowerdir=`).
+fn top_lower(root: &Root, slot: Slot) -> Result<Option<PathBuf>, OverlayError> {
+    let unit = root.mount_unit_file(slot.machine());
+    let text = fs::read_to_string(&unit).map_err(io_err(slot, &unit))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("Options="))
+        .flat_map(|o| o.split(','))
+        .find_map(|o| o.strip_prefix("lowerdir="))
+        .and_then(|l| l.split(':').next())
+        .map(PathBuf::from))
+}
+
 fn private(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
     crate::paths::private_dir(dir).map_err(|e| OverlayError::Io {
         slot,
@@ -232,6 +258,7 @@ pub fn install(
     fresh_dir(slot, &root.slot_overlay_dir(slot.machine()))?;
     private(slot, &root.slot_overlay_dir(slot.machine()))?;
     fresh_dir(slot, &upper_dir(root, slot))?;
+    upper_root_like(root, slot, layers.last())?;
     fresh_dir(slot, &work_dir(root, slot))?;
     let unit = root.mount_unit_file(slot.machine());
     let units = root.systemd_system_dir();
@@ -272,6 +299,7 @@ pub fn remove(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), Over
 pub fn clean(root: &Root, systemd: &dyn Systemd, slot: Slot) -> Result<(), OverlayError> {
     unmount(root, systemd, slot)?;
     fresh_dir(slot, &upper_dir(root, slot))?;
+    upper_root_like(root, slot, top_lower(root, slot)?.as_ref())?;
     fresh_dir(slot, &work_dir(root, slot))?;
     systemd.start(&root.mount_unit(slot.machine()))?;
     Ok(())

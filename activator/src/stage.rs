@@ -478,7 +478,12 @@ pub fn prepare_layers(
     let store = Store::open(&root.store())?;
     let report = store.fetch_image(&source, &verified.image)?;
     drop(source);
-    let ensured = crate::layers::ensure(root, &store, &verified.image, &unpack_policy(unpack))?;
+    let ensured = crate::metalayer::ensure_slot_lowers(
+        root,
+        &store,
+        &verified.image,
+        &unpack_policy(unpack),
+    )?;
     Ok((report, ensured))
 }
 

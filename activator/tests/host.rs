@@ -3245,14 +3245,18 @@ fn verify_layers_names_a_tampered_layer_file() {
     let (code, out, err) = h.cmd(&["verify-layers", "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["layers"], 1);
+    // the image's layer and its metadata layer (`meta-<chain id>`)
+    assert_eq!(v["layers"], 2);
     assert_eq!(v["mismatches"], serde_json::json!([]));
     let layers = h.root().join("var/lib/kubeslot/layers");
     let layer = fs::read_dir(&layers)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.is_dir() && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            p.is_dir() && !name.starts_with('.') && !name.starts_with("meta-")
+        })
         .unwrap();
     fs::write(layer.join("usr/bin/kubelet-version"), b"kubelet evil\n").unwrap();
     fs::write(layer.join("etc/added"), b"x").unwrap();

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
@@ -214,7 +214,9 @@ fn two_images(dir: &Path) -> (ImageSource, ImageSource, Vec<u8>) {
     (src("v1"), src("v2"), k2)
 }
 
-fn fetched(store: &Store, src: &ImageSource, scratch: &Path) -> SelectedImage {
+/// `src` resolved for this host and fetched into `store` (also the
+/// differential test's).
+pub(crate) fn fetched(store: &Store, src: &ImageSource, scratch: &Path) -> SelectedImage {
     let source = Source::open_paced(
         src,
         &Default::default(),
@@ -424,5 +426,199 @@ fn the_overlay_slots_check_warns_on_fallback_and_fails_an_explicit_overlay() {
     assert_eq!(
         overlay_slots(Some(SlotMode::Copy), None).status,
         Status::Pass
+    );
+}
+
+/// One tar entry: path, kind ('d' dir, 'f' empty file), mode, xattrs.
+type Entry<'a> = (&'a str, char, u32, &'a [(&'a str, &'a [u8])]);
+
+/// A tar of `entries`.
+fn tar_entries(entries: &[Entry<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, kind, mode, xattrs) in entries {
+        if !xattrs.is_empty() {
+            let recs: Vec<(String, &[u8])> = xattrs
+                .iter()
+                .map(|(k, v)| (format!("SCHILY.xattr.{k}"), *v))
+                .collect();
+            b.append_pax_extensions(recs.iter().map(|(k, v)| (k.as_str(), *v)))
+                .unwrap();
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(if *kind == 'd' {
+            tar::EntryType::Directory
+        } else {
+            tar::EntryType::Regular
+        });
+        h.set_path(path).unwrap();
+        h.set_mode(*mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_size(0);
+        h.set_mtime(1);
+        h.set_cksum();
+        b.append(&h, &[][..]).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn a_whiteout_and_entries_under_its_path_in_one_layer_make_a_fresh_directory() {
+    // image-spec layer.md: `.wh.D` hides the lower D only; `D/new` of the
+    // same layer (no `D/` entry) lives on in a fresh D.
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tar_entries(&[("d/", 'd', 0o700, &[]), ("d/old", 'f', 0o644, &[])]);
+    let top = tar_entries(&[(".wh.d", 'f', 0o644, &[]), ("d/new", 'f', 0o644, &[])]);
+    let mut dirs = Vec::new();
+    for (i, t) in [&base, &top].into_iter().enumerate() {
+        let d = tmp.path().join(format!("l{i}"));
+        fs::create_dir(&d).unwrap();
+        let mut u = Unpacker::new_overlay_layer(&d, Policy::default()).unwrap();
+        apply_one(&mut u, i, t);
+        u.finish().unwrap();
+        dirs.push(d);
+    }
+    let d = dirs[1].join("d");
+    assert!(d.is_dir(), "the whiteout device became a directory");
+    let mut v = [0u8; 8];
+    let n = rustix::fs::getxattr(&d, "trusted.overlay.opaque", &mut v[..]).unwrap();
+    assert_eq!(&v[..n], b"y", "the fresh d hides the lower one");
+    let merged = tmp.path().join("merged");
+    fs::create_dir(&merged).unwrap();
+    mount(
+        &format!("lowerdir={}:{}", dirs[1].display(), dirs[0].display()),
+        &merged,
+    );
+    let guard = Mounted(merged.clone());
+    let got = facts(&merged);
+    drop(guard);
+    let names: Vec<_> = got.keys().map(|p| p.display().to_string()).collect();
+    assert_eq!(names, ["d", "d/new"]);
+    assert!(got[Path::new("d")].starts_with("dir 40755 0:0"), "{got:?}");
+}
+
+#[test]
+fn a_directory_entry_over_a_directory_replaces_its_user_xattrs() {
+    // "the existing path's attributes MUST be replaced by those of the entry"
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tar_entries(&[("d/", 'd', 0o755, &[("user.old", b"1"), ("user.kept", b"1")])]);
+    let top = tar_entries(&[("d/", 'd', 0o750, &[("user.kept", b"2")])]);
+    let copy = tmp.path().join("copy");
+    fs::create_dir(&copy).unwrap();
+    let mut u = Unpacker::new(&copy, Policy::default()).unwrap();
+    apply_one(&mut u, 0, &base);
+    apply_one(&mut u, 1, &top);
+    u.finish().unwrap();
+    let d = copy.join("d");
+    let mut names = [0u8; 256];
+    let n = rustix::fs::listxattr(&d, &mut names[..]).unwrap();
+    let names: Vec<_> = names[..n]
+        .split(|b| *b == 0)
+        .filter(|s| s.starts_with(b"user."))
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    assert_eq!(names, ["user.kept"]);
+    let mut v = [0u8; 8];
+    let k = rustix::fs::getxattr(&d, "user.kept", &mut v[..]).unwrap();
+    assert_eq!(&v[..k], b"2");
+    assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o750);
+}
+
+#[test]
+fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
+    // A layer adding tmp/.keep without `tmp/` holds tmp as 0755 root:root;
+    // overlayfs alone would show that over the base's 1777. The image's
+    // metadata layer holds tmp (and the root of the `./` entry) as the
+    // spec has them, and nothing else.
+    use kubeslot_activator::metalayer;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Root::new(tmp.path().join("root"));
+    let dir = tmp.path().join("layout");
+    let layout = image::open_or_create(&dir);
+    let base = tar_entries(&[
+        ("tmp/", 'd', 0o1777, &[]),
+        ("etc/", 'd', 0o755, &[]),
+        ("etc/os-release", 'f', 0o644, &[]),
+    ]);
+    let top = tar_entries(&[("./", 'd', 0o750, &[]), ("tmp/.keep", 'f', 0o644, &[])]);
+    let blobs = [
+        image::gzip_layer(&layout, &base),
+        image::gzip_layer(&layout, &top),
+    ];
+    image::write_manifest_image(&layout, "img", &Platform::host(), &blobs);
+    let store = Store::open(&root.store()).unwrap();
+    let src = ImageSource::from_str(&format!("oci:{}:img", dir.display())).unwrap();
+    let img = fetched(&store, &src, tmp.path());
+
+    let e = metalayer::ensure_slot_lowers(&root, &store, &img, &Policy::default()).unwrap();
+    assert_eq!(e.dirs.len(), 3);
+    let meta = e.dirs[2].clone();
+    assert_eq!(meta, metalayer::meta_dir(&root, &img));
+    assert!(meta
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("meta-"));
+    let held: Vec<_> = facts(&meta).into_keys().collect();
+    assert_eq!(
+        held,
+        [PathBuf::from("tmp")],
+        "only what the layers get wrong"
+    );
+    assert!(kubeslot_activator::integrity::record_path(&meta).is_file());
+
+    let sd = FakeSystemd::new(&root);
+    overlay::install(&root, &sd, Slot::Kube1, Some(img.image_digest()), &e.dirs).unwrap();
+    let tree = root.machine_tree("kube1");
+    assert_eq!(
+        fs::metadata(tree.join("tmp")).unwrap().mode() & 0o7777,
+        0o1777
+    );
+    assert!(tree.join("tmp/.keep").is_file() && tree.join("etc/os-release").is_file());
+    assert_eq!(
+        fs::metadata(&tree).unwrap().mode() & 0o7777,
+        0o750,
+        "the ./ entry"
+    );
+    overlay::clean(&root, &sd, Slot::Kube1).unwrap();
+    assert_eq!(
+        fs::metadata(&tree).unwrap().mode() & 0o7777,
+        0o750,
+        "after clean"
+    );
+    overlay::remove(&root, &sd, Slot::Kube1).unwrap();
+
+    let ino = fs::metadata(&meta).unwrap().ino();
+    let again = metalayer::ensure_slot_lowers(&root, &store, &img, &Policy::default()).unwrap();
+    assert_eq!(again.dirs, e.dirs);
+    assert_eq!(
+        fs::metadata(&meta).unwrap().ino(),
+        ino,
+        "reused, not made again"
+    );
+
+    // Changed in the store (no slot mounts it): built again, as recorded.
+    fs::set_permissions(meta.join("tmp"), fs::Permissions::from_mode(0o777)).unwrap();
+    let third = metalayer::ensure_slot_lowers(&root, &store, &img, &Policy::default()).unwrap();
+    assert_eq!(third.dirs, e.dirs);
+    assert_eq!(
+        fs::metadata(meta.join("tmp")).unwrap().mode() & 0o7777,
+        0o1777,
+        "the changed metadata layer was reused"
+    );
+    // Made under another unpack policy: built again under this one.
+    let other = Policy {
+        allow_fifos_and_sockets: true,
+        ..Policy::default()
+    };
+    metalayer::ensure_slot_lowers(&root, &store, &img, &other).unwrap();
+    let record =
+        kubeslot_activator::integrity::load(&kubeslot_activator::integrity::record_path(&meta))
+            .unwrap();
+    assert_eq!(
+        record.policy,
+        Some(layers::policy_hash(&other)),
+        "reused under another policy"
     );
 }

@@ -217,8 +217,18 @@ impl Node {
     }
 
     /// The layer dir of layer `index` of the image `slot` mounts.
+    /// The image's layer `index_from_top` of `slot` (the per-image
+    /// metadata layer, mounted topmost, left out).
     fn lower(&self, slot: Slot, index_from_top: usize) -> PathBuf {
-        overlay::lowers(&self.root, slot).unwrap()[index_from_top].clone()
+        overlay::lowers(&self.root, slot)
+            .unwrap()
+            .into_iter()
+            .filter(|l| {
+                !l.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("meta-"))
+            })
+            .nth(index_from_top)
+            .unwrap()
     }
 
     /// v1 committed in kube1, then v2 in kube2: kube1 is the rollback target.

@@ -6,6 +6,7 @@
 //! `Command`).
 
 mod config_reference;
+mod differential;
 mod fetch;
 mod help;
 mod host;

@@ -976,10 +976,16 @@ scenario_openssl_signer() {
 # says, start from an empty host (after adopt_unbounded) and leave one
 # (`uninstall --purge`) for activate_v1.
 
-# overlay_layers: "<name> <inode>" of every layer dir in the store.
+# overlay_layers: "<name> <inode>" of every layer dir in the store (the
+# images' metadata layers, meta-<chain id>, aside).
 overlay_layers() {
   # the layer dirs (each has its record, <diff_id>.files, beside it)
-  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -type d -printf '%f %i\n' | sort
+  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -type d ! -name 'meta-*' -printf '%f %i\n' | sort
+}
+
+# overlay_meta_layers: the metadata layers in the store, one per image.
+overlay_meta_layers() {
+  outer find /var/lib/kubeslot/layers -mindepth 1 -maxdepth 1 -type d -name 'meta-*' -printf '%f\n' | sort
 }
 
 # v1 into kube1 unpacks every layer; v2 into kube2 unpacks only the layers
@@ -1010,6 +1016,11 @@ scenario_overlay_update_writes_changed_layer_only() {
   after=$(overlay_layers)
   check_eq "layer dirs from v1 untouched (name and inode)" "$(comm -23 <(echo "$before") <(echo "$after") | wc -l)" 0 || return 1
   check_eq "layer dirs added by v2" "$(comm -13 <(echo "$before") <(echo "$after") | wc -l)" "$changed" || return 1
+  check_eq "metadata layers (v1's and v2's)" "$(overlay_meta_layers | wc -l)" 2 || return 1
+  check "kube2 mounts its metadata layer topmost" outer grep -q "^Options=lowerdir=/var/lib/kubeslot/layers/meta-" /etc/systemd/system/var-lib-machines-kube2.mount || return 1
+  local top
+  top=$(outer sed -n 's/^Options=lowerdir=\([^:,]*\).*/\1/p' /etc/systemd/system/var-lib-machines-kube2.mount)
+  check_eq "kube2's root is its metadata layer's (mode, owner)" "$(outer stat -c '%a %u:%g' /var/lib/machines/kube2)" "$(outer stat -c '%a %u:%g' "$top")" || return 1
   check_eq "kube2 is an overlay mount" "$(outer findmnt -n -o FSTYPE /var/lib/machines/kube2)" overlay || return 1
   check "kube1 (stopped) still has v1's kubelet" cmp -s <(tree_cat kube1 usr/bin/kubelet) "$WORK/kubelet/v1/kubelet"
 }

@@ -295,7 +295,8 @@ mod tests {
         );
         assert_eq!(files_of(&kube1), verified, "kube1 after rollback --clean");
 
-        // v3 replaces v2 in kube2: v2's layer is mounted by no slot and goes.
+        // v3 replaces v2 in kube2: v2's layer and metadata layer are
+        // mounted by no slot and go.
         let v2_layers = crate::layers::referenced(&s.root).unwrap();
         let third = image_with(dir, "healthy", "3");
         let r = run_opts(
@@ -316,15 +317,17 @@ mod tests {
             Some(third)
         );
         assert!(
-            r.gc.as_deref().unwrap().contains(", 1 layer dir(s);"),
+            r.gc.as_deref().unwrap().contains(", 2 layer dir(s);"),
             "{r:?}"
         );
         let now = crate::layers::referenced(&s.root).unwrap();
         let gone: Vec<_> = v2_layers.difference(&now).collect();
-        assert_eq!(gone.len(), 1);
-        assert!(!gone[0].exists(), "{}", gone[0].display());
-        assert!(!crate::integrity::record_path(gone[0]).exists());
-        // two layer dirs and their records
-        assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 4);
+        assert_eq!(gone.len(), 2, "{gone:?}");
+        for g in gone {
+            assert!(!g.exists(), "{}", g.display());
+            assert!(!crate::integrity::record_path(g).exists());
+        }
+        // two layer dirs, two metadata layers (v1's, v3's) and their records
+        assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 8);
     }
 }

@@ -106,6 +106,7 @@ impl Unpacker {
             Mode::empty(),
         )
         .map_err(|e| Step::Rule(Rule::Io, format!("open the target: {e}")))?;
+        clear_user_xattrs(&fd, d.path.as_bytes())?;
         self.set_meta(&fd, &d.path, &d.meta, &d.xattrs, false, &mut state.stats)?;
         state.dir_times.push((d.path, d.meta.mtime));
         state.stats.dirs += 1;
@@ -135,8 +136,11 @@ impl Unpacker {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Step::Stream(e)),
             };
-            file.write_all(&self.buf[..k])
-                .map_err(|e| Step::Rule(Rule::Io, format!("write \"{}\": {e}", escape(shown))))?;
+            if self.contents {
+                file.write_all(&self.buf[..k]).map_err(|e| {
+                    Step::Rule(Rule::Io, format!("write \"{}\": {e}", escape(shown)))
+                })?;
+            }
             copied += k as u64;
         }
         if copied != expected {
@@ -157,6 +161,9 @@ impl Unpacker {
         let shown = d.path.as_bytes();
         let parent = self.parent(dir, state)?;
         let fd = self.tree.create_dir(parent.as_fd(), name, shown)?;
+        // A directory over a directory: its attributes are the entry's
+        // (image-spec layer.md), its old `user.*` xattrs go.
+        clear_user_xattrs(&fd, shown)?;
         self.set_meta(&fd, &d.path, &d.meta, &d.xattrs, false, &mut state.stats)?;
         if self.whiteouts == Whiteouts::Overlay && state.whited.contains(&key) {
             // Whited out and written in the same layer: the lower
@@ -388,6 +395,9 @@ impl Unpacker {
     /// can be changed while it is held); missing parents are created by
     /// [`Unpacker::implicit_parents`].
     fn parent(&mut self, dir: &[u8], state: &mut LayerState) -> Result<OwnedFd, Step> {
+        if self.whiteouts == Whiteouts::Overlay && !state.whited.is_empty() {
+            self.unwhite(dir, state)?;
+        }
         let key = self.path_key(dir);
         let Some(fd) = self.tree.dir(dir, false)? else {
             return self.implicit_parents(dir, state);
@@ -420,6 +430,50 @@ impl Unpacker {
         })?;
         fd.try_clone_to_owned()
             .map_err(|e| Step::Rule(Rule::Io, format!("duplicate a directory handle: {e}")))
+    }
+
+    /// Overlay layers: `.wh.D` and then `D/new` in one layer (no `D/`
+    /// entry) is a fresh `D` holding `new` (image-spec layer.md: the
+    /// whiteout hides the lower `D` only). The whiteout device this layer
+    /// made at `dir` or one of its ancestors becomes an opaque directory,
+    /// 0755 root:root like any directory a layer needs but does not list.
+    fn unwhite(&mut self, dir: &[u8], state: &mut LayerState) -> Result<(), Step> {
+        let mut end = 0;
+        while end < dir.len() {
+            end = dir[end..]
+                .iter()
+                .position(|b| *b == b'/')
+                .map_or(dir.len(), |i| end + i);
+            let prefix = &dir[..end];
+            end += 1;
+            if !state.whited.contains(&self.path_key(prefix)) {
+                continue;
+            }
+            let (pdir, name) = match prefix.iter().rposition(|b| *b == b'/') {
+                Some(i) => (&prefix[..i], &prefix[i + 1..]),
+                None => (&b""[..], prefix),
+            };
+            let Some(parent) = self.tree.open_dir(pdir, false)? else {
+                continue;
+            };
+            let is_device = rfs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice);
+            if !is_device {
+                continue;
+            }
+            self.tree.remove(parent.as_fd(), name, prefix)?;
+            rfs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)).map_err(|e| {
+                Step::Rule(
+                    Rule::Io,
+                    format!("create directory \"{}\": {e}", escape(prefix)),
+                )
+            })?;
+            let fd = own_dir(&parent, name).ok_or_else(|| {
+                Step::Rule(Rule::Io, format!("open directory \"{}\"", escape(prefix)))
+            })?;
+            set_opaque(&fd, prefix)?;
+        }
+        Ok(())
     }
 
     /// Whether `path` is on the setuid allowlist (compared byte for byte; a
@@ -530,6 +584,30 @@ fn has_capability(parent: &OwnedFd, name: &[u8]) -> Result<bool, Step> {
     )
     .map_err(|e| Step::Rule(Rule::Io, format!("open hardlink target: {e}")))?;
     Ok(rfs::fgetxattr(&f, "security.capability", &mut [0u8; 64][..]).is_ok())
+}
+
+/// Removes the `user.*` xattrs of directory `fd` (an entry for it brings
+/// its own).
+fn clear_user_xattrs(fd: &impl AsFd, shown: &[u8]) -> Result<(), Step> {
+    let fail = |what: &str, e: Errno| {
+        Step::Rule(
+            Rule::Xattr,
+            format!("{what} xattrs of \"{}\": {e}", escape(shown)),
+        )
+    };
+    // XATTR_LIST_MAX: 64 KiB.
+    let mut names = vec![0u8; 65536];
+    let n = match rfs::flistxattr(fd, &mut names[..]) {
+        Ok(n) => n,
+        Err(Errno::NOTSUP) => return Ok(()),
+        Err(e) => return Err(fail("list", e)),
+    };
+    for name in names[..n].split(|b| *b == 0) {
+        if name.starts_with(b"user.") {
+            rfs::fremovexattr(fd, name).map_err(|e| fail("remove", e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Marks directory `fd` opaque for overlayfs (lower layers' entries under

@@ -124,6 +124,9 @@ pub struct Unpacker {
     keys: (RandomState, RandomState),
     failed: bool,
     whiteouts: Whiteouts,
+    /// Whether regular files get their data ([`Unpacker::new_skeleton`]
+    /// makes them empty).
+    contents: bool,
 }
 
 /// What a whiteout entry does to the target.
@@ -277,6 +280,7 @@ impl Unpacker {
             keys: (RandomState::new(), RandomState::new()),
             failed: false,
             whiteouts: Whiteouts::Apply,
+            contents: true,
         })
     }
 
@@ -285,6 +289,16 @@ impl Unpacker {
     pub fn new_overlay_layer(target: &Path, policy: Policy) -> Result<Unpacker, UnpackError> {
         let mut u = Unpacker::new(target, policy)?;
         u.whiteouts = Whiteouts::Overlay;
+        Ok(u)
+    }
+
+    /// An unpacker with the copy mode's semantics whose regular files are
+    /// created empty (their data read, hashed with the layer and dropped):
+    /// the shape and attributes of the tree without its bytes, for the
+    /// overlay slots' metadata layer (`kubeslot-activator`'s `metalayer`).
+    pub fn new_skeleton(target: &Path, policy: Policy) -> Result<Unpacker, UnpackError> {
+        let mut u = Unpacker::new(target, policy)?;
+        u.contents = false;
         Ok(u)
     }
 
