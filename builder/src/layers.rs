@@ -107,7 +107,7 @@ impl LayerWriter<'_> {
         let (dir, compression, epoch) = (self.blob_dir.clone(), self.compression, self.epoch);
         let workers = self.zstd_workers;
         let blob = tokio::task::spawn_blocking(move || {
-            tree.write_layer_with_workers(&dir, compression, epoch, workers)
+            tree.write_layer(&dir, compression, epoch, workers)
         })
         .await
         .expect("layer writer does not panic")

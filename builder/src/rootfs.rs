@@ -452,20 +452,10 @@ impl Tree {
 
     /// Writes the tree as a layer blob into `blob_dir` (`<blob_dir>/<hex>`,
     /// created by rename after the stream completed and was fsynced), zstd
-    /// on [`zstd_workers`] threads. Blocking and CPU-heavy: call it from
-    /// `spawn_blocking`.
+    /// on `zstd_workers` threads ([`zstd_workers`] in a build; 0 is taken
+    /// as 1; the bytes are the same for any count). Blocking and
+    /// CPU-heavy: call it from `spawn_blocking`.
     pub fn write_layer(
-        self,
-        blob_dir: &Path,
-        compression: Compression,
-        epoch: u64,
-    ) -> Result<LayerBlob, RootfsError> {
-        self.write_layer_with_workers(blob_dir, compression, epoch, zstd_workers())
-    }
-
-    /// [`Tree::write_layer`] with `zstd_workers` compressing threads (0 is
-    /// taken as 1; the bytes are the same for any count).
-    pub fn write_layer_with_workers(
         mut self,
         blob_dir: &Path,
         compression: Compression,
@@ -737,10 +727,10 @@ mod tests {
     fn layers_are_byte_identical_and_sorted_with_parents() {
         let tmp = tempfile::tempdir().unwrap();
         let a = sample(1000)
-            .write_layer(&tmp.path().join("a"), Compression::Gzip, 1000)
+            .write_layer(&tmp.path().join("a"), Compression::Gzip, 1000, 1)
             .unwrap();
         let b = sample(1000)
-            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1000)
+            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1000, 1)
             .unwrap();
         assert_eq!((a.digest, a.diff_id), (b.digest, b.diff_id));
         assert_eq!(Digest::of(&std::fs::read(&a.path).unwrap()), a.digest);
@@ -763,10 +753,10 @@ mod tests {
         assert_eq!(seen[5].1, 0o4755, "setuid bit kept");
 
         let z = sample(1000)
-            .write_layer(&tmp.path().join("c"), Compression::Zstd, 1000)
+            .write_layer(&tmp.path().join("c"), Compression::Zstd, 1000, 1)
             .unwrap();
         let z2 = sample(1000)
-            .write_layer(&tmp.path().join("d"), Compression::Zstd, 1000)
+            .write_layer(&tmp.path().join("d"), Compression::Zstd, 1000, 1)
             .unwrap();
         assert_eq!(z.digest, z2.digest);
         assert_eq!(z.diff_id, a.diff_id, "same tar under both compressions");
@@ -799,7 +789,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let write = |workers: u32| {
             big_tree()
-                .write_layer_with_workers(
+                .write_layer(
                     &tmp.path().join(workers.to_string()),
                     Compression::Zstd,
                     1000,
@@ -832,7 +822,7 @@ mod tests {
         );
         assert_eq!(Digest::of(&tar), one.diff_id);
         let gzip = big_tree()
-            .write_layer(&tmp.path().join("gz"), Compression::Gzip, 1000)
+            .write_layer(&tmp.path().join("gz"), Compression::Gzip, 1000, 1)
             .unwrap();
         assert_eq!(
             gzip.diff_id, one.diff_id,
@@ -926,7 +916,7 @@ mod tests {
         assert_eq!(ping.xattrs.get("security.capability").unwrap(), b"\x01cap");
 
         let blob = tree
-            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1_000)
+            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1_000, 1)
             .unwrap();
         let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(
             File::open(&blob.path).unwrap(),

@@ -9,7 +9,8 @@
 # into a temp dir, or TAR with --rootfs (ci/bench/smoke.sh passes a small
 # one). Each round runs every contender once, one after the other (paired:
 # the machine is shared, so a disturbance hits a round rather than one
-# contender); the script prints each contender's median wall and CPU
+# contender). Our writer fsyncs its blob, so each reference's output is
+# synced too (`sync FILE`). The script prints each contender's median wall and CPU
 # (user+sys of every process) time, MB/s of uncompressed input, the ratio
 # reference/ours (>1: we are faster) and the compressed size. Our gzip is
 # level 6 like gzip's default, on one thread; our zstd is level 3 in zstd's
@@ -68,13 +69,13 @@ tarred="tar --sort=name --numeric-owner -C '$work/tree' -cf - ."
 : >"$work/zstd-digests"
 for _ in $(seq "$rounds"); do
   run ours-gz "$work/out/gz" "$(ours "$work/out/gz" '--compression gzip')"
-  run ref-gz "$work/out/ref.tar.gz" "$tarred | gzip -6 >'$work/out/ref.tar.gz'"
+  run ref-gz "$work/out/ref.tar.gz" "$tarred | gzip -6 >'$work/out/ref.tar.gz' && sync '$work/out/ref.tar.gz'"
   run ours-zst "$work/out/zst" "$(ours "$work/out/zst" '--compression zstd')"
   cut -d' ' -f1 "$work/ours-zst.stdout" >>"$work/zstd-digests"
-  run ref-zst-t0 "$work/out/ref.tar.zst" "$tarred | zstd -3 -T0 -q >'$work/out/ref.tar.zst'"
+  run ref-zst-t0 "$work/out/ref.tar.zst" "$tarred | zstd -3 -T0 -q >'$work/out/ref.tar.zst' && sync '$work/out/ref.tar.zst'"
   run ours-zst-1 "$work/out/zst1" "$(ours "$work/out/zst1" '--compression zstd --zstd-workers 1')"
   cut -d' ' -f1 "$work/ours-zst-1.stdout" >>"$work/zstd-digests"
-  run ref-zst-t1 "$work/out/ref1.tar.zst" "$tarred | zstd -3 -T1 -q >'$work/out/ref1.tar.zst'"
+  run ref-zst-t1 "$work/out/ref1.tar.zst" "$tarred | zstd -3 -T1 -q >'$work/out/ref1.tar.zst' && sync '$work/out/ref1.tar.zst'"
 done
 echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
 

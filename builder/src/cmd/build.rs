@@ -159,7 +159,7 @@ pub async fn bench_layer(args: BenchLayerArgs, _global: &Global) -> anyhow::Resu
         let workers = args
             .zstd_workers
             .unwrap_or_else(crate::rootfs::zstd_workers);
-        tree.write_layer_with_workers(&args.out, compression, args.epoch, workers)
+        tree.write_layer(&args.out, compression, args.epoch, workers)
     })
     .await
     .expect("layer writer does not panic")?;
