@@ -5,27 +5,45 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo fmt --all -- --check
+# Where the time goes: every step below is timed, and the table is printed
+# when the command ends (passed or failed). .ci/run writes its own steps
+# (apt, the Python tools) to the same file through KUBESLOT_CI_TIMES.
+times=${KUBESLOT_CI_TIMES:-$(mktemp)}
+step() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  printf '%s\t%s\n' "$name" "$((SECONDS - t0))" >>"$times"
+  return "$rc"
+}
+print_times() {
+  local rc=$?
+  echo "== time per step (s) =="
+  awk -F'\t' '{ printf "%-28s %6d\n", $1, $2; t += $2 } END { printf "%-28s %6d\n", "total", t }' "$times"
+  [ -n "${KUBESLOT_CI_TIMES:-}" ] || rm -f "$times"
+  exit "$rc"
+}
+trap print_times EXIT
+
+step fmt cargo fmt --all -- --check
 # The structure rules: no async/OCI/TOML/sigstore crate on hosts, the
 # builder never links the activator, no module cycle, no library -> command
 # arrow; no file over 1,000 lines, no function outside tests over 120.
-ci/lint/deps.sh
-ci/lint/modules.py
-ci/lint/sizes.py
+step structure-lints sh -c 'ci/lint/deps.sh && ci/lint/modules.py && ci/lint/sizes.py'
 # The tests are built first and linted with the same profile: clippy then
 # reuses the dependencies the test build compiled (1 min instead of 4-6 on
 # 2 cores, measured on a clean clone).
-cargo test --workspace --locked --no-run
-cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
+step build-tests cargo test --workspace --locked --no-run
+step clippy cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
 # Every shell script through shellcheck; the publishing workflow's schema, security
 # audit (zizmor) and shape.
-ci/lint/scripts.sh
-cargo test --workspace --locked
+step script-lints ci/lint/scripts.sh
+step cargo-test cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown
 # only when it fails.
 demo_log=$(mktemp)
-if ! KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"$demo_log" 2>&1; then
+if ! step demo env KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"$demo_log" 2>&1; then
   cat "$demo_log"
   rm -f "$demo_log"
   echo "ci/demo.sh failed" >&2
@@ -33,18 +51,18 @@ if ! KUBESLOT_BIN_DIR=target/debug ci/demo.sh "${TMPDIR:-/tmp}/kubeslot-demo" >"
 fi
 rm -f "$demo_log"
 echo "ci/demo.sh: ok"
-# The real-GPU check without a GPU: --prepare writes a complete dir under
-# 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
+# The real-GPU check without a GPU (with the binaries the tests just built):
+# --prepare writes a complete dir under 64 MiB, its image and CUDA probe work in a chroot of the node tree (a
 # stand-in driver), and the check itself exits 77 here.
-ci/gpu/node-root-check-test.sh
+step gpu-check-dry env KUBESLOT_BIN_DIR=target/debug ci/gpu/node-root-check-test.sh
 # Every benchmark once at its smoke size, with the binaries the tests just
 # built: a bench that fails fails the test command (timings not asserted).
-KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
+step bench-smoke env KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
 if [ -x ci/e2e/run.sh ]; then
   # Both slot modes: every scenario in the default (overlay where the outer
   # host can, which it can here), and again on copied trees the scenarios
   # whose outcome can depend on the slot mode (the pod and CRI scenarios'
   # checks inside a running node, and the image checks, run once).
-  ci/e2e/run.sh
-  KUBESLOT_E2E_SLOTS=copy ci/e2e/run.sh --slot-sensitive
+  step e2e-default ci/e2e/run.sh
+  step e2e-copy-slot-sensitive env KUBESLOT_E2E_SLOTS=copy ci/e2e/run.sh --slot-sensitive
 fi

@@ -533,7 +533,7 @@ impl Config {
         } else if !self.trust.allow_unsigned && !matches!(self.image, ImageSource::Registry(_)) {
             return Err(invalid(
                 "trust.identity",
-                "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/org/node), unless trust.allow_unsigned",
+                "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/example-org/kubeslot/ubuntu2404), unless trust.allow_unsigned",
             ));
         }
         for (host, r) in &self.registries {

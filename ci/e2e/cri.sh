@@ -222,7 +222,7 @@ spec:
     ports: [{containerPort: 80}]
 EOF2
   local deadline=$((SECONDS + 10))
-  until in_machine kube1 journalctl -u kubelet --no-pager -o cat | grep -q 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports'; do
+  until in_machine kube1 journalctl -u kubelet --no-pager -o cat | grep 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' >/dev/null; do
     [ $SECONDS -lt $deadline ] || { fail "the kubelet did not name spec.containers[0].ports of bad.yaml"; return 1; }
     sleep 0.5
   done

@@ -75,12 +75,12 @@ stand_in_gpu() {
   { cat /etc/ld.so.conf; echo "$lib"; } >"$s/ld.so.conf"
   ldconfig -X -f "$s/ld.so.conf" -C "$s/ld.so.cache"
   mount --bind "$s/ld.so.cache" /etc/ld.so.cache
-  ldconfig -p | grep -q "libcuda.so.1 (libc6,x86-64) => $lib/libcuda.so.1" ||
+  ldconfig -p | grep "libcuda.so.1 (libc6,x86-64) => $lib/libcuda.so.1" >/dev/null ||
     { echo "stand-in: the loader cache has no $lib/libcuda.so.1" >&2; return 1; }
   local args=()
   for n in "${HOST_IGNORES[@]}"; do args+=(--ignore "$n"); done
   KUBESLOT_CHECK_TMP=$s/tmp "$dir/node-root-check.sh" "${args[@]}"
-  if [ -n "$(ls -A "$s/tmp")" ] || findmnt -rn -o TARGET | grep -q "^$s/tmp/"; then
+  if [ -n "$(ls -A "$s/tmp")" ] || findmnt -rn -o TARGET | grep "^$s/tmp/" >/dev/null; then
     echo "stand-in: the check left $(ls -A "$s/tmp") behind" >&2
     return 1
   fi
@@ -113,7 +113,9 @@ got=$(find "$DIR" -mindepth 1 -printf '%f\n' | LC_ALL=C sort | paste -sd' ')
 (cd "$DIR" && sha256sum --quiet -c SHA256SUMS) || fail "SHA256SUMS does not match the prepared files"
 total=$(du -cb "$DIR"/* | tail -n1 | cut -f1)
 [ "$total" -le $((64 * 1024 * 1024)) ] || fail "the prepared dir holds $total bytes, more than 64 MiB"
-cmp -s "$DIR/kubeslot-activator" target/release/kubeslot-activator || fail "the prepared activator is not the release build"
+src=${KUBESLOT_BIN_DIR:-target/release}/kubeslot-activator
+strip -o "$WORK/activator.stripped" "$src"
+cmp -s "$DIR/kubeslot-activator" "$WORK/activator.stripped" || fail "the prepared activator is not $src, stripped"
 ok "prepared: every file, SHA256SUMS, $total bytes ($((total / 1024 / 1024)) MiB)"
 
 # ---- the image: verified with the prepared key, unpacked
@@ -146,7 +148,7 @@ for so in libcuda.so.1 libnvidia-ml.so.1; do
   cc -Wall -Wextra -Werror -shared -fPIC -Wl,-soname,"$so" -o "$lib/${so%.1}.0.0-fake" testdata/gpu/fake-cuda.c
 done
 in_tree ldconfig || fail "ldconfig in the tree"
-in_tree ldconfig -p | grep -q 'libcuda.so.1 (libc6,x86-64)' || fail "the tree's loader cache has no libcuda.so.1"
+in_tree ldconfig -p | grep 'libcuda.so.1 (libc6,x86-64)' >/dev/null || fail "the tree's loader cache has no libcuda.so.1"
 out=$(in_tree /run/probe/cuda-probe 4096 2>&1) || fail "the probe with the stand-in driver: $out"
 want="ok nvml: driver 0.0-fake, 1 GPU(s): 0: Fake kubeslot GPU
 ok cuda: CUDA 12.8 driver API, 1 device(s), device 0: Fake kubeslot GPU

@@ -64,7 +64,7 @@ prepare() {
   repo=$(cd "$(dirname "$0")/../.." && pwd)
   [ -f "$repo/testdata/e2e/node-nvidia.toml.in" ] ||
     { echo "node-root-check: --prepare runs from the repository (ci/gpu/node-root-check.sh), not from a prepared dir" >&2; exit 1; }
-  for t in cargo:cargo cc:gcc objdump:binutils openssl:openssl sha256sum:coreutils tar:tar; do
+  for t in cargo:cargo cc:gcc objdump:binutils strip:binutils openssl:openssl sha256sum:coreutils tar:tar; do
     command -v "${t%%:*}" >/dev/null ||
       { echo "node-root-check: --prepare needs ${t%%:*}: apt-get install -y ${t#*:}" >&2; exit 1; }
   done
@@ -79,9 +79,23 @@ prepare() {
   # shellcheck disable=SC2064 # expanded now, on purpose
   trap "rm -rf '$work'; [ -e '$out/SHA256SUMS' ] || rm -rf '$out'" EXIT
 
-  say "building the release kubeslot-activator and kubeslot-builder"
-  (cd "$repo" && cargo build --quiet --release --locked -p kubeslot-activator &&
-    cargo build --quiet --locked -p kubeslot-builder)
+  # KUBESLOT_BIN_DIR: binaries already built (the test command passes its
+  # debug build: no second build of the workspace in CI); otherwise the
+  # release activator the GPU host runs and the debug builder.
+  if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
+    activator=$KUBESLOT_BIN_DIR/kubeslot-activator
+    builder=$KUBESLOT_BIN_DIR/kubeslot-builder
+    for b in "$activator" "$builder"; do
+      [ -x "$b" ] || { echo "node-root-check: KUBESLOT_BIN_DIR has no executable $b" >&2; exit 1; }
+    done
+    say "using $activator and $builder (KUBESLOT_BIN_DIR)"
+  else
+    say "building the release kubeslot-activator and kubeslot-builder"
+    (cd "$repo" && cargo build --quiet --release --locked -p kubeslot-activator &&
+      cargo build --quiet --locked --workspace --bin kubeslot-builder)
+    activator=$repo/target/release/kubeslot-activator
+    builder=$repo/target/debug/kubeslot-builder
+  fi
   base=$("$repo/ci/lib/debian-rootfs.sh" --suite trixie "")
   say "base: $base (Debian trixie minbase)"
 
@@ -100,13 +114,16 @@ prepare() {
     -e "s|@NVIDIA@|$repo/testdata/e2e/nvidia|g" \
     "$repo/testdata/e2e/node-nvidia.toml.in" >"$recipe"
   say "building and signing the NVIDIA test image"
-  "$repo/target/debug/kubeslot-builder" keygen --out "$work/key" >"$work/keygen.log" 2>&1 ||
+  "$builder" keygen --out "$work/key" >"$work/keygen.log" 2>&1 ||
     { cat "$work/keygen.log" >&2; exit 1; }
-  "$repo/target/debug/kubeslot-builder" --progress plain build "$recipe" --sign-key "$work/key.key" \
+  "$builder" --progress plain build "$recipe" --sign-key "$work/key.key" \
     --identity "$IDENTITY" --output "oci-archive:$out/node-nvidia.tar:$IMAGE_TAG" >"$work/build.log" 2>&1 ||
     { cat "$work/build.log" >&2; exit 1; }
   cp "$work/key.pub" "$out/node.pub"
-  install -m 0755 "$repo/target/release/kubeslot-activator" "$out/kubeslot-activator"
+  # stripped: a debug build's symbols would not fit the 64 MiB the device
+  # machine takes back
+  strip -o "$out/kubeslot-activator" "$activator"
+  chmod 0755 "$out/kubeslot-activator"
   install -m 0755 "$repo/ci/gpu/node-root-check.sh" "$out/node-root-check.sh"
   cp "$repo/ci/gpu/cuda-probe.c" "$out/cuda-probe.c"
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
@@ -172,7 +189,7 @@ cleanup() {
     umount "${MOUNTS[i]}" 2>/dev/null || umount -l "${MOUNTS[i]}"
   done
   if [ -n "$WORK" ]; then
-    if findmnt -rn -o TARGET | grep -q "^$WORK/"; then
+    if findmnt -rn -o TARGET | grep "^$WORK/" >/dev/null; then
       echo "[node-root-check] mounts under $WORK remain; not removing it" >&2
     else
       rm -rf --one-file-system "$WORK"

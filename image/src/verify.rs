@@ -57,7 +57,7 @@ pub enum VerifyError {
     Keyless(String),
     #[error("trust.identity {identity:?}: {reason}")]
     BadIdentity { identity: String, reason: String },
-    #[error("trust.identity is required for an oci: or oci-archive: image unless trust.allow_unsigned: set it to the repository the image's signatures name (e.g. ghcr.io/org/node)")]
+    #[error("trust.identity is required for an oci: or oci-archive: image unless trust.allow_unsigned: set it to the repository the image's signatures name (e.g. ghcr.io/example-org/kubeslot/ubuntu2404)")]
     NoIdentity,
     #[error("image {image}: refused by the trust policy: {}", .reasons.join("; "))]
     Refused { image: Digest, reasons: Vec<String> },

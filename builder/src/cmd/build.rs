@@ -63,8 +63,8 @@ pub struct Args {
     #[arg(long, value_name = "REF")]
     pub push: Option<kubeslot_image::ImageRef>,
     /// The repository the signatures name (`critical.identity.docker-reference`,
-    /// e.g. `ghcr.io/org/node`): what hosts check as their `trust.identity`.
-    /// Default: the `--push` repository, else the recipe's name. Set it when
+    /// e.g. `ghcr.io/example-org/kubeslot/ubuntu2404`): what hosts check as
+    /// their `trust.identity`. Default: the `--push` repository, else the recipe's name. Set it when
     /// building an `oci:`/`oci-archive:` output that hosts will read as such.
     #[arg(long, value_name = "REPOSITORY")]
     pub identity: Option<String>,
