@@ -133,6 +133,7 @@ async fn build_platform(
             LayerCompression::Gzip => Compression::Gzip,
             LayerCompression::Zstd => Compression::Zstd,
         },
+        zstd_workers: crate::rootfs::zstd_workers(),
         epoch: recipe.file.source_date_epoch,
         progress,
         platform,

@@ -56,7 +56,8 @@ pub fn layer_desc(
 }
 
 /// How a platform's layers are written: where the blobs go, how they are
-/// compressed, the epoch every entry and history carries, and where their
+/// compressed (zstd on `zstd_workers` threads: the bytes are the same for
+/// any count), the epoch every entry and history carries, and where their
 /// progress is shown.
 pub struct LayerWriter<'a> {
     /// The recipe file (named when a layer does not fit the base).
@@ -64,6 +65,8 @@ pub struct LayerWriter<'a> {
     /// The staging blob dir's `sha256/`.
     pub blob_dir: PathBuf,
     pub compression: Compression,
+    /// zstd compressing threads ([`crate::rootfs::zstd_workers`] in a build).
+    pub zstd_workers: u32,
     pub epoch: u64,
     pub progress: &'a Progress,
     pub platform: &'a Platform,
@@ -102,10 +105,13 @@ impl LayerWriter<'_> {
             .progress
             .task("layer", &format!("{group} {}", self.platform), None);
         let (dir, compression, epoch) = (self.blob_dir.clone(), self.compression, self.epoch);
-        let blob = tokio::task::spawn_blocking(move || tree.write_layer(&dir, compression, epoch))
-            .await
-            .expect("layer writer does not panic")
-            .with_context(|| format!("layer {group} ({})", self.platform))?;
+        let workers = self.zstd_workers;
+        let blob = tokio::task::spawn_blocking(move || {
+            tree.write_layer(&dir, compression, epoch, workers)
+        })
+        .await
+        .expect("layer writer does not panic")
+        .with_context(|| format!("layer {group} ({})", self.platform))?;
         task.finish("done");
         Ok(blob)
     }

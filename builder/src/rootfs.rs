@@ -9,8 +9,10 @@
 //! `SOURCE_DATE_EPOCH`, no atime/ctime, setuid/setgid/sticky bits kept,
 //! `SCHILY.xattr.*` records kept (file capabilities), hard links pointing at
 //! the first path of their set in sorted order. gzip uses a fixed level and
-//! header; zstd a fixed level on one thread (the output of zstd's
-//! multi-threaded mode differs from its single-threaded one). The tar, the
+//! header; zstd a fixed level, job size and overlap in zstd's multi-threaded
+//! mode, whose frame is the same for any number of workers >= 1 (libzstd's
+//! single-threaded mode, 0 workers, writes a different frame and is never
+//! used: one codepath, one set of bytes). The tar, the
 //! compressor and the two digests (`diff_id`, blob digest) are one streaming
 //! pipeline to a temp file that is renamed to its digest when complete.
 //!
@@ -31,8 +33,23 @@ use tar::{EntryType, Header};
 
 /// gzip level used for every layer (fixed: it is part of the digest).
 pub const GZIP_LEVEL: u32 = 6;
-/// zstd level used for every layer (fixed, single-threaded).
+/// zstd level used for every layer (fixed: it is part of the digest).
 pub const ZSTD_LEVEL: i32 = 3;
+/// Input bytes per job of zstd's multi-threaded mode (fixed: it is part of
+/// the digest). libzstd's own choice at level 3 (4 × the 2 MiB window),
+/// pinned here instead of left to the library's defaults.
+pub const ZSTD_JOB_SIZE: u32 = 8 << 20;
+/// How much of the previous job each job reloads, as zstd's `overlapLog`
+/// (6: 1/8 of the window; libzstd's default for level 3's strategy), pinned
+/// like the job size.
+pub const ZSTD_OVERLAP_LOG: u32 = 6;
+
+/// zstd worker threads for a layer: one per CPU the process may use. Any
+/// count >= 1 writes the same bytes (libzstd's streaming multi-threaded
+/// mode cuts jobs at fixed input offsets, whatever the number of workers).
+pub fn zstd_workers() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
 
 /// Why a tree could not be read or a layer written.
 #[derive(Debug, thiserror::Error)]
@@ -434,13 +451,16 @@ impl Tree {
     }
 
     /// Writes the tree as a layer blob into `blob_dir` (`<blob_dir>/<hex>`,
-    /// created by rename after the stream completed and was fsynced).
-    /// Blocking and CPU-heavy: call it from `spawn_blocking`.
+    /// created by rename after the stream completed and was fsynced), zstd
+    /// on `zstd_workers` threads ([`zstd_workers`] in a build; 0 is taken
+    /// as 1; the bytes are the same for any count). Blocking and
+    /// CPU-heavy: call it from `spawn_blocking`.
     pub fn write_layer(
         mut self,
         blob_dir: &Path,
         compression: Compression,
         epoch: u64,
+        zstd_workers: u32,
     ) -> Result<LayerBlob, RootfsError> {
         self.fill_parents(epoch);
         std::fs::create_dir_all(blob_dir).map_err(io_err(blob_dir))?;
@@ -453,7 +473,8 @@ impl Tree {
         let tmp_path = tmp.path().to_path_buf();
         let file = tmp.as_file().try_clone().map_err(io_err(&tmp_path))?;
         let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-        let encoder = Encoder::new(compressed, compression).map_err(io_err(&tmp_path))?;
+        let encoder =
+            Encoder::new(compressed, compression, zstd_workers).map_err(io_err(&tmp_path))?;
         let mut builder = tar::Builder::new(HashingWriter::new(encoder));
         let mut reader = RangeReader::default();
         for (path, e) in &self.entries {
@@ -606,15 +627,23 @@ enum Encoder<W: Write> {
 }
 
 impl<W: Write> Encoder<W> {
-    fn new(w: W, c: Compression) -> io::Result<Self> {
+    fn new(w: W, c: Compression, zstd_workers: u32) -> io::Result<Self> {
         Ok(match c {
             // GzEncoder writes a fixed header: mtime 0, no name, OS 255.
             Compression::Gzip => Encoder::Gzip(flate2::write::GzEncoder::new(
                 w,
                 flate2::Compression::new(GZIP_LEVEL),
             )),
-            // Single-threaded on purpose: see the module docs.
-            Compression::Zstd => Encoder::Zstd(zstd::stream::write::Encoder::new(w, ZSTD_LEVEL)?),
+            // Always the multi-threaded mode (>= 1 worker): see the module docs.
+            Compression::Zstd => {
+                let mut e = zstd::stream::write::Encoder::new(w, ZSTD_LEVEL)?;
+                e.multithread(zstd_workers.max(1))?;
+                e.set_parameter(zstd::zstd_safe::CParameter::JobSize(ZSTD_JOB_SIZE))?;
+                e.set_parameter(zstd::zstd_safe::CParameter::OverlapSizeLog(
+                    ZSTD_OVERLAP_LOG,
+                ))?;
+                Encoder::Zstd(e)
+            }
             Compression::None => Encoder::None(w),
         })
     }
@@ -698,10 +727,10 @@ mod tests {
     fn layers_are_byte_identical_and_sorted_with_parents() {
         let tmp = tempfile::tempdir().unwrap();
         let a = sample(1000)
-            .write_layer(&tmp.path().join("a"), Compression::Gzip, 1000)
+            .write_layer(&tmp.path().join("a"), Compression::Gzip, 1000, 1)
             .unwrap();
         let b = sample(1000)
-            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1000)
+            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1000, 1)
             .unwrap();
         assert_eq!((a.digest, a.diff_id), (b.digest, b.diff_id));
         assert_eq!(Digest::of(&std::fs::read(&a.path).unwrap()), a.digest);
@@ -724,13 +753,81 @@ mod tests {
         assert_eq!(seen[5].1, 0o4755, "setuid bit kept");
 
         let z = sample(1000)
-            .write_layer(&tmp.path().join("c"), Compression::Zstd, 1000)
+            .write_layer(&tmp.path().join("c"), Compression::Zstd, 1000, 1)
             .unwrap();
         let z2 = sample(1000)
-            .write_layer(&tmp.path().join("d"), Compression::Zstd, 1000)
+            .write_layer(&tmp.path().join("d"), Compression::Zstd, 1000, 1)
             .unwrap();
         assert_eq!(z.digest, z2.digest);
         assert_eq!(z.diff_id, a.diff_id, "same tar under both compressions");
+    }
+
+    /// A tree of several zstd jobs' worth of compressible, non-repeating
+    /// bytes (so that jobs really run side by side and overlap).
+    fn big_tree() -> Tree {
+        let mut t = sample(1000);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let jobs = 4;
+        for f in 0..jobs * 8 {
+            let bytes: Vec<u8> = (0..(ZSTD_JOB_SIZE as usize / 8 + 4093))
+                .map(|_| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    b"kubeslot layer \n0123456789"[(x >> 59) as usize % 26]
+                })
+                .collect();
+            t.insert(
+                &format!("data/{f:03}"),
+                Entry::root(Kind::File(Data::Bytes(Arc::new(bytes))), 0o644, 1000),
+            )
+            .unwrap();
+        }
+        t
+    }
+
+    #[test]
+    fn zstd_layers_are_the_same_bytes_for_any_worker_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let write = |workers: u32| {
+            big_tree()
+                .write_layer(
+                    &tmp.path().join(workers.to_string()),
+                    Compression::Zstd,
+                    1000,
+                    workers,
+                )
+                .unwrap()
+        };
+        let one = write(1);
+        let bytes = std::fs::read(&one.path).unwrap();
+        assert!(
+            one.size > 3 * u64::from(ZSTD_JOB_SIZE) / 8,
+            "several jobs of output ({} bytes)",
+            one.size
+        );
+        for workers in [2, 4, 0] {
+            let other = write(workers);
+            assert_eq!(
+                (other.digest, other.diff_id, other.size),
+                (one.digest, one.diff_id, one.size),
+                "{workers} workers against 1"
+            );
+            assert_eq!(std::fs::read(&other.path).unwrap(), bytes);
+        }
+        // The blob decodes to the whole tar, which has the layer's diff_id.
+        let tar = zstd::stream::decode_all(&bytes[..]).unwrap();
+        assert!(
+            tar.len() > 3 * ZSTD_JOB_SIZE as usize,
+            "{} bytes",
+            tar.len()
+        );
+        assert_eq!(Digest::of(&tar), one.diff_id);
+        let gzip = big_tree()
+            .write_layer(&tmp.path().join("gz"), Compression::Gzip, 1000, 1)
+            .unwrap();
+        assert_eq!(
+            gzip.diff_id, one.diff_id,
+            "same tar under both compressions"
+        );
     }
 
     #[test]
@@ -819,7 +916,7 @@ mod tests {
         assert_eq!(ping.xattrs.get("security.capability").unwrap(), b"\x01cap");
 
         let blob = tree
-            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1_000)
+            .write_layer(&tmp.path().join("b"), Compression::Gzip, 1_000, 1)
             .unwrap();
         let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(
             File::open(&blob.path).unwrap(),

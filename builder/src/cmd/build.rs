@@ -84,6 +84,10 @@ pub struct BenchLayerArgs {
     pub compression: BenchCompression,
     #[arg(long, default_value_t = 1_700_000_000)]
     pub epoch: u64,
+    /// zstd compressing threads (default: one per CPU; the bytes are the
+    /// same for any count).
+    #[arg(long)]
+    pub zstd_workers: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -152,7 +156,10 @@ pub async fn bench_layer(args: BenchLayerArgs, _global: &Global) -> anyhow::Resu
     };
     let blob = tokio::task::spawn_blocking(move || {
         let tree = Tree::from_dir(&args.dir, args.epoch)?;
-        tree.write_layer(&args.out, compression, args.epoch)
+        let workers = args
+            .zstd_workers
+            .unwrap_or_else(crate::rootfs::zstd_workers);
+        tree.write_layer(&args.out, compression, args.epoch, workers)
     })
     .await
     .expect("layer writer does not panic")?;
