@@ -307,24 +307,35 @@ pub fn ensure(
             })
             .map_err(wrap)?;
         unpacker.finish().map_err(wrap)?;
-        // The record first: a layer directory never exists without it
-        // (`verify-layers` checks the layer against it).
-        let record = crate::integrity::record(staging.path(), Some(policy_hash.clone()))
-            .map_err(io_err(staging.path()))?;
-        let record_path = crate::integrity::record_path(&dest);
-        crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
-        renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
-            .map_err(|e| io_err(&dest)(std::io::Error::from(e)))?;
-        // Renamed away: the TempDir's drop finds nothing to delete.
-        drop(staging);
-        atomic::sync_dir(&base).map_err(|e| LayerError::Io {
-            path: e.path,
-            error: e.source,
-        })?;
+        place_recorded(staging, &dest, &policy_hash)?;
         out.unpacked += 1;
         out.bytes_unpacked += stats.bytes;
     }
     Ok(out)
+}
+
+/// Records the tree in `staging` (made under `policy_hash`) and renames it
+/// to `dest` in the same directory, never over anything there. The record
+/// first: a layer directory never exists without it (`verify-layers`
+/// checks the layer against it).
+pub fn place_recorded(
+    staging: tempfile::TempDir,
+    dest: &Path,
+    policy_hash: &str,
+) -> Result<(), LayerError> {
+    let record = crate::integrity::record(staging.path(), Some(policy_hash.to_string()))
+        .map_err(io_err(staging.path()))?;
+    let record_path = crate::integrity::record_path(dest);
+    crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
+    renameat_with(CWD, staging.path(), CWD, dest, RenameFlags::NOREPLACE)
+        .map_err(|e| io_err(dest)(std::io::Error::from(e)))?;
+    // Renamed away: the TempDir's drop finds nothing to delete.
+    drop(staging);
+    let parent = dest.parent().unwrap_or(Path::new("/"));
+    atomic::sync_dir(parent).map_err(|e| LayerError::Io {
+        path: e.path,
+        error: e.source,
+    })
 }
 
 /// The layer directories the installed overlay slots mount (both slots'

@@ -32,11 +32,9 @@ use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use kubeslot_image::atomic;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::source::SelectedImage;
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
-use rustix::fs::{renameat_with, RenameFlags, CWD};
 
 use crate::layers::{self, Ensured, LayerError};
 use crate::paths::Root;
@@ -115,18 +113,7 @@ fn ensure_meta(
     let _ = rustix::mount::unmount(skeleton.path(), rustix::mount::UnmountFlags::DETACH);
     let skel_path = skeleton.keep();
     crate::remove::remove_tree(&skel_path).map_err(|e| io_err(&skel_path)(e.into_io()))?;
-    let staging = built?;
-    let record = crate::integrity::record(staging.path(), Some(policy_hash))
-        .map_err(io_err(staging.path()))?;
-    let record_path = crate::integrity::record_path(&dest);
-    crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
-    renameat_with(CWD, staging.path(), CWD, &dest, RenameFlags::NOREPLACE)
-        .map_err(|e| io_err(&dest)(std::io::Error::from(e)))?;
-    drop(staging);
-    atomic::sync_dir(&base).map_err(|e| LayerError::Io {
-        path: e.path,
-        error: e.source,
-    })?;
+    layers::place_recorded(built?, &dest, &policy_hash)?;
     Ok(dest)
 }
 

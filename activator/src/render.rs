@@ -616,60 +616,37 @@ fn host_binds(config: &Config, machine: &str, s: &mut String) {
     let dir = Root::host().host_files(machine);
     let d = dir.display();
     let _ = writeln!(s, "BindReadOnly={d}:{}", inside::HOST_FILES);
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::CLIENT_CA,
-        inside::CLIENT_CA
-    );
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::KUBELET_DROPIN,
-        inside::KUBELET_DROPIN
-    );
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::KUBELET_CONFIG,
-        inside::KUBELET_CONFIG_DROPIN
-    );
-    // over the image's (and anything the node writes there): the kubelet
-    // unit's environment holds only the host's extra arguments
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::KUBELET_DEFAULTS,
-        inside::KUBELET_DEFAULTS
-    );
-    if config.containerd.has_dropin() {
-        let _ = writeln!(
-            s,
-            "BindReadOnly={d}/{}:{}",
+    // (file in the host-files dir, where the machine sees it, bound at all);
+    // the kubelet defaults go over the image's (and anything the node
+    // writes there): the kubelet unit's environment holds only the host's
+    // extra arguments
+    let files = [
+        (host_files::CLIENT_CA, inside::CLIENT_CA, true),
+        (host_files::KUBELET_DROPIN, inside::KUBELET_DROPIN, true),
+        (
+            host_files::KUBELET_CONFIG,
+            inside::KUBELET_CONFIG_DROPIN,
+            true,
+        ),
+        (host_files::KUBELET_DEFAULTS, inside::KUBELET_DEFAULTS, true),
+        (
             host_files::CONTAINERD_DROPIN,
-            inside::CONTAINERD_DROPIN
-        );
-    }
-    if !registry_mirrors(config).is_empty() {
-        let _ = writeln!(
-            s,
-            "BindReadOnly={d}/{}:{}",
+            inside::CONTAINERD_DROPIN,
+            config.containerd.has_dropin(),
+        ),
+        (
             host_files::CERTS_D,
-            inside::CERTS_D
-        );
+            inside::CERTS_D,
+            !registry_mirrors(config).is_empty(),
+        ),
+        (host_files::RESOLV_CONF, inside::RESOLV_CONF, true),
+        (host_files::HOSTNAME, inside::HOSTNAME, true),
+    ];
+    for (file, at, bound) in files {
+        if bound {
+            let _ = writeln!(s, "BindReadOnly={d}/{file}:{at}");
+        }
     }
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::RESOLV_CONF,
-        inside::RESOLV_CONF
-    );
-    let _ = writeln!(
-        s,
-        "BindReadOnly={d}/{}:{}",
-        host_files::HOSTNAME,
-        inside::HOSTNAME
-    );
     let _ = writeln!(s, "Bind={}:{}", host::NODE_KUBELET, inside::KUBELET_STATE);
     let _ = writeln!(
         s,
