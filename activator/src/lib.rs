@@ -14,6 +14,7 @@ pub mod adopt;
 pub mod bundle;
 pub mod config;
 pub mod diagnostics;
+pub mod dirattrs;
 pub mod extra_args;
 pub mod failpoint;
 pub mod fingerprint;

@@ -279,26 +279,8 @@ fn attrs(p: &Path) -> std::io::Result<Option<Attrs>> {
         mode: m.mode() & 0o7777,
         uid: m.uid(),
         gid: m.gid(),
-        xattrs: user_xattrs(p)?,
+        xattrs: crate::dirattrs::user_xattrs(p)?,
     }))
-}
-
-/// The `user.*` xattrs of directory `p`, sorted by name.
-fn user_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    // XATTR_LIST_MAX and XATTR_SIZE_MAX: 64 KiB each.
-    let mut names = vec![0u8; 65536];
-    let n = rustix::fs::llistxattr(p, &mut names[..])?;
-    let mut out = Vec::new();
-    let mut value = vec![0u8; 65536];
-    for name in names[..n].split(|b| *b == 0) {
-        if !name.starts_with(b"user.") {
-            continue;
-        }
-        let k = rustix::fs::lgetxattr(p, name, &mut value[..])?;
-        out.push((name.to_vec(), value[..k].to_vec()));
-    }
-    out.sort();
-    Ok(out)
 }
 
 /// The directories of `skeleton` (relative, the root as ""), parents first.
@@ -348,7 +330,7 @@ fn build(skeleton: &Path, lowers: &[PathBuf], out: &Path) -> Result<(), LayerErr
         if !rel.as_os_str().is_empty() {
             fs::create_dir(&to).map_err(io_err(&to))?;
         }
-        copy_attrs(&from, &to).map_err(io_err(&to))?;
+        crate::dirattrs::copy_attrs(&from, &to).map_err(io_err(&to))?;
     }
     // Times last, children first: creating a child changes its parent's.
     for rel in keep.iter().rev() {
@@ -360,26 +342,6 @@ fn build(skeleton: &Path, lowers: &[PathBuf], out: &Path) -> Result<(), LayerErr
         fs::File::open(&to)
             .and_then(|f| f.set_times(times))
             .map_err(io_err(&to))?;
-    }
-    Ok(())
-}
-
-/// Gives directory `to` the owner, mode and `user.*` xattrs of `from`
-/// (owner first: chown clears the setgid bit). Also used for a slot's
-/// upper root ([`crate::overlay`]).
-pub fn copy_attrs(from: &Path, to: &Path) -> std::io::Result<()> {
-    let m = fs::symlink_metadata(from)?;
-    std::os::unix::fs::lchown(to, Some(m.uid()), Some(m.gid()))?;
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777))?;
-    let wanted = user_xattrs(from)?;
-    for (name, _) in user_xattrs(to)? {
-        if !wanted.iter().any(|(n, _)| *n == name) {
-            rustix::fs::lremovexattr(to, name.as_slice())?;
-        }
-    }
-    for (name, value) in wanted {
-        rustix::fs::lsetxattr(to, name.as_slice(), &value, rustix::fs::XattrFlags::empty())?;
     }
     Ok(())
 }

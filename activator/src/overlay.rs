@@ -213,7 +213,7 @@ fn upper_root_like(root: &Root, slot: Slot, top: Option<&PathBuf>) -> Result<(),
         return Ok(());
     };
     let upper = upper_dir(root, slot);
-    crate::metalayer::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
+    crate::dirattrs::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
 }
 
 /// The topmost lower of `slot`'s installed mount unit (the first in its
