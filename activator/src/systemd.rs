@@ -31,7 +31,8 @@ pub trait Systemd {
     /// Runs a command inside a running machine; `Ok(true)` when it exited 0.
     fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError>;
     /// The last `lines` journal lines of a unit inside a running machine
-    /// (`journalctl -M <machine> -u <unit> -n <lines>`), oldest first: what
+    /// (`journalctl -M <machine> -n <lines>` of the unit's own lines,
+    /// systemd's about it, and its syslog identifier's), oldest first: what
     /// a report shows when the machine failed.
     fn machine_journal(
         &self,
@@ -176,19 +177,32 @@ impl Systemd for SystemCtl {
         lines: usize,
     ) -> Result<Vec<String>, SystemdError> {
         let n = lines.to_string();
+        let name = unit.strip_suffix(".service").unwrap_or(unit);
+        // What `-u` matches, or'ed with the syslog identifier: a stdout
+        // line journald could not tie to the unit's cgroup (seen inside
+        // nspawn machines on hybrid-cgroup hosts) still carries the
+        // identifier systemd gave the stream.
+        let (by_unit, by_systemd, by_ident) = (
+            format!("_SYSTEMD_UNIT={name}.service"),
+            format!("UNIT={name}.service"),
+            format!("SYSLOG_IDENTIFIER={name}"),
+        );
         run_lines(
             "journalctl",
             &[
                 "-M",
                 machine,
-                "-u",
-                unit,
                 "-n",
                 &n,
                 "--no-pager",
                 "-q",
                 "-o",
                 "short-iso",
+                &by_unit,
+                "+",
+                &by_systemd,
+                "+",
+                &by_ident,
             ],
         )
     }

@@ -61,7 +61,7 @@ cri_wait_log() {
 kubelet_log_wait() {
   local deadline=$((SECONDS + $3))
   while [ $SECONDS -lt $deadline ]; do
-    in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep -Eq "$2" && return 0
+    in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep -E "$2" >/dev/null && return 0
     sleep 0.5
   done
   return 1
