@@ -179,9 +179,8 @@ impl Systemd for SystemCtl {
         let n = lines.to_string();
         let name = unit.strip_suffix(".service").unwrap_or(unit);
         // What `-u` matches, or'ed with the syslog identifier: a stdout
-        // line journald could not tie to the unit's cgroup (seen inside
-        // nspawn machines on hybrid-cgroup hosts) still carries the
-        // identifier systemd gave the stream.
+        // line journald could not tie to the unit's cgroup still carries
+        // the identifier systemd gave the stream.
         let (by_unit, by_systemd, by_ident) = (
             format!("_SYSTEMD_UNIT={name}.service"),
             format!("UNIT={name}.service"),

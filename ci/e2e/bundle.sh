@@ -114,7 +114,7 @@ spec:
 EOF2
   out=$(cri_wait_log "$target" bundled bundled 0 'hello from the offline bundle' 90) || return 1
   check "the static pod printed the bundle image's line" grep -qx 'hello from the offline bundle' <<<"$out" || { echo "$out" >&2; return 1; }
-  check "the kubelet pulled nothing" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M $target --quiet --wait --pipe journalctl -u kubelet --no-pager -o cat </dev/null | grep -q 'CRI timing: image pulled.*bundled'" || return 1
+  check "the kubelet pulled nothing" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M $target --quiet --wait --pipe journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat </dev/null | grep -q 'CRI timing: image pulled.*bundled'" || return 1
   check "no registry was asked for it" bash -c "! grep -q '/v2/e2e/bundled/' '$REGISTRY_LOG'" || return 1
   in_machine "$target" rm -f /etc/kubernetes/manifests/bundled.yaml
 

@@ -51,17 +51,21 @@ cri_wait_log() {
     sleep 0.5
   done
   fail "no line '$pattern' in ${dir:-/var/log/pods/default_$pod-e2e-node_*}/$c/$n.log after $6 s"
-  in_machine "$m" journalctl -u kubelet --no-pager -o cat | grep -E "$pod|rror" | tail -n 15 >&2 || true
+  in_machine "$m" journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep -E "$pod|rror" | tail -n 15 >&2 || true
   [ -z "$text" ] || printf '%s\n' "$text" >&2
   return 1
 }
 
 # kubelet_log_wait MACHINE PATTERN TIMEOUT_S: until the machine's kubelet
 # journal has a line matching PATTERN (journald may lag a loaded machine).
+# The kubelet's journal, here and below: its unit's lines, systemd's about
+# it, and its syslog identifier's, as the activator's diagnostics read it.
+# No `grep -q` after journalctl: under pipefail its early exit fails the
+# pipeline with journalctl's SIGPIPE.
 kubelet_log_wait() {
   local deadline=$((SECONDS + $3))
   while [ $SECONDS -lt $deadline ]; do
-    in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep -E "$2" >/dev/null && return 0
+    in_machine "$1" journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep -E "$2" >/dev/null && return 0
     sleep 0.5
   done
   return 1
@@ -72,7 +76,7 @@ kubelet_log_wait() {
 cri_timings() {
   local lines sandbox pulled started
   kubelet_log_wait "$1" "CRI timing: container started.*pod=\"default/$2-e2e-node\"" 10 || true
-  lines=$(in_machine "$1" journalctl -u kubelet --no-pager -o cat | grep "CRI timing" | grep "pod=\"default/$2-e2e-node\"" || true)
+  lines=$(in_machine "$1" journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep "CRI timing" | grep "pod=\"default/$2-e2e-node\"" || true)
   sandbox=$(grep 'sandbox ready' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
   pulled=$(grep 'image pulled' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
   started=$(grep 'container started' <<<"$lines" | tail -n1 | grep -o 'ms="[0-9]*"' | tr -dc 0-9 || true)
@@ -222,7 +226,7 @@ spec:
     ports: [{containerPort: 80}]
 EOF2
   local deadline=$((SECONDS + 10))
-  until in_machine kube1 journalctl -u kubelet --no-pager -o cat | grep 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' >/dev/null; do
+  until in_machine kube1 journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' >/dev/null; do
     [ $SECONDS -lt $deadline ] || { fail "the kubelet did not name spec.containers[0].ports of bad.yaml"; return 1; }
     sleep 0.5
   done
@@ -263,5 +267,5 @@ scenario_cri_sandbox_pinned() {
   check "sandboxes are running on it ($got ready)" test "${got:-0}" -ge 1 || return 1
   check "no registry the nodes can reach was asked for the pause image" \
     bash -c "! grep -h '/v2/e2e/pause/' '$WORK/logs/registry-pods.log' '$WORK/logs/registry-pods-mirror.log'" || return 1
-  check "the kubelet never pulled it" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M kube1 --quiet --wait --pipe journalctl -u kubelet --no-pager -o cat </dev/null | grep -q 'image pulled.*pause'" || return 1
+  check "the kubelet never pulled it" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M kube1 --quiet --wait --pipe journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat </dev/null | grep -q 'image pulled.*pause'" || return 1
 }
