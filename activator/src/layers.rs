@@ -151,9 +151,9 @@ pub fn unusable(dir: &Path, policy: &str) -> Option<String> {
     }
 }
 
-/// Where layer `diff_id` comes from: a directory to reuse, or one to
-/// unpack into (`replace`: what is there goes first, and why).
-enum Place {
+/// Where a layer (or the metadata layer) comes from: a directory to reuse,
+/// or one to unpack into (`replace`: what is there goes first, and why).
+pub enum Place {
     Reuse(PathBuf),
     Unpack {
         dest: PathBuf,
@@ -161,9 +161,38 @@ enum Place {
     },
 }
 
-/// Finds layer `diff_id` in the store: its own directory or the alternate,
-/// whichever matches its record under `policy`; else where to unpack it,
-/// never over a directory a slot's mount unit (`keep`) names.
+/// Of a layer's own directory and its alternate: the one that matches its
+/// record under `policy`; else where to unpack it, never over a directory
+/// a slot's mount unit (`keep`) names. `Err(why)` when both are unusable
+/// and named by a unit.
+pub fn place_in(
+    own: &Path,
+    alternate: &Path,
+    policy: &str,
+    keep: &std::collections::BTreeSet<PathBuf>,
+) -> Result<Place, String> {
+    let mut why = None;
+    for dir in [own, alternate] {
+        if fs::symlink_metadata(dir).is_ok() {
+            match unusable(dir, policy) {
+                None => return Ok(Place::Reuse(dir.to_path_buf())),
+                Some(w) => why = why.or(Some(w)),
+            }
+        }
+    }
+    for dir in [own, alternate] {
+        let there = fs::symlink_metadata(dir).is_ok();
+        if !there || !keep.contains(dir) {
+            return Ok(Place::Unpack {
+                dest: dir.to_path_buf(),
+                replace: if there { why } else { None },
+            });
+        }
+    }
+    Err(why.unwrap_or_default())
+}
+
+/// [`place_in`] for layer `diff_id`.
 fn place(
     root: &Root,
     diff_id: &Digest,
@@ -172,29 +201,11 @@ fn place(
 ) -> Result<Place, LayerError> {
     let own = layer_dir(root, diff_id);
     let alternate = alternate_dir(root, diff_id, policy);
-    let mut why = None;
-    for dir in [&own, &alternate] {
-        if fs::symlink_metadata(dir).is_ok() {
-            match unusable(dir, policy) {
-                None => return Ok(Place::Reuse(dir.clone())),
-                Some(w) => why = why.or(Some(w)),
-            }
-        }
-    }
-    for dir in [&own, &alternate] {
-        let there = fs::symlink_metadata(dir).is_ok();
-        if !there || !keep.contains(dir) {
-            return Ok(Place::Unpack {
-                dest: dir.clone(),
-                replace: if there { why } else { None },
-            });
-        }
-    }
-    Err(LayerError::Unusable {
+    place_in(&own, &alternate, policy, keep).map_err(|why| LayerError::Unusable {
         diff_id: *diff_id,
-        dir: own,
-        alternate,
-        why: why.unwrap_or_default(),
+        dir: own.clone(),
+        alternate: alternate.clone(),
+        why,
     })
 }
 
@@ -375,7 +386,8 @@ fn is_record(p: &Path) -> bool {
     p.to_str().is_some_and(|s| s.ends_with(".files"))
 }
 
-fn remove_file_if_there(p: &Path) -> Result<(), LayerError> {
+/// Removes file `p`; a missing one is no error.
+pub fn remove_file_if_there(p: &Path) -> Result<(), LayerError> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(p)(e)),
         _ => Ok(()),

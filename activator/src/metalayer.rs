@@ -89,12 +89,39 @@ fn ensure_meta(
     lowers: &[PathBuf],
 ) -> Result<PathBuf, LayerError> {
     let policy_hash = layers::policy_hash(policy);
-    let dest = match place(root, image, &policy_hash)? {
-        Place::Reuse(dir) => {
+    // Like a layer: `meta-<chain>` (or, when a slot mounts that one and it
+    // is unusable, `meta-<chain>-p<policy>`) is reused only as recorded
+    // under this policy; otherwise removed (never while a slot's unit names
+    // it) and built again.
+    let own = meta_dir(root, image);
+    let name = own
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let alternate = own.with_file_name(format!("{name}-p{}", &policy_hash[..16]));
+    let keep = layers::referenced(root)?;
+    let dest = match layers::place_in(&own, &alternate, &policy_hash, &keep) {
+        Ok(layers::Place::Reuse(dir)) => {
             progress::line(|| "metadata layer: in the layer store, as recorded".to_string());
             return Ok(dir);
         }
-        Place::Build(dir) => dir,
+        Ok(layers::Place::Unpack { dest, replace }) => {
+            if let Some(why) = replace {
+                progress::line(|| format!("metadata layer {}: {why}: building it again", dest.display()));
+                crate::remove::remove_tree(&dest).map_err(|e| io_err(&dest)(e.into_io()))?;
+                layers::remove_file_if_there(&crate::integrity::record_path(&dest))?;
+            }
+            dest
+        }
+        Err(why) => {
+            return Err(LayerError::Io {
+                path: own.clone(),
+                error: std::io::Error::other(format!(
+                    "metadata layer: {why}; a slot's mount unit still names it, and so does the other slot's for {}: refusing to reuse or replace them (`rollback --clean` or staging the other slot frees one)",
+                    alternate.display()
+                )),
+            })
+        }
     };
     progress::line(|| "metadata layer: the image's directory attributes".to_string());
     let base = root.layers_dir();
@@ -115,65 +142,6 @@ fn ensure_meta(
     crate::remove::remove_tree(&skel_path).map_err(|e| io_err(&skel_path)(e.into_io()))?;
     layers::place_recorded(built?, &dest, &policy_hash)?;
     Ok(dest)
-}
-
-/// Where the metadata layer comes from: a directory to reuse, or one to
-/// build into.
-enum Place {
-    Reuse(PathBuf),
-    Build(PathBuf),
-}
-
-/// Like a layer ([`layers::unusable`]): `meta-<chain>` (or, when a slot
-/// mounts that one and it is unusable, `meta-<chain>-p<policy>`) is reused
-/// only when its record was made under this unpack policy and its files
-/// match it; otherwise it is removed (never while a slot's unit names it)
-/// and built again.
-fn place(root: &Root, image: &SelectedImage, policy_hash: &str) -> Result<Place, LayerError> {
-    let own = meta_dir(root, image);
-    let name = own
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let alternate = own.with_file_name(format!("{name}-p{}", &policy_hash[..16]));
-    let mut why = None;
-    for dir in [&own, &alternate] {
-        if fs::symlink_metadata(dir).is_ok() {
-            match layers::unusable(dir, policy_hash) {
-                None => return Ok(Place::Reuse(dir.clone())),
-                Some(w) => why = why.or(Some(w)),
-            }
-        }
-    }
-    let keep = layers::referenced(root)?;
-    for dir in [&own, &alternate] {
-        if fs::symlink_metadata(dir).is_err() {
-            return Ok(Place::Build(dir.clone()));
-        }
-        if !keep.contains(dir) {
-            let why = why.clone().unwrap_or_default();
-            progress::line(|| {
-                format!("metadata layer {}: {why}: building it again", dir.display())
-            });
-            crate::remove::remove_tree(dir).map_err(|e| io_err(dir)(e.into_io()))?;
-            let record = crate::integrity::record_path(dir);
-            match fs::remove_file(&record) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io_err(&record)(e))
-                }
-                _ => {}
-            }
-            return Ok(Place::Build(dir.clone()));
-        }
-    }
-    Err(LayerError::Io {
-        path: own.clone(),
-        error: std::io::Error::other(format!(
-            "metadata layer: {}; a slot's mount unit still names it, and so does the other slot's for {}: refusing to reuse or replace them (`rollback --clean` or staging the other slot frees one)",
-            why.unwrap_or_default(),
-            alternate.display()
-        )),
-    })
 }
 
 /// A 0755 scratch directory in the layer store (`.staging-*`: a killed
