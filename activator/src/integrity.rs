@@ -8,9 +8,11 @@
 //! label the host's policy assigns, not the image), and per type the size
 //! and sha256 of a regular file, the target of a symlink, the device
 //! number of a device node (an overlayfs whiteout is a 0:0 character
-//! device). Each entry is what an unpacker knows when it writes it, so a
-//! record can be produced while a layer is unpacked as well as by walking
-//! the tree afterwards ([`record`], which always stays for checking). A
+//! device). A tree just unpacked is recorded with [`record_known`]: each
+//! file's size and sha256 from the unpacker, which hashed the data as it
+//! wrote it, the rest from a walk that reads no file data (one read of
+//! the data per flip); [`record`] reads every file (checks, and trees no
+//! unpacker wrote). A
 //! layer's record also names the unpack policy it was made under
 //! ([`Record::policy`]). Records are JSON, written atomically (0600) beside
 //! the tree (`layers/<diff_id>.files`, `slots/<machine>.files`) before the
@@ -30,6 +32,7 @@ use std::os::unix::ffi::OsStringExt as _;
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::digest::HashingReader;
+use kubeslot_image::unpack::FileHashes;
 use rustix::fs::{FileType, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
@@ -147,30 +150,52 @@ const ADDED: &str = "added";
 
 /// Records the tree at `dir` (not following links), made under `policy`.
 pub fn record(dir: &Path, policy: Option<String>) -> io::Result<Record> {
-    recorded(dir, policy, &|_| false)
+    Ok(recorded(dir, policy, &|_| false, &FileHashes::new())?.0)
+}
+
+/// Records the tree an unpacker just wrote, taking each regular file's
+/// size and sha256 from `known` (the unpacker's, computed as it wrote the
+/// data) instead of reading the file again: one read of the data per
+/// flip. Everything else (type, mode, owner, xattrs, link targets) is
+/// what the tree shows, so the record is the one [`record`] makes. A file
+/// `known` does not have, or has at another size, is read. Returns the
+/// record and how many files were read.
+pub fn record_known(
+    dir: &Path,
+    policy: Option<String>,
+    known: &FileHashes,
+) -> io::Result<(Record, u64)> {
+    recorded(dir, policy, &|_| false, known)
 }
 
 fn recorded(
     dir: &Path,
     policy: Option<String>,
     skip: &dyn Fn(&[u8]) -> bool,
-) -> io::Result<Record> {
+    known: &FileHashes,
+) -> io::Result<(Record, u64)> {
     let mut r = Recorder {
         entries: BTreeMap::new(),
         skip,
+        known,
+        read: 0,
     };
     walk::walk(dir, &mut r).map_err(walk::WalkError::into_io)?;
-    Ok(Record {
+    let record = Record {
         version: VERSION,
         policy,
         entries: r.entries,
-    })
+    };
+    Ok((record, r.read))
 }
 
 struct Recorder<'a> {
     entries: BTreeMap<String, Entry>,
     /// Paths neither recorded nor walked into.
     skip: &'a dyn Fn(&[u8]) -> bool,
+    known: &'a FileHashes,
+    /// Regular files read (their hash not known).
+    read: u64,
 }
 
 impl Visit for Recorder<'_> {
@@ -178,9 +203,40 @@ impl Visit for Recorder<'_> {
         if (self.skip)(e.rel) {
             return Ok(false);
         }
-        self.entries.insert(hex::encode(e.rel), entry_of(e)?);
+        let st = e.stat;
+        let known = self.known.get(&(st.st_dev, st.st_ino)).filter(|(size, _)| {
+            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                && i64::try_from(*size).is_ok_and(|s| s == st.st_size)
+        });
+        let entry = match known {
+            Some((size, digest)) => attributes_of(
+                e,
+                Kind::File {
+                    size: *size,
+                    sha256: digest.hex(),
+                },
+            )?,
+            None => {
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
+                    self.read += 1;
+                }
+                entry_of(e)?
+            }
+        };
+        self.entries.insert(hex::encode(e.rel), entry);
         Ok(true)
     }
+}
+
+/// `kind` with the entry's mode, owner and xattrs.
+fn attributes_of(e: &walk::Entry, kind: Kind) -> io::Result<Entry> {
+    Ok(Entry {
+        kind,
+        mode: e.stat.st_mode & 0o7777,
+        uid: e.stat.st_uid,
+        gid: e.stat.st_gid,
+        xattrs: xattrs_of(e)?,
+    })
 }
 
 /// The record entry of what the walk shows.
@@ -222,13 +278,7 @@ pub fn entry_of(e: &walk::Entry) -> io::Result<Entry> {
         FileType::Socket => Kind::Socket,
         FileType::Unknown => return Err(io::Error::other("an entry of unknown type")),
     };
-    Ok(Entry {
-        kind,
-        mode: st.st_mode & 0o7777,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        xattrs: xattrs_of(e)?,
-    })
+    attributes_of(e, kind)
 }
 
 /// The entry's xattrs (but [`HOST_LABEL`]), read through
@@ -324,7 +374,7 @@ pub fn check_except(
     record: &Record,
     skip: &dyn Fn(&[u8]) -> bool,
 ) -> io::Result<Vec<Mismatch>> {
-    let now = recorded(dir, None, skip)?;
+    let (now, _) = recorded(dir, None, skip, &FileHashes::new())?;
     let want: BTreeMap<String, Entry> = record
         .entries
         .iter()

@@ -307,6 +307,7 @@ pub fn ensure(
         };
         let mut unpacker =
             Unpacker::new_overlay_layer(staging.path(), policy.clone()).map_err(wrap)?;
+        unpacker.hash_files();
         let reader = store.open_blob(&desc.digest).map_err(Box::new)?;
         let stats = unpacker
             .apply(Layer {
@@ -317,15 +318,17 @@ pub fn ensure(
                 reader,
             })
             .map_err(wrap)?;
+        let hashes = unpacker.take_file_hashes();
         unpacker.finish().map_err(wrap)?;
-        place_recorded(staging, &dest, &policy_hash)?;
+        place_recorded(staging, &dest, &policy_hash, &hashes)?;
         out.unpacked += 1;
         out.bytes_unpacked += stats.bytes;
     }
     Ok(out)
 }
 
-/// Records the tree in `staging` (made under `policy_hash`) and renames it
+/// Records the tree in `staging` (made under `policy_hash`; the files'
+/// hashes from `known`, the unpacker's, where it has them) and renames it
 /// to `dest` in the same directory, never over anything there. The record
 /// first: a layer directory never exists without it (`verify-layers`
 /// checks the layer against it).
@@ -333,9 +336,11 @@ pub fn place_recorded(
     staging: tempfile::TempDir,
     dest: &Path,
     policy_hash: &str,
+    known: &unpack::FileHashes,
 ) -> Result<(), LayerError> {
-    let record = crate::integrity::record(staging.path(), Some(policy_hash.to_string()))
-        .map_err(io_err(staging.path()))?;
+    let (record, _) =
+        crate::integrity::record_known(staging.path(), Some(policy_hash.to_string()), known)
+            .map_err(io_err(staging.path()))?;
     let record_path = crate::integrity::record_path(dest);
     crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
     renameat_with(CWD, staging.path(), CWD, dest, RenameFlags::NOREPLACE)

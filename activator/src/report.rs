@@ -62,6 +62,14 @@ pub struct Phase {
     pub started: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished: Option<String>,
+    /// Bytes the activator read during the phase (`rchar` of
+    /// `/proc/self/io`: every read(2), from the page cache too): staging
+    /// reads each blob once and no unpacked file again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes: Option<u64>,
+    /// `rchar` when the phase started; gone once it finished.
+    #[serde(skip)]
+    rchar_at_start: Option<u64>,
 }
 
 /// Blob transfer counts reported by staging.
@@ -204,6 +212,8 @@ impl Report {
             name: name.to_string(),
             started: now_rfc3339(),
             finished: None,
+            read_bytes: None,
+            rchar_at_start: rchar(),
         });
     }
 
@@ -211,6 +221,9 @@ impl Report {
         if let Some(p) = self.phases.last_mut() {
             if p.finished.is_none() {
                 p.finished = Some(now_rfc3339());
+                if let (Some(start), Some(now)) = (p.rchar_at_start.take(), rchar()) {
+                    p.read_bytes = Some(now.saturating_sub(start));
+                }
             }
         }
     }
@@ -469,6 +482,15 @@ pub fn boot_id(root: &Root) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// This process's `rchar` (`/proc/self/io`); `None` where the kernel
+/// does not account I/O per task.
+fn rchar() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,6 +507,24 @@ mod tests {
         let root = Root::new(dir.path());
         r.save(&root).unwrap();
         assert_eq!(Report::load(&root).unwrap(), r);
+    }
+
+    #[test]
+    fn a_phase_counts_the_bytes_read_during_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, vec![7u8; 3 << 20]).unwrap();
+        let mut r = Report::new("activate");
+        r.phase("stage");
+        assert_eq!(std::fs::read(&f).unwrap().len(), 3 << 20);
+        r.phase("render");
+        r.finish(exit::OK, None);
+        let read = |i: usize| r.phases[i].read_bytes.unwrap();
+        assert!(read(0) >= 3 << 20, "{}", read(0));
+        // (other tests of this process read too: no upper bound here)
+        assert!(r.phases[1].read_bytes.is_some());
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["phases"][0]["read_bytes"], read(0));
     }
 
     #[test]

@@ -119,6 +119,9 @@ pub struct Staged {
     /// Blobs downloaded vs reused.
     pub report: FetchReport,
     pub unpack: unpack::Stats,
+    /// Size and sha256 of each file unpacked, by inode (computed as the
+    /// unpacker wrote them): the slot's record needs no second read.
+    pub file_hashes: unpack::FileHashes,
     /// The tree that now holds the image.
     pub tree: PathBuf,
 }
@@ -169,18 +172,20 @@ pub fn unpack_policy(settings: &UnpackSettings) -> unpack::Policy {
 }
 
 /// Applies the layers of `image` (all in `store`) into `target`, an empty
-/// directory, under `policy`.
+/// directory, under `policy`; returns the totals and the hashes of the
+/// files written ([`unpack::FileHashes`]).
 pub fn unpack_layers(
     store: &Store,
     image: &SelectedImage,
     target: &Path,
     policy: unpack::Policy,
-) -> Result<unpack::Stats, StageError> {
+) -> Result<(unpack::Stats, unpack::FileHashes), StageError> {
     let wrap = |error: UnpackError| StageError::Unpack {
         image: image.image_digest(),
         error: Box::new(error),
     };
     let mut unpacker = Unpacker::new(target, policy).map_err(wrap)?;
+    unpacker.hash_files();
     let count = image.layers.len();
     for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
         progress::line(|| {
@@ -202,6 +207,7 @@ pub fn unpack_layers(
             })
             .map_err(wrap)?;
     }
+    let hashes = unpacker.take_file_hashes();
     let stats = unpacker.finish().map_err(wrap)?;
     progress::line(|| {
         format!(
@@ -212,7 +218,7 @@ pub fn unpack_layers(
             progress::human(stats.bytes)
         )
     });
-    Ok(stats)
+    Ok((stats, hashes))
 }
 
 /// The directory holding `path` (`.` for a bare name).
@@ -287,7 +293,7 @@ fn prepare(
         fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
             .map_err(io_err(staging.path()))?;
     }
-    let stats = unpack_layers(
+    let (stats, file_hashes) = unpack_layers(
         &store,
         &verified.image,
         staging.path(),
@@ -302,6 +308,7 @@ fn prepare(
             verdict: verified.verdict.clone(),
             report,
             unpack: stats,
+            file_hashes,
             tree: dest.to_path_buf(),
         },
     })

@@ -25,7 +25,7 @@ use kubeslot_activator::paths::Root;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::store::Store;
 use kubeslot_activator::testing::FakeSystemd;
-use kubeslot_activator::{layers, metalayer, overlay, stage};
+use kubeslot_activator::{integrity, layers, metalayer, overlay, stage};
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::Platform;
 use kubeslot_image::reference::ImageSource;
@@ -739,7 +739,11 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     let copy = tmp.path().join("copy");
     fs::create_dir(&copy).unwrap();
     let mut diffs = match stage::unpack_layers(&store, &img, &copy, policy()) {
-        Ok(_) => differences(seed, "copy", &want, &facts(&copy)),
+        Ok((_, hashes)) => {
+            let mut d = differences(seed, "copy", &want, &facts(&copy));
+            d.extend(record_differences(seed, "copy", &copy, None, &hashes));
+            d
+        }
         Err(e) => vec![format!(
             "image {seed}: copy mode refused the image: {}",
             kubeslot_image::error_chain(&e)
@@ -768,6 +772,17 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
             return diffs;
         }
     };
+    // each layer's record, made with the unpacker's hashes, is the one a
+    // walk that reads every file makes (the metadata layer's included)
+    for dir in &ensured.dirs {
+        diffs.extend(record_differences(
+            seed,
+            "overlay",
+            dir,
+            Some(&integrity::record_path(dir)),
+            &Default::default(),
+        ));
+    }
     let sd = FakeSystemd::new(&root);
     overlay::install(
         &root,
@@ -785,6 +800,38 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     overlay::remove(&root, &sd, Slot::Kube1).unwrap();
     diffs.extend(differences(seed, "overlay after clean", &want, &cleaned));
     diffs
+}
+
+/// How the record of `dir` made with the unpacker's file hashes (`saved`,
+/// or made here from `hashes`) differs from one that reads every file, and
+/// whether files were read again where the hashes were there.
+fn record_differences(
+    seed: u64,
+    mode: &str,
+    dir: &Path,
+    saved: Option<&Path>,
+    hashes: &kubeslot_image::unpack::FileHashes,
+) -> Vec<String> {
+    let read_every_file = integrity::record(dir, None).unwrap();
+    let (known, read) = match saved {
+        Some(p) => (integrity::load(p).unwrap(), 0),
+        None => integrity::record_known(dir, None, hashes).unwrap(),
+    };
+    let mut out: Vec<String> = integrity::compare(&read_every_file.entries, &known.entries)
+        .into_iter()
+        .map(|m| {
+            format!(
+                "image {seed}: {mode}: the record from the unpacker's hashes: {}: {}",
+                m.path, m.what
+            )
+        })
+        .collect();
+    if read != 0 {
+        out.push(format!(
+            "image {seed}: {mode}: recording read {read} files again"
+        ));
+    }
+    out
 }
 
 fn run_seeds(seeds: impl Iterator<Item = u64>) {

@@ -106,14 +106,19 @@ if [ "$1" = show ]; then
 fi
 "#;
 
-/// `journalctl -M MACHINE -u UNIT ...`: the unit's last words, as the
-/// started tree's `etc/fixture-health` decides them (the token of the
-/// config in one line, which a report must not show).
+/// `journalctl -M MACHINE -n N ... _SYSTEMD_UNIT=UNIT.service + ...`: the
+/// unit's last words, as the started tree's `etc/fixture-health` decides
+/// them (the token of the config in one line, which a report must not
+/// show).
 const JOURNALCTL: &str = r#"#!/bin/bash
 F="$KUBESLOT_FAKE"
 echo "journalctl $*" >> "$F/calls.log"
-[ "$1" = -M ] && [ "$3" = -u ] || { echo "fake journalctl: unexpected $*" >&2; exit 1; }
-m=$2 unit=$4
+[ "$1" = -M ] && [ "$3" = -n ] || { echo "fake journalctl: unexpected $*" >&2; exit 1; }
+m=$2 unit=
+for a in "$@"; do
+  case $a in _SYSTEMD_UNIT=*.service) unit=${a#_SYSTEMD_UNIT=}; unit=${unit%.service} ;; esac
+done
+[ -n "$unit" ] || { echo "fake journalctl: no _SYSTEMD_UNIT= match in $*" >&2; exit 1; }
 [ "$(cat "$F/units/systemd-nspawn@$m.service" 2>/dev/null)" = active ] || { echo "No machine '$m' known" >&2; exit 1; }
 mode=$(cat "$KUBESLOT_FAKE_ROOT/var/lib/machines/$m/etc/fixture-health" 2>/dev/null || echo healthy)
 echo "$m $unit[7]: started with bootstrap token abcdef.0123456789abcdef"
@@ -636,7 +641,12 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
     let calls = h.calls();
     let pos = |c: &str| calls.iter().position(|x| x.starts_with(c)).unwrap();
     assert!(
-        pos("journalctl -M kube1 -u kubelet -n 50") < pos("systemctl stop systemd-nspawn@kube1"),
+        calls
+            .iter()
+            .position(|x| x.starts_with("journalctl -M kube1 -n 50")
+                && x.contains("_SYSTEMD_UNIT=kubelet.service"))
+            .unwrap()
+            < pos("systemctl stop systemd-nspawn@kube1"),
         "{calls:?}"
     );
     let (_, out, _) = h.cmd(&["status"]);

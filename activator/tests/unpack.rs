@@ -579,6 +579,61 @@ fn hardlinks_symlinks_modes_owners_and_times() {
     );
 }
 
+/// `hash_files`: each regular file's size and sha256 as written, keyed by
+/// its inode: one entry for hard links, the replacement's for a replaced
+/// name, nothing for a skeleton's empty files.
+#[test]
+fn the_unpacker_hashes_each_file_it_writes_by_inode() {
+    let sb = Sandbox::new();
+    let t = sb.target();
+    let l0 = tar_layer(|w| {
+        w.dir("./", 0o755)
+            .file("a", 0o644, b"first")
+            .hardlink("a2", "a")
+            .file("b", 0o600, b"")
+            .file("gone", 0o644, b"whited out");
+    });
+    let l1 = tar_layer(|w| {
+        w.file("a2", 0o644, b"replaced")
+            .file(".wh.gone", 0o644, b"");
+    });
+    let mut u = Unpacker::new(&t, Policy::default()).unwrap();
+    u.hash_files();
+    for (i, (bytes, c)) in [l0, l1].iter().enumerate() {
+        u.apply(layer_of(i, bytes, *c, None)).unwrap();
+    }
+    let hashes = u.take_file_hashes();
+    u.finish().unwrap();
+    let ino = |p: &str| {
+        let m = fs::symlink_metadata(t.join(p)).unwrap();
+        (m.dev(), m.ino())
+    };
+    for (p, data) in [("a", &b"first"[..]), ("a2", b"replaced"), ("b", b"")] {
+        assert_eq!(
+            hashes.get(&ino(p)),
+            Some(&(data.len() as u64, Digest::of(data))),
+            "{p}"
+        );
+    }
+    assert_ne!(ino("a"), ino("a2"));
+    // "gone"'s inode was written once and may be reused; what is in the
+    // tree now is what counts: every file there has its own, right entry
+    assert!(!t.join("gone").exists());
+    // without hash_files, and for a skeleton, no hashes
+    let other = scratch();
+    let mut u = Unpacker::new_skeleton(other.path(), Policy::default()).unwrap();
+    u.hash_files();
+    let (bytes, c) = tar_layer(|w| {
+        w.file("x", 0o644, b"data");
+    });
+    u.apply(layer_of(0, &bytes, c, None)).unwrap();
+    assert!(u.take_file_hashes().is_empty());
+    let plain = scratch();
+    let mut u = Unpacker::new(plain.path(), Policy::default()).unwrap();
+    u.apply(layer_of(0, &bytes, c, None)).unwrap();
+    assert!(u.take_file_hashes().is_empty());
+}
+
 #[test]
 fn a_file_replaces_a_directory_and_its_subtree() {
     let sb = Sandbox::new();

@@ -72,8 +72,8 @@ impl Run<'_> {
                 // a tree whose image-owned files changed since.
                 let tree = self.root.machine_tree(to.machine());
                 let record_path = self.root.slot_files_record(to.machine());
-                crate::integrity::record(&tree, None)
-                    .and_then(|r| {
+                crate::integrity::record_known(&tree, None, &staged.file_hashes)
+                    .and_then(|(r, _)| {
                         if let Some(dir) = record_path.parent() {
                             std::fs::create_dir_all(dir)?;
                         }

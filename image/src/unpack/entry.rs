@@ -29,6 +29,7 @@ use super::path::ImagePath;
 use super::rules::{escape, Limits, Rule};
 use super::whiteout::{self, Kind};
 use super::{LayerState, LayerStats, Step, Unpacker, Whiteouts, OVERLAY_OPAQUE};
+use crate::digest::Hasher;
 
 impl Unpacker {
     /// Applies one entry: decode, record, then one function per kind.
@@ -129,6 +130,7 @@ impl Unpacker {
         let mut file = self.tree.create_file(parent.as_fd(), name, shown)?;
         let expected = entry.size();
         let mut copied = 0u64;
+        let mut hasher = (self.contents && self.hashes.is_some()).then(Hasher::new);
         loop {
             let k = match entry.read(&mut self.buf) {
                 Ok(0) => break,
@@ -140,6 +142,9 @@ impl Unpacker {
                 file.write_all(&self.buf[..k]).map_err(|e| {
                     Step::Rule(Rule::Io, format!("write \"{}\": {e}", escape(shown)))
                 })?;
+                if let Some(h) = hasher.as_mut() {
+                    h.update(&self.buf[..k]);
+                }
             }
             copied += k as u64;
         }
@@ -150,6 +155,11 @@ impl Unpacker {
             ));
         }
         self.set_meta(&file, &d.path, &d.meta, &d.xattrs, true, &mut state.stats)?;
+        if let (Some(h), Some(hashes)) = (hasher, self.hashes.as_mut()) {
+            let st = rfs::fstat(&file)
+                .map_err(|e| Step::Rule(Rule::Io, format!("stat \"{}\": {e}", escape(shown))))?;
+            hashes.insert((st.st_dev, st.st_ino), (copied, h.finish()));
+        }
         state.stats.files += 1;
         Ok(())
     }

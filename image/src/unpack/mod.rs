@@ -127,7 +127,17 @@ pub struct Unpacker {
     /// Whether regular files get their data ([`Unpacker::new_skeleton`]
     /// makes them empty).
     contents: bool,
+    /// Size and sha256 of each regular file written, by inode, when
+    /// [`Unpacker::hash_files`] asked for them.
+    hashes: Option<FileHashes>,
 }
+
+/// The size and sha256 of the data of each regular file an unpacker wrote,
+/// keyed by the file's `(st_dev, st_ino)`: computed from the bytes as they
+/// were written, so a record of the tree needs no second read of them. An
+/// inode's entry is its last write's (a file replaced later gets a new
+/// inode; hard links share theirs).
+pub type FileHashes = std::collections::HashMap<(u64, u64), (u64, Digest)>;
 
 /// What a whiteout entry does to the target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -281,7 +291,20 @@ impl Unpacker {
             failed: false,
             whiteouts: Whiteouts::Apply,
             contents: true,
+            hashes: None,
         })
+    }
+
+    /// From now on, hashes each regular file's data as it is written
+    /// ([`FileHashes`], taken with [`Unpacker::take_file_hashes`]).
+    pub fn hash_files(&mut self) {
+        self.hashes.get_or_insert_with(FileHashes::new);
+    }
+
+    /// The hashes of the files written since [`Unpacker::hash_files`]
+    /// (empty without it); meaningful once every layer applied.
+    pub fn take_file_hashes(&mut self) -> FileHashes {
+        self.hashes.take().unwrap_or_default()
     }
 
     /// An unpacker for one layer into its own directory, whiteouts recorded
