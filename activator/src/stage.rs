@@ -172,20 +172,24 @@ pub fn unpack_policy(settings: &UnpackSettings) -> unpack::Policy {
 }
 
 /// Applies the layers of `image` (all in `store`) into `target`, an empty
-/// directory, under `policy`; returns the totals and the hashes of the
-/// files written ([`unpack::FileHashes`]).
+/// directory, under `policy`; returns the totals and, with `hash`, the
+/// hashes of the files written ([`unpack::FileHashes`], for a slot's
+/// record; empty without).
 pub fn unpack_layers(
     store: &Store,
     image: &SelectedImage,
     target: &Path,
     policy: unpack::Policy,
+    hash: bool,
 ) -> Result<(unpack::Stats, unpack::FileHashes), StageError> {
     let wrap = |error: UnpackError| StageError::Unpack {
         image: image.image_digest(),
         error: Box::new(error),
     };
     let mut unpacker = Unpacker::new(target, policy).map_err(wrap)?;
-    unpacker.hash_files();
+    if hash {
+        unpacker.hash_files();
+    }
     let count = image.layers.len();
     for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
         progress::line(|| {
@@ -260,6 +264,7 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
         job.dest,
         &job.staging_prefix,
         job.unpack,
+        false,
     )?
     .install()
 }
@@ -268,6 +273,8 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
 /// archive's extraction goes before the tree takes its space) and unpacks
 /// into a private staging dir beside `dest`. `dest` is not touched: a
 /// refused blob or layer leaves it as it was. Never resolves anything.
+/// `hash`: hash the files as they are written (a slot's tree, which is
+/// recorded; not the `unpack` command's).
 fn prepare(
     source: Source,
     verified: &Verified,
@@ -275,6 +282,7 @@ fn prepare(
     dest: &Path,
     staging_prefix: &str,
     unpack: &UnpackSettings,
+    hash: bool,
 ) -> Result<Prepared, StageError> {
     let parent = parent_of(dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
@@ -298,6 +306,7 @@ fn prepare(
         &verified.image,
         staging.path(),
         unpack_policy(unpack),
+        hash,
     )?;
     Ok(Prepared {
         staging,
@@ -470,6 +479,7 @@ pub fn prepare_resolved(
         &root.machine_tree(slot_dir),
         &format!(".staging-{slot_dir}-"),
         unpack,
+        true,
     )
 }
 

@@ -738,7 +738,7 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     // copy mode: the staging directory the activator makes (0755)
     let copy = tmp.path().join("copy");
     fs::create_dir(&copy).unwrap();
-    let mut diffs = match stage::unpack_layers(&store, &img, &copy, policy()) {
+    let mut diffs = match stage::unpack_layers(&store, &img, &copy, policy(), true) {
         Ok((_, hashes)) => {
             let mut d = differences(seed, "copy", &want, &facts(&copy));
             d.extend(record_differences(seed, "copy", &copy, None, &hashes));

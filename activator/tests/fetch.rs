@@ -467,7 +467,8 @@ fn tag_is_resolved_once() {
     store.fetch_image(&source, &image).unwrap();
     let target = work.path().join("tree");
     fs::create_dir(&target).unwrap();
-    kubeslot_activator::stage::unpack_layers(&store, &image, &target, Default::default()).unwrap();
+    kubeslot_activator::stage::unpack_layers(&store, &image, &target, Default::default(), false)
+        .unwrap();
     assert_eq!(
         fs::read(target.join("opt/app/version")).unwrap(),
         b"first\n"
