@@ -263,7 +263,9 @@ SCENARIOS=(
 # does not depend on how a slot's tree is made (images, the runtime and pods
 # inside a running node). Their predecessors (pod_runs, gpu_setup) still run
 # in both modes.
-SLOT_INDEPENDENT=(images keyless_verified_offline cri_static_pod cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection)
+# (cri_static_pod is not one of them although it checks inside a running
+# node: it pulls the image image_cache_survives_flip finds after its flip.)
+SLOT_INDEPENDENT=(images keyless_verified_offline cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection)
 
 SCENARIO_PID=""
 
