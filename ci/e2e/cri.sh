@@ -68,7 +68,24 @@ kubelet_log_wait() {
     in_machine "$1" journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep -E "$2" >/dev/null && return 0
     sleep 0.5
   done
+  kubelet_journal_evidence "$1"
   return 1
+}
+
+# kubelet_journal_evidence MACHINE: what the machine shows when the
+# kubelet's lines were not found (ci/e2e/README.md, "Known issue"): where
+# the kubelet's stdout goes, its last journal lines of any kind, and
+# systemd's words about connecting a stream to the journal.
+kubelet_journal_evidence() {
+  local pid
+  pid=$(in_machine "$1" systemctl show kubelet -p MainPID --value 2>/dev/null || true)
+  {
+    echo "  evidence ($1): $(in_machine "$1" systemctl show kubelet -p StandardOutput -p ActiveState -p NRestarts 2>&1 | tr '\n' ' ')"
+    [ -z "$pid" ] || [ "$pid" = 0 ] || echo "  evidence ($1): kubelet pid $pid stdout -> $(in_machine "$1" readlink "/proc/$pid/fd/1" 2>&1)"
+    echo "  evidence ($1): journal stream sockets: $(in_machine "$1" sh -c 'ls -l /run/systemd/journal/ 2>&1 | tr "\n" " "')"
+    echo "  evidence ($1): the last lines with _PID of the kubelet: $(in_machine "$1" journalctl "_PID=$pid" --no-pager -o cat -n 3 2>&1 | tr '\n' '|')"
+    echo "  evidence ($1): systemd on the journal: $(in_machine "$1" journalctl _PID=1 --no-pager -o cat 2>&1 | grep -i 'journal' | tail -n 3 | tr '\n' '|')"
+  } >&2
 }
 
 # cri_timings MACHINE POD: the kubelet's "CRI timing" lines for POD, one
@@ -225,12 +242,8 @@ spec:
     image: $POD_REGISTRY_NAME/e2e/hello:1
     ports: [{containerPort: 80}]
 EOF2
-  local deadline=$((SECONDS + 10))
-  until in_machine kube1 journalctl _SYSTEMD_UNIT=kubelet.service + UNIT=kubelet.service + SYSLOG_IDENTIFIER=kubelet --no-pager -o cat | grep 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' >/dev/null; do
-    [ $SECONDS -lt $deadline ] || { log "  KNOWN ISSUE (kubelet journal): not seen: the kubelet naming spec.containers[0].ports of bad.yaml"; break; }
-    sleep 0.5
-  done
-  log "  ok: bad.yaml refused naming spec.containers[0].ports"
+  journal_check "bad.yaml refused naming spec.containers[0].ports" \
+    kubelet_log_wait kube1 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' 10
   in_machine kube1 rm -f /etc/kubernetes/manifests/again.yaml /etc/kubernetes/manifests/exits.yaml /etc/kubernetes/manifests/bad.yaml
 }
 
