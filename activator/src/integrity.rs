@@ -204,10 +204,11 @@ impl Visit for Recorder<'_> {
             return Ok(false);
         }
         let st = e.stat;
-        let known = self.known.get(&(st.st_dev, st.st_ino)).filter(|(size, _)| {
-            FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                && i64::try_from(*size).is_ok_and(|s| s == st.st_size)
-        });
+        let is_file = FileType::from_raw_mode(st.st_mode) == FileType::RegularFile;
+        let known = self
+            .known
+            .get(&(st.st_dev, st.st_ino))
+            .filter(|(size, _)| is_file && i64::try_from(*size).is_ok_and(|s| s == st.st_size));
         let entry = match known {
             Some((size, digest)) => attributes_of(
                 e,
@@ -217,9 +218,7 @@ impl Visit for Recorder<'_> {
                 },
             )?,
             None => {
-                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
-                    self.read += 1;
-                }
+                self.read += u64::from(is_file);
                 entry_of(e)?
             }
         };

@@ -274,8 +274,7 @@ pub fn ensure(
                     progress::line(|| {
                         format!("layer {}: {why}: unpacking it again", dest.display())
                     });
-                    crate::remove::remove_tree(&dest).map_err(|e| io_err(&dest)(e.into_io()))?;
-                    remove_file_if_there(&crate::integrity::record_path(&dest))?;
+                    remove_recorded(&dest)?;
                     out.replaced.push(format!("{diff_id}: {why}"));
                 }
                 dest
@@ -389,6 +388,13 @@ pub fn unreferenced(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
 
 fn is_record(p: &Path) -> bool {
     p.to_str().is_some_and(|s| s.ends_with(".files"))
+}
+
+/// Removes a layer directory that will not be reused, and its record
+/// (never one a slot's unit names: [`place_in`] gave it to be replaced).
+pub fn remove_recorded(dir: &Path) -> Result<(), LayerError> {
+    crate::remove::remove_tree(dir).map_err(|e| io_err(dir)(e.into_io()))?;
+    remove_file_if_there(&crate::integrity::record_path(dir))
 }
 
 /// Removes file `p`; a missing one is no error.

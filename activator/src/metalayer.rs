@@ -108,8 +108,7 @@ fn ensure_meta(
         Ok(layers::Place::Unpack { dest, replace }) => {
             if let Some(why) = replace {
                 progress::line(|| format!("metadata layer {}: {why}: building it again", dest.display()));
-                crate::remove::remove_tree(&dest).map_err(|e| io_err(&dest)(e.into_io()))?;
-                layers::remove_file_if_there(&crate::integrity::record_path(&dest))?;
+                layers::remove_recorded(&dest)?;
             }
             dest
         }
