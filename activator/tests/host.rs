@@ -3027,6 +3027,51 @@ fn the_debian_package_is_byte_identical_under_any_umask() {
     }
 }
 
+/// The activator's relocations are packed (DT_RELR, activator/build.rs: a
+/// smaller binary), which needs glibc 2.36: the package says so even when
+/// no symbol the binary uses is that new.
+#[test]
+fn the_package_of_a_packed_binary_depends_on_the_glibc_that_loads_it() {
+    for (tool, pkg) in [
+        ("dpkg-deb", "dpkg"),
+        ("objdump", "binutils"),
+        ("git", "git"),
+    ] {
+        require_tool(tool, pkg);
+    }
+    let binary = env!("CARGO_BIN_EXE_kubeslot-activator");
+    let headers = Command::new("objdump")
+        .args(["-p", binary])
+        .output()
+        .unwrap();
+    let headers = String::from_utf8_lossy(&headers.stdout);
+    assert!(
+        headers.contains("RELR ") && headers.contains("GLIBC_ABI_DT_RELR"),
+        "{binary} has no packed relocations:\n{headers}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("a.deb");
+    let script = kubeslot_test_support::workspace_root().join("ci/deb/build.sh");
+    let run = Command::new(&script)
+        .args(["--binary", binary, "--compress", "gzip", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let depends = Command::new("dpkg-deb")
+        .arg("-f")
+        .arg(&out)
+        .arg("Depends")
+        .output()
+        .unwrap();
+    let depends = String::from_utf8_lossy(&depends.stdout);
+    assert!(depends.contains("libc6 (>= 2.36)"), "Depends: {depends}");
+}
+
 /// The example config the Debian package ships loads as a real one does.
 #[test]
 fn the_packaged_example_config_loads() {

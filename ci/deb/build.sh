@@ -11,7 +11,8 @@
 # --compress gzip (xz by default) for a quick test package: xz takes 11 s
 # on an 18 MB debug binary here, gzip 1 s.
 # The version is the crate's, the architecture dpkg's; Depends names the
-# glibc the binary needs (its newest GLIBC_ symbol version). With the same
+# glibc the binary needs (its newest GLIBC_ symbol version, and 2.36 when
+# its relocations are packed, DT_RELR). With the same
 # binary the package is byte for byte the same: owners root, modes from
 # umask 022 whatever the caller's, mtimes SOURCE_DATE_EPOCH (default: the
 # last commit's time).
@@ -51,6 +52,11 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%
 
 # The newest glibc symbol version the binary uses: the libc6 it needs.
 glibc=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
+# Packed relative relocations (DT_RELR, activator/build.rs) need a loader
+# that knows them: glibc 2.36 (the binary names GLIBC_ABI_DT_RELR).
+if objdump -p "$binary" | grep -q 'GLIBC_ABI_DT_RELR'; then
+  glibc=$(printf '%s\n' "$glibc" 2.36 | sed '/^$/d' | sort -V | tail -n1)
+fi
 depends="systemd (>= 247), systemd-container"
 [ -n "$glibc" ] && depends="libc6 (>= $glibc), $depends"
 if objdump -p "$binary" | grep -q 'NEEDED *libgcc_s'; then depends="libgcc-s1, $depends"; fi

@@ -32,6 +32,7 @@ use std::time::{Duration, SystemTime};
 use base64::Engine as _;
 
 mod challenge;
+mod tls;
 
 pub use challenge::{parse_challenge, Challenge};
 
@@ -197,7 +198,8 @@ impl Client {
 
     /// An agent trusting `roots` (the bundled public roots when `None`).
     fn agent(roots: Option<Vec<ureq::tls::Certificate<'static>>>) -> ureq::Agent {
-        let mut tls = ureq::tls::TlsConfig::builder();
+        let mut tls =
+            ureq::tls::TlsConfig::builder().unversioned_rustls_crypto_provider(tls::provider());
         if let Some(roots) = roots {
             tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(roots)));
         }
