@@ -92,6 +92,29 @@ EOF
 
 # ---------------------------------------------------------------- inputs
 
+# stamp_fixture SRC DST TEXT: DST is SRC with TEXT in its variant stamp
+# (after the marker, NUL-padded; the marker must occur exactly once).
+stamp_fixture() {
+  python3 - "$@" <<'PY'
+import os, sys
+src, dst, text = sys.argv[1:]
+data = bytearray(open(src, "rb").read())
+marker = b"@@fake-kubelet-variant:@@\0"
+at = data.find(marker)
+if at < 0 or data.find(marker, at + 1) >= 0:
+    sys.exit(f"stamp_fixture: {src}: the variant marker is not there exactly once")
+room = 96 - len(marker)
+payload = text.encode()
+if len(payload) >= room:
+    sys.exit(f"stamp_fixture: {text!r} does not fit the stamp ({room - 1} bytes)")
+start = at + len(marker)
+data[start:start + room] = payload + bytes(room - len(payload))
+with open(dst, "wb") as f:
+    f.write(data)
+os.chmod(dst, 0o755)
+PY
+}
+
 build_binaries() {
   log "building kubeslot-activator, kubeslot-builder and the fixture kubelets"
   # --workspace --tests: the feature set `cargo test --workspace` built with
@@ -103,18 +126,16 @@ build_binaries() {
   # The outer host gets the activator as a host does: the Debian package
   # (of this debug binary), installed with dpkg -i after boot.
   DEB=$("$REPO/ci/deb/build.sh" --binary "$ACTIVATOR" --compress gzip --out "$WORK/kubeslot-activator.deb")
-  # The fixture kubelet in six builds: v1, v2, v4, v5, v6 (other versions, so only
-  # the Kubernetes layer differs) and v3 (never healthy). They share a target
-  # dir of their own (the build-time switches never make the main target dir
-  # rebuild; its dependencies, tonic's stack included, are built once and
-  # each switch relinks only the fixture).
+  # The fixture kubelet in six variants: v1, v2, v4, v5, v6 (other versions,
+  # so only the Kubernetes layer differs) and v3 (never healthy), copies of
+  # the one binary the workspace build made, each with its variant written
+  # into the binary's stamp (fixtures/fake-kubelet/src/main.rs, STAMP): no
+  # build per variant, no second target dir.
   local variant version unhealthy
   while read -r variant version unhealthy; do
-    FAKE_KUBELET_VERSION=$version FAKE_KUBELET_NEVER_HEALTHY=$unhealthy \
-      CARGO_TARGET_DIR=$REPO/target/e2e-fixtures \
-      cargo build --quiet --locked -p fake-kubelet
     mkdir -p "$WORK/kubelet/$variant"
-    install -m 0755 "$REPO/target/e2e-fixtures/debug/fake-kubelet" "$WORK/kubelet/$variant/kubelet"
+    stamp_fixture "$REPO/target/debug/fake-kubelet" "$WORK/kubelet/$variant/kubelet" \
+      "$version $([ "$unhealthy" = 1 ] && echo never-healthy || echo healthy)"
   done <<'EOF'
 v1 v1.35.0-e2e.1 0
 v2 v1.35.1-e2e.2 0
@@ -265,7 +286,23 @@ SCENARIOS=(
 # in both modes.
 # (cri_static_pod is not one of them although it checks inside a running
 # node: it pulls the image image_cache_survives_flip finds after its flip.)
-SLOT_INDEPENDENT=(images keyless_verified_offline cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection)
+SLOT_INDEPENDENT=(
+  # no slot touched: image checks, the package, a hand-written nspawn
+  images deb_install nspawn_smoke design_files
+  # `unpack` writes a plain tree whatever the config's slot mode
+  unpack_and_boot unpack_killed openssl_signer
+  # overlay slots whatever KUBESLOT_E2E_SLOTS says (empty host to empty host)
+  overlay_update_writes_changed_layer_only overlay_rollback_is_pristine
+  # a failing gate's rollback is activate_v3_rolls_back's in both modes; this
+  # one's point is CRI's NetworkReady, read inside the running node
+  runtime_not_ready_fails_gate
+  # the bundle import runs inside the node, at its boot
+  offline_bundle_images
+  # refused before any slot is touched; its flip is airgap_archive's
+  keyless_verified_offline
+  # checks inside a running node
+  cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
+)
 
 SCENARIO_PID=""
 
