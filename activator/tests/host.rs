@@ -2986,8 +2986,8 @@ fn uninstall_keeps_an_adopted_machine_unless_asked() {
     assert!(!root.dropin_file("kube1").exists());
 }
 
-#[test]
-fn the_debian_package_is_byte_identical_under_any_umask() {
+/// What `ci/deb/build.sh` runs.
+fn require_deb_tools() {
     for (tool, pkg) in [
         ("dpkg-deb", "dpkg"),
         ("objdump", "binutils"),
@@ -2995,6 +2995,11 @@ fn the_debian_package_is_byte_identical_under_any_umask() {
     ] {
         require_tool(tool, pkg);
     }
+}
+
+#[test]
+fn the_debian_package_is_byte_identical_under_any_umask() {
+    require_deb_tools();
     let dir = tempfile::tempdir().unwrap();
     let script = kubeslot_test_support::workspace_root().join("ci/deb/build.sh");
     // any small executable: the package's layout, not the binary, is at
@@ -3032,13 +3037,7 @@ fn the_debian_package_is_byte_identical_under_any_umask() {
 /// no symbol the binary uses is that new.
 #[test]
 fn the_package_of_a_packed_binary_depends_on_the_glibc_that_loads_it() {
-    for (tool, pkg) in [
-        ("dpkg-deb", "dpkg"),
-        ("objdump", "binutils"),
-        ("git", "git"),
-    ] {
-        require_tool(tool, pkg);
-    }
+    require_deb_tools();
     let binary = env!("CARGO_BIN_EXE_kubeslot-activator");
     let headers = Command::new("objdump")
         .args(["-p", binary])

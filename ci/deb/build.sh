@@ -52,14 +52,15 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%
 
 # The newest glibc symbol version the binary uses: the libc6 it needs.
 glibc=$(objdump -T "$binary" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
+headers=$(objdump -p "$binary")
 # Packed relative relocations (DT_RELR, activator/build.rs) need a loader
 # that knows them: glibc 2.36 (the binary names GLIBC_ABI_DT_RELR).
-if objdump -p "$binary" | grep -q 'GLIBC_ABI_DT_RELR'; then
+if grep -q 'GLIBC_ABI_DT_RELR' <<<"$headers"; then
   glibc=$(printf '%s\n' "$glibc" 2.36 | sed '/^$/d' | sort -V | tail -n1)
 fi
 depends="systemd (>= 247), systemd-container"
 [ -n "$glibc" ] && depends="libc6 (>= $glibc), $depends"
-if objdump -p "$binary" | grep -q 'NEEDED *libgcc_s'; then depends="libgcc-s1, $depends"; fi
+if grep -q 'NEEDED *libgcc_s' <<<"$headers"; then depends="libgcc-s1, $depends"; fi
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -94,6 +94,8 @@ EOF
 
 # stamp_fixture SRC DST TEXT: DST is SRC with TEXT in its variant stamp
 # (after the marker, NUL-padded; the marker must occur exactly once).
+# The marker and the stamp's 96 bytes are STAMP_MARKER and STAMP_LEN in
+# fixtures/fake-kubelet/src/main.rs.
 stamp_fixture() {
   python3 - "$@" <<'PY'
 import os, sys
