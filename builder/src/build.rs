@@ -23,6 +23,7 @@ use serde_json::json;
 
 use crate::assemble::{assemble, Assembled, ImageMeta, PlatformImage};
 use crate::fetch::Fetcher;
+use crate::layer_cache::LayerCache;
 use crate::layers::{base_layers, group_tree, LayerWriter};
 use crate::output::{self, Target};
 use crate::plan::Plan;
@@ -45,6 +46,7 @@ pub async fn execute(
     plan: &Plan,
     target: &Target,
     cache: &Path,
+    layer_cache: Option<&LayerCache>,
     progress: &Progress,
 ) -> anyhow::Result<Summary> {
     let inputs = fetch(plan, cache, progress).await?;
@@ -59,7 +61,7 @@ pub async fn execute(
     let built = futures_util::future::try_join_all(
         inputs
             .iter()
-            .map(|i| build_platform(plan, i, &blobs, &work, progress)),
+            .map(|i| build_platform(plan, i, &blobs, &work, layer_cache, progress)),
     )
     .await?;
     let staged = stage(plan, built, &blobs, staging.path(), &work)?;
@@ -121,6 +123,7 @@ async fn build_platform(
     input: &PlatformInputs<'_>,
     blobs: &BlobDir,
     work: &Path,
+    layer_cache: Option<&LayerCache>,
     progress: &Progress,
 ) -> anyhow::Result<(PlatformImage, Vec<u8>)> {
     let recipe = &plan.recipe;
@@ -137,6 +140,7 @@ async fn build_platform(
         epoch: recipe.file.source_date_epoch,
         progress,
         platform,
+        cache: layer_cache,
     };
     let base = base_layers(plan, &input.files, &input.debs, blobs, &work, &writer).await?;
     let shape = base.shape.as_ref();

@@ -18,6 +18,7 @@ use kubeslot_image::oci::{Compression, Descriptor, History, Platform};
 use kubeslot_image::time;
 
 use crate::assemble::LayerDesc;
+use crate::layer_cache::{LayerCache, Miss};
 use crate::pinned::PinnedImage;
 use crate::plan::{DebianPlan, Plan};
 use crate::progress::Progress;
@@ -70,6 +71,9 @@ pub struct LayerWriter<'a> {
     pub epoch: u64,
     pub progress: &'a Progress,
     pub platform: &'a Platform,
+    /// `build --layer-cache`: where base layers re-normalised from a
+    /// rootfs tarball are kept between builds.
+    pub cache: Option<&'a LayerCache>,
 }
 
 impl LayerWriter<'_> {
@@ -135,7 +139,8 @@ pub async fn base_layers(
                 .iter()
                 .find(|(i, _)| i.kind == InputKind::BaseRootfs)
                 .expect("rootfs base has an input");
-            let (blob, shape) = rootfs_layer(path, work, writer).await?;
+            let sha = input.pinned.sha256.hex();
+            let (blob, shape) = rootfs_layer(path, &sha, work, blobs, writer).await?;
             Ok(BaseLayers {
                 layers: vec![layer_desc(
                     &blob,
@@ -156,7 +161,7 @@ pub async fn base_layers(
                 .debian
                 .as_ref()
                 .expect("the lock is loaded in the plan");
-            debian_base(d, debs, work, writer).await
+            debian_base(d, debs, blobs, work, writer).await
         }
     }
 }
@@ -212,6 +217,7 @@ fn image_base(
 async fn debian_base(
     d: &DebianPlan,
     debs: &[PathBuf],
+    blobs: &BlobDir,
     work: &Path,
     writer: &LayerWriter<'_>,
 ) -> anyhow::Result<BaseLayers> {
@@ -239,7 +245,7 @@ async fn debian_base(
     .expect("the installer does not panic")
     .with_context(|| format!("debian base ({platform})"))?;
     task.finish("done");
-    let (blob, shape) = rootfs_layer(&tarball, work, writer).await?;
+    let (blob, shape) = rootfs_layer(&tarball, &sha, work, blobs, writer).await?;
     let _ = std::fs::remove_file(&tarball);
     // No mirror in the history: one lock from any mirror is one image.
     Ok(BaseLayers {
@@ -260,11 +266,14 @@ async fn debian_base(
     })
 }
 
-/// Re-normalises a rootfs tarball into one layer (read on a blocking
-/// thread, written by the `writer`); returns its shape too.
+/// Re-normalises a rootfs tarball (whose sha256 is `sha256`) into one
+/// layer (read on a blocking thread, written by the `writer`, or taken from
+/// its layer cache); returns its shape too.
 async fn rootfs_layer(
     tarball: &Path,
+    sha256: &str,
     work: &Path,
+    blobs: &BlobDir,
     writer: &LayerWriter<'_>,
 ) -> anyhow::Result<(LayerBlob, BaseShape)> {
     let task = writer
@@ -277,7 +286,33 @@ async fn rootfs_layer(
         .with_context(|| format!("base rootfs {}", tarball.display()))?;
     task.finish("done");
     let shape = tree.shape();
+    let Some(cache) = writer.cache else {
+        return Ok((writer.blob(tree, BASE_GROUP).await?, shape));
+    };
+    let key = cache.base_key(sha256, writer.compression, epoch);
+    let task = writer
+        .progress
+        .task("layer", &format!("{BASE_GROUP} {}", writer.platform), None);
+    let cached = tokio::task::block_in_place(|| cache.get(&key, blobs, writer.compression))
+        .with_context(|| format!("layer {BASE_GROUP} ({})", writer.platform))?;
+    match cached {
+        Ok(blob) => {
+            task.finish(&format!("cached ({})", cache.dir().display()));
+            return Ok((blob, shape));
+        }
+        Err(Miss::Discarded(why)) => writer.progress.line(&format!(
+            "layer cache: entry discarded, writing the layer anew: {why}"
+        )),
+        Err(Miss::Absent) => {}
+    }
+    task.finish("not cached");
     let blob = writer.blob(tree, BASE_GROUP).await?;
+    if let Err(e) = tokio::task::block_in_place(|| cache.put(&key, &blob)) {
+        writer.progress.line(&format!(
+            "warning: layer cache {}: not stored: {e:#}",
+            cache.dir().display()
+        ));
+    }
     Ok((blob, shape))
 }
 

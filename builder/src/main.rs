@@ -10,6 +10,7 @@ mod debian;
 mod diff;
 mod fetch;
 mod images;
+mod layer_cache;
 mod layers;
 mod output;
 mod pinned;

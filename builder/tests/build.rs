@@ -1477,3 +1477,108 @@ fn images_are_baked_as_per_platform_archives_named_for_containerd() {
         );
     }
 }
+
+/// `build --layer-cache DIR`: the base layer re-normalised from a rootfs
+/// tarball is kept per platform and taken from there by the next build of
+/// the same base; the image is the same bytes with or without the cache,
+/// an entry whose blob was damaged is named, dropped and written anew, and
+/// another epoch (or compression, or builder) is another entry.
+#[test]
+fn the_layer_cache_gives_the_same_image_and_replaces_a_damaged_entry() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("layers");
+    let build_with = |recipe: &Path, out: &str, layer_cache: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kubeslot-builder"));
+        c.arg("--progress")
+            .arg("plain")
+            .arg("--cache")
+            .arg(t.path().join("cache"))
+            .arg("build")
+            .arg(recipe)
+            .arg("--output")
+            .arg(format!("oci:{}", t.path().join(out).display()));
+        if layer_cache {
+            c.arg("--layer-cache").arg(&cache);
+        }
+        let o = run(&mut c);
+        assert!(o.status.success(), "{o:?}");
+        let stderr = String::from_utf8(o.stderr).unwrap();
+        (last_line(&String::from_utf8(o.stdout).unwrap()), stderr)
+    };
+    let platforms = ["linux/amd64", "linux/arm64"];
+    let says = |stderr: &str, outcome: &str| {
+        for p in platforms {
+            let line = format!("layer base {p}: {outcome}");
+            assert!(
+                stderr.lines().any(|l| l.starts_with(&line)),
+                "no `{line}` line:\n{stderr}"
+            );
+        }
+    };
+    let entries = || -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        v.sort();
+        v
+    };
+
+    let (plain, _) = build_with(&demo(), "plain", false);
+    let (first, stderr) = build_with(&demo(), "first", true);
+    assert_eq!(first, plain, "the first build with a layer cache differs");
+    says(&stderr, "not cached");
+    says(&stderr, "done (");
+    let stored = entries();
+    assert_eq!(stored.len(), 2, "one entry per platform: {stored:?}");
+    for e in &stored {
+        assert!(
+            e.join("layer").is_file() && e.join("layer.json").is_file(),
+            "{e:?}"
+        );
+    }
+
+    let (second, stderr) = build_with(&demo(), "second", true);
+    assert_eq!(second, plain, "a build from the layer cache differs");
+    says(&stderr, "cached (");
+    assert_eq!(
+        layer_files(&t.path().join("second"), TAG, "amd64"),
+        layer_files(&t.path().join("plain"), TAG, "amd64")
+    );
+
+    // One byte of one entry's blob changed: found when it is copied out,
+    // the entry dropped and stored again from the layer written anew.
+    let damaged = stored[0].join("layer");
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    // (a new file: the entry's blob may be a hard link of an output's)
+    std::fs::remove_file(&damaged).unwrap();
+    std::fs::write(&damaged, bytes).unwrap();
+    let (third, stderr) = build_with(&demo(), "third", true);
+    assert_eq!(third, plain, "a damaged entry changed the image");
+    let named = stderr
+        .lines()
+        .find(|l| l.starts_with("layer cache: entry discarded"))
+        .unwrap_or_else(|| panic!("no line about the damaged entry:\n{stderr}"));
+    assert!(
+        named.contains(&stored[0].display().to_string()) && named.contains("hashes to"),
+        "{named}"
+    );
+    assert_eq!(entries(), stored, "the entry was not stored again");
+    let (_, stderr) = build_with(&demo(), "fourth", true);
+    says(&stderr, "cached (");
+
+    // Another epoch: other bytes, so another entry.
+    let recipe = write_recipe(
+        t.path(),
+        &demo_text().replace(
+            "source_date_epoch = 1700000000",
+            "source_date_epoch = 1700000001",
+        ),
+    );
+    let (other, stderr) = build_with(&recipe, "other", true);
+    assert_ne!(other, plain);
+    says(&stderr, "not cached");
+    assert_eq!(entries().len(), 4);
+}

@@ -73,7 +73,8 @@ kubelet_log_wait() {
 }
 
 # kubelet_journal_evidence MACHINE: what the machine shows when the
-# kubelet's lines were not found (ci/e2e/README.md, "Known issue"): where
+# kubelet's lines were not found (ci/e2e/README.md, "Fixed: the kubelet's
+# own journal lines"): where
 # the kubelet's stdout goes, its last journal lines of any kind, and
 # systemd's words about connecting a stream to the journal.
 kubelet_journal_evidence() {
@@ -242,8 +243,8 @@ spec:
     image: $POD_REGISTRY_NAME/e2e/hello:1
     ports: [{containerPort: 80}]
 EOF2
-  journal_check "bad.yaml refused naming spec.containers[0].ports" \
-    kubelet_log_wait kube1 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' 10
+  check "bad.yaml refused naming spec.containers[0].ports" \
+    kubelet_log_wait kube1 'Could not process manifest file.*bad.yaml.*spec.containers\[0\].ports' 10 || return 1
   in_machine kube1 rm -f /etc/kubernetes/manifests/again.yaml /etc/kubernetes/manifests/exits.yaml /etc/kubernetes/manifests/bad.yaml
 }
 
@@ -257,7 +258,7 @@ scenario_cri_pull_through_mirror() {
   check "$POD_REGISTRY_NAME resolves nowhere in kube1" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemd-run -M kube1 --quiet --wait --pipe getent hosts $POD_REGISTRY_NAME </dev/null" || return 1
   check_eq "default route in the node's network namespace" \
     "$(nsenter -t "$OUTER_LEADER" -n ip -4 route show default)" "" || return 1
-  journal_check "the kubelet pulled the image (PullImage)" kubelet_log_wait kube1 "CRI timing: image pulled.*image=\"$POD_REGISTRY_NAME/e2e/hello:1\"" 10
+  check "the kubelet pulled the image (PullImage)" kubelet_log_wait kube1 "CRI timing: image pulled.*image=\"$POD_REGISTRY_NAME/e2e/hello:1\"" 10 || return 1
   # (containerd resolves the tag with HEAD, then fetches by digest)
   check "the mirror was asked for the manifest on behalf of $POD_REGISTRY_NAME" \
     grep -Eq "\"(HEAD|GET) /v2/e2e/hello/manifests/[^ ]*[?&]ns=$POD_REGISTRY_NAME" "$WORK/logs/registry-pods-mirror.log" ||

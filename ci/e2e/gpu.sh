@@ -137,7 +137,7 @@ scenario_gpu_setup() {
     -e "s|@RECIPE_FILES@|$REPO/recipes/files|g" \
     -e "s|@NVIDIA@|$E2E_TESTDATA/nvidia|g" \
     "$E2E_TESTDATA/node-nvidia.toml.in" >"$recipe"
-  "$BUILDER" --progress plain build "$recipe" --sign-key "$WORK/keys/gpu.key" \
+  "$BUILDER" --progress plain build "$recipe" --layer-cache "$E2E_LAYER_CACHE" --sign-key "$WORK/keys/gpu.key" \
     --identity "$REGISTRY/kubeslot/e2e-gpu" \
     --output "oci-archive:$OUTER$archive:gpu" >"$WORK/logs/build-gpu.log" 2>&1 ||
     { cat "$WORK/logs/build-gpu.log" >&2; fail "kubeslot-builder build of the GPU test image failed"; return 1; }

@@ -93,6 +93,7 @@ images_stage() {
   install -m 0644 "$files/kubelet-config.yaml" "$stage/config/etc/kubernetes/kubelet/config.yaml"
   install -m 0644 "$files/kubelet-config.d-README" "$stage/config/etc/kubernetes/kubelet/config.d/README"
   install -m 0644 "$files/kmsg.conf" "$stage/config/etc/tmpfiles.d/kmsg.conf"
+  install -D -m 0644 "$files/journald-no-kmsg.conf" "$stage/config/etc/systemd/journald.conf.d/50-kubeslot-no-kmsg.conf"
   install -m 0644 "$files/containerd-config.toml" "$stage/config/etc/containerd/config.toml"
   install -m 0755 "$files/import-images" "$stage/config/usr/libexec/kubeslot/import-images"
   mkdir -p "$stage/config/usr/local/sbin" "$stage/config/etc/cni/net.d"
@@ -135,13 +136,16 @@ recipe_for() {
 }
 
 # The product path: one recipe template, six builds that differ in the
-# kubelet only.
+# kubelet only. They share the base layer through `build --layer-cache`
+# (E2E_LAYER_CACHE): the first build writes it (~9 s of zstd for the 365 MB
+# node rootfs on 2 cores), the others copy it (~0.3 s).
 images_build_with_builder() {
   local v recipe
   for v in "${E2E_VERSIONS[@]}"; do
     recipe=$(recipe_for "$v")
     # One layout, one tag per version (the builder adds to an existing layout).
-    "$BUILDER" --progress plain build "$recipe" --output "oci:$IMAGE_LAYOUT:$v" >"$WORK/logs/build-$v.log" 2>&1 ||
+    "$BUILDER" --progress plain build "$recipe" --layer-cache "$E2E_LAYER_CACHE" \
+      --output "oci:$IMAGE_LAYOUT:$v" >"$WORK/logs/build-$v.log" 2>&1 ||
       { cat "$WORK/logs/build-$v.log" >&2; die "kubeslot-builder build $recipe failed"; }
   done
   # nocni: v1 less its CNI config (the recipe's [[files]] block for it)
@@ -149,7 +153,8 @@ images_build_with_builder() {
   awk 'BEGIN { RS = ""; ORS = "\n\n" } !/path = "\/etc\/cni\/net.d\//' "$recipe" |
     sed 's/^tag = "v1"$/tag = "nocni"/' >"$WORK/images/node-nocni.toml"
   ! grep -q '/etc/cni/net.d' "$WORK/images/node-nocni.toml" || die "the CNI config is still in node-nocni.toml"
-  "$BUILDER" --progress plain build "$WORK/images/node-nocni.toml" --output "oci:$IMAGE_LAYOUT:nocni" >"$WORK/logs/build-nocni.log" 2>&1 ||
+  "$BUILDER" --progress plain build "$WORK/images/node-nocni.toml" --layer-cache "$E2E_LAYER_CACHE" \
+    --output "oci:$IMAGE_LAYOUT:nocni" >"$WORK/logs/build-nocni.log" 2>&1 ||
     { cat "$WORK/logs/build-nocni.log" >&2; die "kubeslot-builder build node-nocni.toml failed"; }
 }
 

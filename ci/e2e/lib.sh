@@ -78,7 +78,12 @@ cgroup_init() {
 # Removes our cgroup dirs depth first (the kernel refuses non-empty ones, so
 # a still-running process keeps its dir and we say so).
 cgroup_cleanup() {
-  local dir
+  local dir deadline=$((SECONDS + 10))
+  # (an outer killed at the end of its grace takes a few seconds to leave)
+  while [ $SECONDS -lt $deadline ] && [ ${#CGROUP_DIRS[@]} -gt 0 ] &&
+    find "${CGROUP_DIRS[@]}" -name cgroup.procs -exec cat {} + 2>/dev/null | grep -q .; do
+    sleep 0.2
+  done
   for dir in "${CGROUP_DIRS[@]}"; do
     [ -d "$dir" ] || continue
     find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -208,17 +213,20 @@ outer() {
 }
 
 # outer_stop: SIGTERM to the nspawn process (systemd shuts down cleanly, as
-# at `poweroff`), SIGKILL after 30 s. Its nspawn may be a child of an ended
+# at `poweroff`), SIGKILL after OUTER_STOP_GRACE seconds (30; cleanup, which
+# removes everything anyway, waits 10: a node machine with pods inside has
+# held the outer's shutdown past 30 s). Its nspawn may be a child of an ended
 # scenario subshell: the loop polls the PID rather than `wait`ing.
 outer_stop() {
   [ -n "$OUTER_NSPAWN_PID" ] || return 0
   if kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null; then
     log "stopping outer host (nspawn pid $OUTER_NSPAWN_PID)"
     kill -TERM "$OUTER_NSPAWN_PID" 2>/dev/null || true
-    local deadline=$((SECONDS + 30))
+    local grace=${OUTER_STOP_GRACE:-30}
+    local deadline=$((SECONDS + grace))
     while kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
     if kill -0 "$OUTER_NSPAWN_PID" 2>/dev/null; then
-      log "outer did not stop in 30 s: SIGKILL"
+      log "outer did not stop in $grace s: SIGKILL"
       kill -KILL "$OUTER_NSPAWN_PID" 2>/dev/null || true
       sleep 1
     fi
@@ -384,22 +392,6 @@ check() {
   fi
 }
 
-# journal_check WHAT CMD...: a check that reads the kubelet's own lines from
-# its journal inside a node machine. In the full scenario chain those lines
-# are at times missing for the whole wait (the pods ran: containerd's pod
-# logs, the registries' logs and the CRI state say so), and the cause is not
-# found yet (ci/e2e/README.md, "Known issue"): a line not seen is logged as
-# KNOWN ISSUE instead of failing the scenario. What the scenario checks
-# outside the kubelet's journal still fails it.
-journal_check() {
-  local what=$1; shift
-  if "$@"; then
-    log "  ok: $what"
-  else
-    log "  KNOWN ISSUE (kubelet journal): not seen: $what (command: $*)"
-  fi
-}
-
 check_eq() {
   if [ "$2" = "$3" ]; then
     log "  ok: $1 = $3"
@@ -433,6 +425,7 @@ kill_tree() {
 cleanup() {
   local rc=$?
   set +e
+  OUTER_STOP_GRACE=10
   # the pod scenarios' outer host and registries (ci/e2e/pods.sh), if booted
   if declare -F pods_cleanup >/dev/null; then pods_cleanup; fi
   [ -n "${WORK:-}" ] && outer_reload

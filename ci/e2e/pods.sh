@@ -244,8 +244,8 @@ spec:
     image: $POD_REGISTRY_NAME/e2e/hello:1
 EOF2
   cri_wait_log kube2 cached hello 0 'hello from an e2e pod' 60 >/dev/null || return 1
-  journal_check "the kubelet found the image present (no pull)" \
-    kubelet_log_wait kube2 'Container image already present on machine.*pod="default/cached-e2e-node"' 10
+  check "the kubelet found the image present (no pull)" \
+    kubelet_log_wait kube2 'Container image already present on machine.*pod="default/cached-e2e-node"' 10 || return 1
 }
 
 # The baked pause image: in kube2 its import was skipped (already there from

@@ -20,7 +20,9 @@
 # KUBESLOT_E2E_TMP=DIR (default /var/tmp); KUBESLOT_E2E_NETWORK=host|veth (the config's
 # "network"; veth machines fail the activator's gate); KUBESLOT_E2E_SLOTS=overlay|copy
 # (the config's slots.mode; unset: the activator's default, overlay where the
-# outer host can). ci/e2e/README.md has the details.
+# outer host can); KUBESLOT_E2E_LAYER_CACHE=DIR (the node images' base layer
+# cache, `kubeslot-builder build --layer-cache`; default: one in the work
+# dir; ci/test.sh gives both of its passes one). ci/e2e/README.md has the details.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -342,6 +344,7 @@ main() {
   [ ${#wanted[@]} -gt 0 ] || wanted=("${SCENARIOS[@]}")
   local started=$SECONDS
   work_init
+  E2E_LAYER_CACHE=${KUBESLOT_E2E_LAYER_CACHE:-$WORK/layer-cache}
   trap cleanup EXIT
   trap on_signal INT TERM
   cgroup_init

@@ -14,6 +14,7 @@ use kubeslot_image::oci::Compression;
 
 use crate::build::execute;
 use crate::cmd::Global;
+use crate::layer_cache::LayerCache;
 use crate::plan::{BuildRequest, Plan};
 use crate::rootfs::Tree;
 
@@ -68,6 +69,13 @@ pub struct Args {
     /// building an `oci:`/`oci-archive:` output that hosts will read as such.
     #[arg(long, value_name = "REPOSITORY")]
     pub identity: Option<String>,
+    /// Keep the base layer re-normalised from a rootfs tarball (a
+    /// `rootfs` or `debian` base) in DIR and take it from there when a
+    /// later build has the same tarball, epoch, compression and builder:
+    /// recipes that share a base skip its compression (most of a build).
+    /// A hit is re-hashed; the image is the same bytes either way.
+    #[arg(long, value_name = "DIR")]
+    pub layer_cache: Option<PathBuf>,
     #[command(flatten)]
     pub registry: crate::registry::RegistryOptions,
 }
@@ -122,7 +130,18 @@ pub async fn run(args: Args, global: &Global) -> anyhow::Result<()> {
         .target
         .clone()
         .ok_or_else(|| anyhow!("--output is required (oci:DIR[:TAG] or oci-archive:FILE[:TAG])"))?;
-    let mut summary = execute(&plan, &target, &global.cache, &global.progress).await?;
+    let layer_cache = match &args.layer_cache {
+        Some(dir) => Some(tokio::task::block_in_place(|| LayerCache::open(dir))?),
+        None => None,
+    };
+    let mut summary = execute(
+        &plan,
+        &target,
+        &global.cache,
+        layer_cache.as_ref(),
+        &global.progress,
+    )
+    .await?;
     if let Some(dest) = &args.push {
         let pushed = crate::publish::push_output(
             &target,
