@@ -293,8 +293,10 @@ registry_stop() {
   kill "$REGISTRY_PID" 2>/dev/null || true
   local deadline=$((SECONDS + 10))
   while kill -0 "$REGISTRY_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
-    # Reaps it when it is our child (a zombie still answers kill -0).
-    if wait "$REGISTRY_PID" 2>/dev/null; then break; fi
+    # Reaps it when it is our child (a zombie still answers kill -0). In a
+    # scenario's subshell it is not, and `wait` may still return 0 at once
+    # (bash's copy of the parent's job table): only a gone PID ends the loop.
+    if wait "$REGISTRY_PID" 2>/dev/null && ! kill -0 "$REGISTRY_PID" 2>/dev/null; then break; fi
     [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" = Z ] && break
     sleep 0.1
   done
