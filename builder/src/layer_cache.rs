@@ -85,9 +85,8 @@ impl LayerCache {
     }
 
     /// The key of the base layer re-normalised from the rootfs tarball
-    /// whose sha256 is `tarball` (hex, or `sha256:` hex).
+    /// whose sha256 is `tarball` (hex).
     pub fn base_key(&self, tarball: &str, compression: Compression, epoch: u64) -> Digest {
-        let tarball = tarball.strip_prefix("sha256:").unwrap_or(tarball);
         let text = format!(
             "{FORMAT}\nbuilder {}\nbase-rootfs sha256:{tarball}\nepoch {epoch}\nmedia-type {}\n",
             self.builder,

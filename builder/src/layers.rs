@@ -266,7 +266,7 @@ async fn debian_base(
     })
 }
 
-/// Re-normalises a rootfs tarball (whose sha256 is `sha256`) into one
+/// Re-normalises a rootfs tarball (whose sha256 is `sha256`, hex) into one
 /// layer (read on a blocking thread, written by the `writer`, or taken from
 /// its layer cache); returns its shape too.
 async fn rootfs_layer(

@@ -293,9 +293,10 @@ registry_stop() {
   kill "$REGISTRY_PID" 2>/dev/null || true
   local deadline=$((SECONDS + 10))
   while kill -0 "$REGISTRY_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
-    # Reaps it when it is our child (a zombie still answers kill -0). In a
-    # scenario's subshell it is not, and `wait` may still return 0 at once
-    # (bash's copy of the parent's job table): only a gone PID ends the loop.
+    # Reaps it when it is our child (a zombie still answers kill -0). Only a
+    # gone PID or a zombie ends the loop, whatever `wait` returned: in
+    # airgap_archive (a scenario's subshell) the loop once ended after 1 s
+    # with the registry still running.
     if wait "$REGISTRY_PID" 2>/dev/null && ! kill -0 "$REGISTRY_PID" 2>/dev/null; then break; fi
     [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" = Z ] && break
     sleep 0.1
