@@ -285,25 +285,31 @@ EOF
   die "docker-registry did not start after 5 attempts (log: $REGISTRY_LOG)"
 }
 
+# registry_alive: REGISTRY_PID is still our docker-registry, not a zombie.
+# By name too: pid_max is 32768 on these machines and an e2e run starts
+# tens of thousands of processes, so a PID seen later may be another's.
+registry_alive() {
+  [ "$(cat "/proc/$REGISTRY_PID/comm" 2>/dev/null)" = docker-registry ] &&
+    [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" != Z ]
+}
+
 # registry_stop: SIGTERM to the registry by PID, and wait until it is gone
 # (SIGKILL after 10 s). Also from a scenario's subshell, where `wait` cannot
 # wait for it: it polls the PID.
 registry_stop() {
   [ -n "$REGISTRY_PID" ] || return 0
-  kill "$REGISTRY_PID" 2>/dev/null || true
-  local deadline=$((SECONDS + 10))
-  while kill -0 "$REGISTRY_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
-    # Reaps it when it is our child (a zombie still answers kill -0). Only a
-    # gone PID or a zombie ends the loop, whatever `wait` returned: in
-    # airgap_archive (a scenario's subshell) the loop once ended after 1 s
-    # with the registry still running.
-    if wait "$REGISTRY_PID" 2>/dev/null && ! kill -0 "$REGISTRY_PID" 2>/dev/null; then break; fi
-    [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" = Z ] && break
-    sleep 0.1
-  done
-  if kill -0 "$REGISTRY_PID" 2>/dev/null && [ "$(awk '{ print $3 }' "/proc/$REGISTRY_PID/stat" 2>/dev/null)" != Z ]; then
-    log "registry (pid $REGISTRY_PID) did not stop in 10 s: SIGKILL"
-    kill -KILL "$REGISTRY_PID" 2>/dev/null || true
+  if registry_alive; then
+    kill "$REGISTRY_PID" 2>/dev/null || true
+    local deadline=$((SECONDS + 10))
+    while registry_alive && [ $SECONDS -lt $deadline ]; do
+      # (reaps it when it is our child; a subshell's `wait` returns at once)
+      wait "$REGISTRY_PID" 2>/dev/null || true
+      sleep 0.1
+    done
+    if registry_alive; then
+      log "registry (pid $REGISTRY_PID) did not stop in 10 s: SIGKILL"
+      kill -KILL "$REGISTRY_PID" 2>/dev/null || true
+    fi
   fi
   wait "$REGISTRY_PID" 2>/dev/null || true
   REGISTRY_PID=""
