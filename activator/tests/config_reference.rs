@@ -1,9 +1,9 @@
 //! The host config's reference: every key the activator's config accepts is
-//! documented in the README's "Host config reference", and the packaged
-//! example uses only keys that exist. The keys are found by asking the real
-//! parser: a probe key in an object makes serde's `deny_unknown_fields`
-//! name every field of that struct, so a field added to the struct and not
-//! to the README fails here.
+//! documented in `docs/host/config.md` ("Host config reference"), and the
+//! packaged example uses only keys that exist. The keys are found by asking
+//! the real parser: a probe key in an object makes serde's
+//! `deny_unknown_fields` name every field of that struct, so a field added
+//! to the struct and not to the reference fails here.
 
 use kubeslot_activator::config::Config;
 use serde_json::{json, Map, Value};
@@ -111,15 +111,22 @@ fn config_keys() -> BTreeSet<String> {
     keys
 }
 
-/// The backticked key paths of the README's "Host config reference".
-fn readme_reference() -> BTreeSet<String> {
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let text = std::fs::read_to_string(&readme).unwrap();
+/// Where the reference lives, from the repository root.
+const REFERENCE: &str = "docs/host/config.md";
+
+/// The backticked key paths of the reference's table: the rows of the
+/// section that starts at its `# Host config reference` heading and ends at
+/// the next heading.
+fn documented_keys() -> BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(REFERENCE);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{REFERENCE}: the host config reference: {e}"));
     let start = text
-        .find("\n### Host config reference\n")
-        .expect("README.md has no section \"### Host config reference\"");
-    let section = &text[start + 1..];
-    let end = section[4..].find("\n#").map_or(section.len(), |i| i + 4);
+        .find("# Host config reference\n")
+        .filter(|&i| i == 0 || text[..i].ends_with('\n'))
+        .unwrap_or_else(|| panic!("{REFERENCE} has no heading \"# Host config reference\""));
+    let section = &text[start..];
+    let end = section[1..].find("\n#").map_or(section.len(), |i| i + 1);
     let mut keys = BTreeSet::new();
     for line in section[..end].lines().filter(|l| l.starts_with("| `")) {
         let key = line[3..].split('`').next().unwrap_or_default();
@@ -145,17 +152,17 @@ fn the_probe_finds_nested_struct_map_and_list_keys() {
     }
 }
 
-/// A key the config accepts and the README does not explain (or a README
-/// row for a key that no longer exists) fails, naming it.
+/// A key the config accepts and the reference does not explain (or a row
+/// for a key that no longer exists) fails, naming it.
 #[test]
-fn every_config_key_is_in_the_readme_reference() {
+fn every_config_key_is_in_the_reference() {
     let keys = config_keys();
-    let documented = readme_reference();
+    let documented = documented_keys();
     let missing: Vec<_> = keys.difference(&documented).collect();
     let stale: Vec<_> = documented.difference(&keys).collect();
     assert!(
         missing.is_empty() && stale.is_empty(),
-        "README.md \"Host config reference\": keys of the config not documented: {missing:?}; \
+        "{REFERENCE} \"Host config reference\": keys of the config not documented: {missing:?}; \
          rows for keys the config does not have: {stale:?}"
     );
 }
