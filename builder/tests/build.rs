@@ -519,7 +519,7 @@ fn kubelet_bump_changes_only_the_kubernetes_layer() {
         assert_eq!(groups(l0), groups(l1));
         for (i, group) in groups(l0).iter().enumerate() {
             // the SBOM names kubelet's version and sha256, so it changes
-            // with it (ARCHITECTURE.md: the SBOM is its own last layer)
+            // with it (docs/decisions/builder.md: the SBOM is its own last layer)
             if group == "kubernetes" || group == "sbom" {
                 assert_ne!(
                     l0[i]["digest"], l1[i]["digest"],

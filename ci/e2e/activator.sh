@@ -594,7 +594,7 @@ scenario_design_files() {
 # Why this order: a failed v3 is staged into the idle slot, so `rollback`
 # (to the slot holding v1) must come before it; and a refused tampered image
 # leaves the idle slot marked dirty (its tree is emptied by the next run, see
-# README), so it comes after the rollback too.
+# docs/host/activation.md), so it comes after the rollback too.
 
 # running_machine: the one node machine whose unit is active (fails when
 # none or both are).

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # REF_*, REGISTRY_LOG, CONFIG_IN_OUTER: set by images.sh, lib.sh and activator.sh, which run.sh sources first
-# Offline image bundles (issue 28; README "Coming from the unbounded
-# agent"): container images an air-gapped host hands its node as OCI
+# Offline image bundles (issue 28; docs/host/adopt.md, "Coming from the
+# unbounded agent"): container images an air-gapped host hands its node as OCI
 # archives in a host directory (the config's images.bundle_dir and
 # images.bundle), verified by the activator before the machine starts,
 # bound read-only and imported into containerd's k8s.io namespace by the

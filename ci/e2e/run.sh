@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end scenarios (README "End-to-end tests"): real node images built by
+# End-to-end scenarios (docs/testing.md, "End-to-end tests"): real node images built by
 # kubeslot-builder, signed and pushed to a local docker-registry, activated
 # by the real kubeslot-activator inside an outer systemd host container
 # (systemd-nspawn, driven with nsenter), with real machined, nspawn machines

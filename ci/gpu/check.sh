@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-GPU check (README "GPU nodes"): on a host with an NVIDIA GPU and
+# The real-GPU check (docs/host/gpu.md): on a host with an NVIDIA GPU and
 # its driver, build the NVIDIA test image (testdata/e2e/node-nvidia.toml.in
 # with NVIDIA's real container toolkit in place of the e2e's nvidia-ctk
 # recorder, plus crictl), activate it with the real kubeslot-activator on

@@ -20,8 +20,8 @@
 #     chroot, the image's setup, nvidia-smi -L and the probe; then its
 #     scratch dir is gone. (Run as `--stand-in-gpu DIR SCRATCH` under
 #     `unshare -m` by the test itself.)
-# What the real driver does is checked only on a GPU host (the README's
-# "GPU nodes"). Exit 0 when all hold, 1 naming the first that does not.
+# What the real driver does is checked only on a GPU host (docs/host/gpu.md,
+# "On a GPU host"). Exit 0 when all hold, 1 naming the first that does not.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The real-GPU check that needs no systemd and no network (README "GPU
-# nodes"): does a kubeslot node get a working GPU on this host, as far as
+# The real-GPU check that needs no systemd and no network (docs/host/gpu.md,
+# "On a GPU host"): does a kubeslot node get a working GPU on this host, as far as
 # the host side (discovery, binds) and the image (kubeslot-nvidia-setup)
 # decide it?
 #

@@ -133,7 +133,7 @@ skopeo_auth() {
 # Keyless signing (no signing key configured): the certificate Fulcio gives
 # this workflow run names it as https://github.com/OWNER/REPO/.github/
 # workflows/FILE@REF (GITHUB_WORKFLOW_REF), issued for GitHub's OIDC issuer.
-# A host's trust.keyless names the same (README, "Keyless signatures").
+# A host's trust.keyless names the same (docs/host/trust.md, "Keyless signatures").
 KEYLESS_ISSUER=https://token.actions.githubusercontent.com
 KEYLESS_IDENTITY=''
 if [ -n "${GITHUB_WORKFLOW_REF:-}" ]; then

@@ -9,7 +9,7 @@
 //! [`crate::keyless::policy`].
 //!
 //! The DER is walked by hand: a general X.509 crate put the activator over
-//! its size budget (ARCHITECTURE.md, "Keyless verification"). The walker
+//! its size budget (docs/decisions/trust.md, "Keyless verification is ours"). The walker
 //! is strict, so that what it reads is what every other X.509 reader reads:
 //! one-byte tags checked at every step; definite, minimal lengths; nothing
 //! after a value or the certificate; certificates of at most
