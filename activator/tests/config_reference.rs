@@ -118,7 +118,9 @@ const REFERENCE: &str = "docs/host/config.md";
 /// section that starts at its `# Host config reference` heading and ends at
 /// the next heading.
 fn documented_keys() -> BTreeSet<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(REFERENCE);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(REFERENCE);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{REFERENCE}: the host config reference: {e}"));
     let start = text
