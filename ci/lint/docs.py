@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_LINES = {"README.md": 400, "ARCHITECTURE.md": 600}
 
 FENCE = re.compile(r"^\s*(```|~~~)")
-CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -39,8 +39,8 @@ def docs() -> list[pathlib.Path]:
 
 
 def prose_lines(text: str):
-    """(line number, line) of the lines outside fenced code blocks, code
-    spans blanked."""
+    """(line number, line) of the lines outside fenced code blocks; a fence
+    line comes as an empty line (it ends a paragraph)."""
     fence = None
     for n, line in enumerate(text.split("\n"), 1):
         m = FENCE.match(line)
@@ -49,9 +49,35 @@ def prose_lines(text: str):
                 fence = m.group(1)
             elif m.group(1) == fence:
                 fence = None
+            yield n, ""
             continue
         if fence is None:
-            yield n, CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line)
+            yield n, line
+
+
+def links(text: str):
+    """(line number, target) of every link: inline links are matched in
+    whole paragraphs, code spans blanked, since a link's text (or a code
+    span) may wrap onto the next line."""
+    block: list = []
+
+    def flush():
+        if block:
+            start, joined = block[0][0], "\n".join(line for _, line in block)
+            joined = CODE_SPAN.sub(lambda s: re.sub(r"[^\n]", " ", s.group(0)), joined)
+            for m in INLINE_LINK.finditer(joined):
+                yield start + joined.count("\n", 0, m.start()), m.group(1)
+            block.clear()
+
+    for n, line in prose_lines(text):
+        ref = REF_DEF.match(line)
+        if ref:
+            yield n, ref.group(1)
+        if line.strip():
+            block.append((n, line))
+        else:
+            yield from flush()
+    yield from flush()
 
 
 def slug(heading: str) -> str:
@@ -107,21 +133,21 @@ def main() -> int:
         if count > limit:
             problems.append(f"{name}: {count} lines, over the {limit} allowed (move the detail into docs/)")
     cache: dict = {}
+    checked = 0
     for f in docs():
-        for n, line in prose_lines(f.read_text(encoding="utf-8")):
-            targets = [m.group(1) for m in INLINE_LINK.finditer(line)]
-            ref = REF_DEF.match(line)
-            if ref:
-                targets.append(ref.group(1))
-            for t in targets:
-                p = check_link(f, n, t, cache)
-                if p:
-                    problems.append(p)
+        for n, t in links(f.read_text(encoding="utf-8")):
+            checked += 1
+            p = check_link(f, n, t, cache)
+            if p:
+                problems.append(p)
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
         return 1
-    print(f"ci/lint/docs.py: README.md and ARCHITECTURE.md within their sizes, links of {len(docs())} files resolve")
+    print(
+        f"ci/lint/docs.py: README.md and ARCHITECTURE.md within their sizes, "
+        f"{checked} links of {len(docs())} files resolve"
+    )
     return 0
 
 
