@@ -108,7 +108,7 @@ impl Root {
     /// `/var/lib/kubeslot/slots/<machine>.tree`: the fingerprint of a slot
     /// tree recorded when it was committed away from, checked by `rollback`.
     /// The per-file record of a copied slot tree as it was installed
-    /// (`crate::integrity`), checked by `rollback`.
+    /// (`crate::slots::record`), checked by `rollback`.
     pub fn slot_files_record(&self, machine: &str) -> PathBuf {
         self.state_dir()
             .join("slots")

@@ -12,8 +12,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use kubeslot_activator::fetch::store::Store;
 use kubeslot_activator::paths::Root;
-use kubeslot_activator::store::Store;
 use kubeslot_image::layout::Layout;
 use kubeslot_image::oci::{Descriptor, Platform, ANNOTATION_REF_NAME, MEDIA_TYPE_MANIFEST};
 use kubeslot_image::source::Source;
@@ -467,8 +467,14 @@ fn tag_is_resolved_once() {
     store.fetch_image(&source, &image).unwrap();
     let target = work.path().join("tree");
     fs::create_dir(&target).unwrap();
-    kubeslot_activator::stage::unpack_layers(&store, &image, &target, Default::default(), false)
-        .unwrap();
+    kubeslot_activator::slots::stage::unpack_layers(
+        &store,
+        &image,
+        &target,
+        Default::default(),
+        false,
+    )
+    .unwrap();
     assert_eq!(
         fs::read(target.join("opt/app/version")).unwrap(),
         b"first\n"
@@ -476,8 +482,8 @@ fn tag_is_resolved_once() {
 
     // The host side's slot staging takes the image resolved before the
     // move and never asks for the tag again.
-    let verified = kubeslot_activator::stage::Verified { image, verdict };
-    let staged = kubeslot_activator::stage::stage_resolved(
+    let verified = kubeslot_activator::slots::stage::Verified { image, verdict };
+    let staged = kubeslot_activator::slots::stage::stage_resolved(
         &root,
         source,
         &verified,
@@ -586,7 +592,7 @@ fn stage_config(image: &str, key_path: &str) -> kubeslot_activator::config::Conf
 
 #[test]
 fn stage_replaces_the_slot_tree_only_after_success() {
-    use kubeslot_activator::stage::stage;
+    use kubeslot_activator::slots::stage::stage;
     let work = tempfile::tempdir().unwrap();
     let k = key(4);
     let host = Host::new(&[&k], false, no_registries());

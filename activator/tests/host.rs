@@ -1326,7 +1326,7 @@ fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
 
     // "reboot": a GPU appeared, and the render oneshot of the machine's
     // start bound it
-    kubeslot_activator::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
+    kubeslot_activator::render::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
     let (code, out, err) = h.cmd(&["render", "kube1"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("kube1.nspawn"), "{out}");
@@ -2692,7 +2692,10 @@ fn adopt_dry_run_shows_no_exec_credential_argument() {
     for secret in ["get-token", "--login", "msi", "s3cr3t"] {
         assert!(!out.contains(secret), "{secret} shown: {out}");
     }
-    assert!(out.contains(kubeslot_activator::adopt::REDACTED), "{out}");
+    assert!(
+        out.contains(kubeslot_activator::host::adopt::REDACTED),
+        "{out}"
+    );
 }
 
 #[test]
@@ -2806,7 +2809,7 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     );
     // what the render reads back
     assert_eq!(
-        kubeslot_activator::extra_args::read(&Root::new(h.root())).unwrap(),
+        kubeslot_activator::render::extra_args::read(&Root::new(h.root())).unwrap(),
         ["--max-pods=60", "--v=2"]
     );
     assert!(
@@ -3152,7 +3155,9 @@ fn flips_succeed_over_trees_deeper_than_the_fd_limit() {
             // what the node wrote: its tree (copy) or its upper dir (overlay)
             let written = match mode {
                 "copy" => root.machine_tree(slot.machine()).join("var/lib/deep"),
-                _ => kubeslot_activator::overlay::upper_dir(&root, slot).join("var/lib/deep"),
+                _ => {
+                    kubeslot_activator::slots::overlay::upper_dir(&root, slot).join("var/lib/deep")
+                }
             };
             kubeslot_test_support::host::deep_tree(&written, 1100);
         }

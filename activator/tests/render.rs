@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kubeslot_activator::config::{Config, GpuMode};
-use kubeslot_activator::gpu::{self, Arch};
 use kubeslot_activator::paths::Root;
+use kubeslot_activator::render::gpu::{self, Arch};
 use kubeslot_activator::render::{self, HostFacts, HostFiles};
 use kubeslot_activator::slot::Slot;
 use kubeslot_test_support::workspace_root;

@@ -12,17 +12,17 @@ use std::sync::Arc;
 
 use kubeslot_image::source::Source;
 
+use crate::activate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
+use crate::activate::report::{Datapoint, Outcome, Report};
 use crate::config::Config;
 use crate::failpoint;
-use crate::health::{self, Check, Failure, Gate};
-use crate::host_settings;
+use crate::gate::health::{self, Check, Failure, Gate};
+use crate::gate::preflight;
 use crate::paths::Root;
-use crate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
-use crate::preflight;
+use crate::render::host_settings;
 use crate::render::{self, HostFacts};
-use crate::report::{Datapoint, Outcome, Report};
 use crate::slot::Slot;
-use crate::stage::{self, Verified};
+use crate::slots::stage::{self, Verified};
 use crate::state::{Release, State};
 
 use super::{
@@ -115,7 +115,7 @@ pub(super) fn begin(
     // The deadline counts from here: every request of the run shares it.
     let pacing = run
         .pacing
-        .get_or_init(|| Arc::new(crate::trust::pacing(&config.download)));
+        .get_or_init(|| Arc::new(crate::fetch::access::pacing(&config.download)));
     let resolved = open_verified_marked(root, &config, pacing.clone(), report)?;
     let digest = resolved.digest();
     report.digest = Some(digest);
@@ -181,11 +181,11 @@ fn refused_slot(state: &State, reason: &plan::Reason) -> Option<Slot> {
 }
 
 /// The release a commit of `verified` records: its identity (see
-/// [`crate::trust::identity`]) and the signed config's `created`. `None`
+/// [`crate::fetch::access::identity`]) and the signed config's `created`. `None`
 /// when no identity applies (an unsigned layout allowed by
 /// `allow_unsigned`): nothing orders such images.
 pub(super) fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
-    let identity = crate::trust::identity(&config.trust, &config.image)?;
+    let identity = crate::fetch::access::identity(&config.trust, &config.image)?;
     Some(Release {
         identity: identity.to_string(),
         digest: verified.image.manifest_digest(),
@@ -200,7 +200,7 @@ pub(super) fn gather(
 ) -> Result<HostFacts, ActivateError> {
     // The keys are host facts too: checked here, before anything is
     // resolved, so the error names the config and exits 3.
-    crate::trust::policy(&config.trust, &config.image, root).map_err(|source| {
+    crate::fetch::access::policy(&config.trust, &config.image, root).map_err(|source| {
         ActivateError::Trust {
             config: config_path.to_path_buf(),
             source,
@@ -374,7 +374,7 @@ impl Run<'_> {
         }
         // what the host's network had before its first node: `uninstall`
         // removes only what a node added
-        match crate::host_network::record_if_missing(self.root) {
+        match crate::host::network::record_if_missing(self.root) {
             Ok(Some(note)) => notes.push(note),
             Ok(None) => {}
             Err(e) => notes.push(format!(

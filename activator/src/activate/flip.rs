@@ -7,13 +7,13 @@
 
 use kubeslot_image::digest::Digest;
 
-use crate::diagnostics;
+use crate::activate::report::{Datapoint, Report};
 use crate::failpoint;
-use crate::fingerprint::{self, FingerprintError};
-use crate::health::{self, Check, Failure, Gate};
+use crate::gate::diagnostics;
+use crate::gate::health::{self, Check, Failure, Gate};
 use crate::paths::Root;
-use crate::report::{Datapoint, Report};
 use crate::slot::Slot;
+use crate::slots::fingerprint::{self, FingerprintError};
 use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State};
 
 use super::{fallback_health, load_slot_config, ActivateError, Run};
@@ -301,8 +301,8 @@ mod tests {
     #[test]
     fn bound_gpus_must_be_visible_inside_the_machine() {
         let (s, mut fake, _) = setup("healthy", None, "on");
-        crate::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
-        crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
+        crate::render::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
+        crate::render::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
         // the driver preflight wants
         let version = s.root.join("proc/driver/nvidia/version");
         std::fs::create_dir_all(version.parent().unwrap()).unwrap();

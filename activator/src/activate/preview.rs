@@ -12,13 +12,13 @@
 
 use std::path::Path;
 
+use crate::activate::plan::{self, Command, Committed, Decision, Situation};
 use crate::config::Config;
-use crate::health::{Check, Failure};
-use crate::host_settings;
+use crate::gate::health::{Check, Failure};
+use crate::gate::preflight;
 use crate::paths::Root;
-use crate::plan::{self, Command, Committed, Decision, Situation};
-use crate::preflight;
 use crate::render;
+use crate::render::host_settings;
 use crate::state::State;
 use crate::systemd::Systemd;
 
@@ -159,9 +159,9 @@ mod tests {
 
     use super::*;
     use crate::activate::fixture::*;
+    use crate::activate::plan::Reason;
+    use crate::activate::report::{exit, Outcome, Report};
     use crate::activate::{activate, fetch};
-    use crate::plan::Reason;
-    use crate::report::{exit, Outcome, Report};
     use crate::slot::Slot;
 
     /// The verdict class of a decision as `activate` reports it: exit code

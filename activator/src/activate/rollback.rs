@@ -2,19 +2,19 @@
 //! downloading; refused when that slot's tree is not what was committed
 //! away from (its fingerprint) or not its image (a copied tree against its
 //! record, an overlay slot's layers against theirs and its upper against
-//! the node's own paths: [`crate::intact`]).
+//! the node's own paths: [`crate::slots::rollback_target`]).
 
+use crate::activate::plan::{self, Reason};
+use crate::activate::report::{Outcome, Report};
 use crate::failpoint;
-use crate::fingerprint;
-use crate::health::Gate;
-use crate::intact;
+use crate::gate::health::Gate;
 use crate::lock::Lock;
-use crate::overlay;
 use crate::paths::Root;
-use crate::plan::{self, Reason};
 use crate::render;
-use crate::report::{Outcome, Report};
 use crate::slot::Slot;
+use crate::slots::fingerprint;
+use crate::slots::overlay;
+use crate::slots::rollback_target;
 use crate::state::{FlipKind, Pending, PendingPhase, State};
 use crate::systemd::Systemd;
 
@@ -153,8 +153,9 @@ fn checked_lowers(
     root: &Root,
     slot: Slot,
     force: bool,
-) -> Result<Vec<crate::integrity::Record>, ActivateError> {
-    let (records, changes) = intact::overlay_lowers(root, slot).map_err(|e| not_intact(slot, e))?;
+) -> Result<Vec<crate::slots::record::Record>, ActivateError> {
+    let (records, changes) =
+        rollback_target::overlay_lowers(root, slot).map_err(|e| not_intact(slot, e))?;
     if force || changes.is_empty() {
         return Ok(records);
     }
@@ -164,24 +165,24 @@ fn checked_lowers(
             "refusing to start it: {} entr{} of its layers differ from what was unpacked: {}; the running machine is untouched (rollback --force starts it anyway; --clean does not repair a layer)",
             changes.len(),
             if changes.len() == 1 { "y" } else { "ies" },
-            intact::shown(&changes)
+            rollback_target::shown(&changes)
         ),
     })
 }
 
 /// The slot's tree is its image, but for what its node wrote in its own
-/// paths ([`intact`]): a copied tree per its record (none: an adopted
+/// paths ([`rollback_target`]): a copied tree per its record (none: an adopted
 /// tree, nothing to check), an overlay slot's upper over `lowers`.
 pub(super) fn image_intact(
     root: &Root,
     slot: Slot,
     overlay: bool,
-    lowers: &[crate::integrity::Record],
+    lowers: &[crate::slots::record::Record],
 ) -> Result<(), ActivateError> {
     let changes = if overlay {
-        intact::overlay_upper(root, slot, lowers).map_err(|e| not_intact(slot, e))?
+        rollback_target::overlay_upper(root, slot, lowers).map_err(|e| not_intact(slot, e))?
     } else {
-        match intact::copy_slot(root, slot).map_err(|e| not_intact(slot, e))? {
+        match rollback_target::copy_slot(root, slot).map_err(|e| not_intact(slot, e))? {
             Some(c) => c,
             None => return Ok(()),
         }
@@ -194,7 +195,7 @@ pub(super) fn image_intact(
         reason: format!(
             "refusing to start it: {} change(s) to its image since it was installed: {}; the running machine is untouched (rollback --force starts it anyway{})",
             changes.len(),
-            intact::shown(&changes),
+            rollback_target::shown(&changes),
             if overlay { ", --clean drops what its node wrote" } else { "" }
         ),
     })

@@ -4,8 +4,8 @@
 //! writing anything (it reads the image source to resolve the reference,
 //! and asks systemd which machines run).
 
+use kubeslot_activator::activate::plan::{Decision, Reason};
 use kubeslot_activator::activate::{self, Options, Preview};
-use kubeslot_activator::plan::{Decision, Reason};
 use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;

@@ -1,13 +1,13 @@
 //! `kubeslot-activator preflight`: the checks `activate` runs before every
 //! flip, printed (kubeadm style or `--json`), changing nothing. Given the
-//! arguments; calls [`kubeslot_activator::preflight::run`].
+//! arguments; calls [`kubeslot_activator::gate::preflight::run`].
 
 use kubeslot_activator::activate;
+use kubeslot_activator::activate::report::exit;
 use kubeslot_activator::config::{Config, SlotMode};
-use kubeslot_activator::host_settings;
-use kubeslot_activator::overlay;
-use kubeslot_activator::preflight::{self, Inputs};
-use kubeslot_activator::report::exit;
+use kubeslot_activator::gate::preflight::{self, Inputs};
+use kubeslot_activator::render::host_settings;
+use kubeslot_activator::slots::overlay;
 use kubeslot_image::error_chain;
 
 use super::{Failed, HostArgs};

@@ -15,7 +15,7 @@ use kubeslot_image::time::now_rfc3339;
 use kubeslot_image::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::diagnostics::Diagnostics;
+use crate::gate::diagnostics::Diagnostics;
 use crate::paths::Root;
 use crate::slot::Slot;
 use kubeslot_image::retry::Traffic;
@@ -86,8 +86,8 @@ pub struct Downloads {
     pub layers_reused: Option<u64>,
 }
 
-impl From<&crate::store::FetchReport> for Downloads {
-    fn from(r: &crate::store::FetchReport) -> Self {
+impl From<&crate::fetch::store::FetchReport> for Downloads {
+    fn from(r: &crate::fetch::store::FetchReport) -> Self {
         Downloads {
             blobs_fetched: r.downloaded_blobs,
             bytes_fetched: r.downloaded_bytes,
@@ -138,7 +138,7 @@ pub struct Report {
     /// The preflight checks before a flip that did not simply pass
     /// (failed, ignored, warned).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub preflight: Vec<crate::preflight::Finding>,
+    pub preflight: Vec<crate::gate::preflight::Finding>,
     /// What the health gate could not check (the kubelet answer's owner
     /// on a root whose `/proc` cannot tell), when it passed all the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,7 +147,7 @@ pub struct Report {
     /// the config left it open and overlay could not be used, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_mode: Option<String>,
-    /// Garbage collection after a committed flip (`crate::gc`): blobs,
+    /// Garbage collection after a committed flip (`crate::host::gc`): blobs,
     /// partials and layer dirs neither slot needs any more, removed; or why
     /// it failed (the commit stands either way).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -33,10 +33,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::host_network;
-use crate::host_settings;
+use crate::host::network;
 use crate::lock::{Lock, LockError};
 use crate::paths::{Root, RENDER_UNIT};
+use crate::render::host_settings;
 use crate::render::rendered_by_kubeslot;
 use crate::slot::Slot;
 use crate::state::{SlotStatus, State};
@@ -64,9 +64,9 @@ pub enum UninstallError {
         found: String,
     },
     #[error(transparent)]
-    Overlay(#[from] crate::overlay::OverlayError),
+    Overlay(#[from] crate::slots::overlay::OverlayError),
     #[error("uninstall: the node's network leftovers: {0}")]
-    Network(#[from] host_network::NetworkError),
+    Network(#[from] network::NetworkError),
     #[error("uninstall: cannot remove {path}: {source}")]
     Remove {
         path: PathBuf,
@@ -262,7 +262,7 @@ fn kubeslots_paths(root: &Root, host: &Root, ours: &[Slot]) -> Vec<(PathBuf, Pat
     if ours.len() == Slot::ALL.len()
         || !Slot::ALL
             .iter()
-            .any(|s| crate::overlay::is_overlay(root, *s))
+            .any(|s| crate::slots::overlay::is_overlay(root, *s))
     {
         paths.push(both(&|r| r.layers_dir()));
     }
@@ -308,9 +308,9 @@ pub fn uninstall(
     }
     // The node's network leftovers, once no node runs to make them again;
     // before the state (and the record of what the host had) goes.
-    let leftovers = host_network::leftovers(root)?;
+    let leftovers = network::leftovers(root)?;
     done.network_note = leftovers.unrecorded.clone();
-    done.network = host_network::remove(root, &leftovers)?;
+    done.network = network::remove(root, &leftovers)?;
     systemd.daemon_reload()?;
 
     // The state last: an interrupted uninstall is run again.
@@ -391,7 +391,7 @@ fn dry_run(
     done.units = units.iter().map(|u| u.to_string()).collect();
     for &slot in ours {
         done.units.push(slot.unit());
-        if crate::overlay::is_overlay(root, slot) {
+        if crate::slots::overlay::is_overlay(root, slot) {
             done.units.push(root.mount_unit(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
@@ -408,7 +408,7 @@ fn dry_run(
             .filter(|p| p.exists())
             .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
     );
-    let l = host_network::leftovers(root)?;
+    let l = network::leftovers(root)?;
     done.network_note = l.unrecorded.clone();
     done.network = l
         .links
@@ -444,8 +444,8 @@ fn stop_machines(
         }
         done.units.push(unit);
         // An overlay slot: its mount stopped, its unit and upper removed.
-        if crate::overlay::is_overlay(root, slot) {
-            crate::overlay::remove(root, systemd, slot)?;
+        if crate::slots::overlay::is_overlay(root, slot) {
+            crate::slots::overlay::remove(root, systemd, slot)?;
             done.units.push(root.mount_unit(slot.machine()));
             done.removed.push(host.mount_unit_file(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));

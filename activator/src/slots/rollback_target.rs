@@ -29,10 +29,10 @@ use std::os::fd::AsRawFd as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-use crate::integrity::{self, Entry, Kind, Mismatch, Record};
-use crate::overlay;
 use crate::paths::Root;
 use crate::slot::Slot;
+use crate::slots::overlay;
+use crate::slots::record::{self, Entry, Kind, Mismatch, Record};
 use crate::walk::{self, Visit};
 
 /// Where a node writes by design, below the tree's root: whole trees (a
@@ -173,7 +173,7 @@ fn change(m: &Mismatch) -> Change {
 /// image): nothing to check against.
 pub fn copy_slot(root: &Root, slot: Slot) -> io::Result<Option<Vec<Change>>> {
     let path = root.slot_files_record(slot.machine());
-    let record = match integrity::load(&path) {
+    let record = match record::load(&path) {
         Ok(r) => r,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
@@ -181,7 +181,7 @@ pub fn copy_slot(root: &Root, slot: Slot) -> io::Result<Option<Vec<Change>>> {
     let node = NodePaths::of(root, slot);
     let tree = root.machine_tree(slot.machine());
     Ok(Some(
-        integrity::check_except(&tree, &record, &|p| node.skips(p))?
+        record::check_except(&tree, &record, &|p| node.skips(p))?
             .iter()
             .filter(|m| !node.excuses(&m.bytes, m.is_addition()))
             .map(change)
@@ -199,14 +199,14 @@ pub fn overlay_lowers(root: &Root, slot: Slot) -> io::Result<(Vec<Record>, Vec<C
             path: format!("layer {}", lower.display()),
             what,
         };
-        let record = match integrity::load(&integrity::record_path(&lower)) {
+        let record = match record::load(&record::record_path(&lower)) {
             Ok(r) => r,
             Err(e) => {
                 changes.push(shown(format!("no usable record: {e}")));
                 continue;
             }
         };
-        for m in integrity::check(&lower, &record)? {
+        for m in record::check(&lower, &record)? {
             changes.push(Change {
                 path: format!("layer {}: /{}", lower.display(), m.path),
                 what: m.what,
@@ -255,7 +255,7 @@ impl Visit for Upper<'_> {
         if self.node.excuses(e.rel, absent) {
             return Ok(!self.node.skips(e.rel));
         }
-        let got = integrity::entry_of(e)?;
+        let got = record::entry_of(e)?;
         let what = match (&got.kind, image) {
             (Kind::Char { rdev: 0 }, _) => Some("removed by the node".to_string()),
             _ if got.xattrs.contains_key("trusted.overlay.whiteout") => {

@@ -28,8 +28,8 @@ pub fn user_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
 
 /// Gives directory `to` the owner, mode and `user.*` xattrs of `from`
 /// (owner first: chown clears the setgid bit). The metadata layer's
-/// directories ([`crate::metalayer`]) and a slot's upper root
-/// ([`crate::overlay`]).
+/// directories ([`crate::slots::overlay::metalayer`]) and a slot's upper root
+/// ([`crate::slots::overlay`]).
 pub fn copy_attrs(from: &Path, to: &Path) -> std::io::Result<()> {
     let m = fs::symlink_metadata(from)?;
     std::os::unix::fs::lchown(to, Some(m.uid()), Some(m.gid()))?;

@@ -5,7 +5,7 @@
 //! produces a verified tree at `<machines>/<slot>`: the tag is resolved once,
 //! the signature is checked before any layer is fetched
 //! ([`kubeslot_image::verify`]), blobs land in the content store only after their
-//! digest checked out ([`crate::store`]), and the layers are applied by the
+//! digest checked out ([`crate::fetch::store`]), and the layers are applied by the
 //! safe unpacker ([`kubeslot_image::unpack`]) into `<machines>/.staging-<slot>-<random>`
 //! (same filesystem), synced, and exchanged with the old tree in one
 //! `renameat2(RENAME_EXCHANGE)`; the old tree is deleted only after that. On
@@ -38,10 +38,10 @@ use kubeslot_image::verify::{self, Policy, Verdict, VerifyError};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
 use crate::config::{Config, RegistryConfig, Trust, UnpackSettings};
+use crate::fetch::access;
+use crate::fetch::store::{FetchReport, Store, StoreError};
 use crate::paths::Root;
 use crate::progress;
-use crate::store::{FetchReport, Store, StoreError};
-use crate::trust;
 
 /// Why staging failed; the variants carry the module errors, which name
 /// the digest, entry, endpoint or path.
@@ -68,7 +68,7 @@ pub enum StageError {
     #[error("target {path}: must be missing or an empty directory")]
     TargetNotEmpty { path: PathBuf },
     #[error(transparent)]
-    Layers(#[from] crate::layers::LayerError),
+    Layers(#[from] crate::slots::overlay::layers::LayerError),
 }
 
 impl From<SourceError> for StageError {
@@ -249,12 +249,12 @@ struct Job<'a> {
 }
 
 fn run(job: Job<'_>) -> Result<Staged, StageError> {
-    let policy = trust::policy(job.trust, job.image, job.root)?;
+    let policy = access::policy(job.trust, job.image, job.root)?;
     let parent = parent_of(job.dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     // Archives are extracted next to the staging dir: same filesystem as the
     // store, not a possibly small /tmp.
-    let registries = trust::registries(job.registries, job.root);
+    let registries = access::registries(job.registries, job.root);
     let source = Source::open_paced(job.image, &registries, parent, Arc::new(job.pacing))?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
     prepare(
@@ -438,7 +438,7 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
         store_dir: &root.store(),
         dest: &dest,
         staging_prefix: format!(".staging-{slot_dir}-"),
-        pacing: trust::pacing(&config.download),
+        pacing: access::pacing(&config.download),
     })
 }
 
@@ -485,17 +485,17 @@ pub fn prepare_resolved(
 
 /// The overlay half of staging `verified`: fetched into the root's
 /// content store (the source dropped after), each layer the layer store
-/// lacks unpacked into it ([`crate::layers::ensure`]). No slot is touched.
+/// lacks unpacked into it ([`crate::slots::overlay::layers::ensure`]). No slot is touched.
 pub fn prepare_layers(
     root: &Root,
     source: Source,
     verified: &Verified,
     unpack: &UnpackSettings,
-) -> Result<(FetchReport, crate::layers::Ensured), StageError> {
+) -> Result<(FetchReport, crate::slots::overlay::layers::Ensured), StageError> {
     let store = Store::open(&root.store())?;
     let report = store.fetch_image(&source, &verified.image)?;
     drop(source);
-    let ensured = crate::metalayer::ensure_slot_lowers(
+    let ensured = crate::slots::overlay::metalayer::ensure_slot_lowers(
         root,
         &store,
         &verified.image,

@@ -141,7 +141,7 @@ pub(super) fn carry_extra_args(
     let shown = Path::new("/var/lib/machines")
         .join(machine.machine())
         .join("etc/default/kubelet");
-    match crate::extra_args::from_agent_file(&shown, &String::from_utf8_lossy(&bytes)) {
+    match crate::render::extra_args::from_agent_file(&shown, &String::from_utf8_lossy(&bytes)) {
         Ok((args, others)) => {
             for var in others {
                 notes.drop(
@@ -161,7 +161,7 @@ pub(super) fn carry_extra_args(
         }
         Err(e) => {
             notes.drop(
-                &format!("{FIELD} {}", crate::extra_args::VARIABLE),
+                &format!("{FIELD} {}", crate::render::extra_args::VARIABLE),
                 &kubeslot_image::error_chain(&e),
                 true,
             );
@@ -178,7 +178,7 @@ pub(super) fn write_extra_args(root: &Root, args: &[String]) -> Result<(), Adopt
         "# Carried over by `kubeslot-activator adopt` from the adopted node's\n\
          # /etc/default/kubelet: appended to the kubelet's arguments.\n\
          {}=\"{}\"\n",
-        crate::extra_args::VARIABLE,
+        crate::render::extra_args::VARIABLE,
         args.join(" ")
     );
     if let Some(dir) = path.parent() {

@@ -300,7 +300,7 @@ fn holds_only_tools(root: &Root, source: &DriverSource, dir: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::write_elf;
+    use crate::render::gpu::write_elf;
 
     fn host() -> (tempfile::TempDir, Root) {
         let d = tempfile::tempdir().unwrap();

@@ -15,7 +15,7 @@
 //! activation report and the e2e "one changed layer" check read it).
 //!
 //! Each image's platform manifest is stored beside its blobs (the list
-//! [`crate::gc`] keeps by). It does not decide which blobs an image needs
+//! [`crate::host::gc`] keeps by). It does not decide which blobs an image needs
 //! ([`kubeslot_image::source`]), check signatures, or collect garbage.
 
 use std::fs::{self, File, OpenOptions};

@@ -10,8 +10,8 @@
 //! kernel names it.
 
 use super::{is_char_device, read, Finding, Status};
-use crate::host_settings::{MODULES, SYSCTLS};
 use crate::paths::Root;
+use crate::render::host_settings::{MODULES, SYSCTLS};
 
 /// cgroup v2 controllers the kubelet cannot run without, and ones it uses
 /// when present.

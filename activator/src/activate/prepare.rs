@@ -7,14 +7,14 @@ use std::path::Path;
 
 use kubeslot_image::source::Source;
 
+use crate::activate::plan::Flip;
+use crate::activate::report::{Datapoint, Downloads, Report};
 use crate::config::{Config, SlotMode};
 use crate::failpoint;
-use crate::overlay;
-use crate::plan::Flip;
 use crate::render;
-use crate::report::{Datapoint, Downloads, Report};
 use crate::slot::Slot;
-use crate::stage::{self, Verified};
+use crate::slots::overlay;
+use crate::slots::stage::{self, Verified};
 use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State};
 
 use super::begin::Begun;
@@ -72,12 +72,12 @@ impl Run<'_> {
                 // a tree whose image-owned files changed since.
                 let tree = self.root.machine_tree(to.machine());
                 let record_path = self.root.slot_files_record(to.machine());
-                crate::integrity::record_known(&tree, None, &staged.file_hashes)
+                crate::slots::record::record_known(&tree, None, &staged.file_hashes)
                     .and_then(|(r, _)| {
                         if let Some(dir) = record_path.parent() {
                             std::fs::create_dir_all(dir)?;
                         }
-                        crate::integrity::save(&record_path, &r)
+                        crate::slots::record::save(&record_path, &r)
                     })
                     .map_err(|e| ActivateError::NotIntact {
                         slot: to,
@@ -297,7 +297,7 @@ mod tests {
 
         // v3 replaces v2 in kube2: v2's layer and metadata layer are
         // mounted by no slot and go.
-        let v2_layers = crate::layers::referenced(&s.root).unwrap();
+        let v2_layers = crate::slots::overlay::layers::referenced(&s.root).unwrap();
         let third = image_with(dir, "healthy", "3");
         let r = run_opts(
             &s,
@@ -320,12 +320,12 @@ mod tests {
             r.gc.as_deref().unwrap().contains(", 2 layer dir(s);"),
             "{r:?}"
         );
-        let now = crate::layers::referenced(&s.root).unwrap();
+        let now = crate::slots::overlay::layers::referenced(&s.root).unwrap();
         let gone: Vec<_> = v2_layers.difference(&now).collect();
         assert_eq!(gone.len(), 2, "{gone:?}");
         for g in gone {
             assert!(!g.exists(), "{}", g.display());
-            assert!(!crate::integrity::record_path(g).exists());
+            assert!(!crate::slots::record::record_path(g).exists());
         }
         // two layer dirs, two metadata layers (v1's, v3's) and their records
         assert_eq!(std::fs::read_dir(s.root.layers_dir()).unwrap().count(), 8);

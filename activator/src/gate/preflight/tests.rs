@@ -6,7 +6,7 @@ use std::fs;
 
 use super::*;
 use crate::config::GpuMode;
-use crate::host_settings::SYSCTLS;
+use crate::render::host_settings::SYSCTLS;
 
 struct Fake {
     _dir: tempfile::TempDir,
@@ -344,8 +344,8 @@ fn gpu_checks_run_when_gpus_are_bound() {
     assert_eq!(failed, ["gpu-driver", "gpu-nvidiactl", "gpu-libraries"]);
     // a GPU and its driver: auto runs and passes them (the libraries come
     // from <root>/sbin/ldconfig, run as on a host)
-    crate::gpu::mknod_char(&h.root.dev().join("nvidia0"), 195, 0).unwrap();
-    crate::gpu::mknod_char(&h.root.dev().join("nvidiactl"), 195, 255).unwrap();
+    crate::render::gpu::mknod_char(&h.root.dev().join("nvidia0"), 195, 0).unwrap();
+    crate::render::gpu::mknod_char(&h.root.dev().join("nvidiactl"), 195, 255).unwrap();
     h.write(
         "proc/driver/nvidia/version",
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\nGCC version: gcc 12\n",

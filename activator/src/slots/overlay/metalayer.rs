@@ -8,7 +8,7 @@
 //! unpacker made it (0755 root:root), so shared, per-`diff_id` layer
 //! directories alone cannot give the tree the spec defines. Given the root
 //! handle, the content store (blobs verified), the image and its layer
-//! directories ([`crate::layers::ensure`]), [`ensure_slot_lowers`] adds
+//! directories ([`crate::slots::overlay::layers::ensure`]), [`ensure_slot_lowers`] adds
 //! one more lower, `layers/meta-<chain id hex>` (the image's chain of
 //! `diff_id`s, image-spec `config.md`), mounted topmost: the image's
 //! layers applied with the copy mode's semantics into a scratch skeleton
@@ -21,7 +21,7 @@
 //! layer: `verify-layers`, GC), and reused by the next image with the same
 //! chain only as a layer is: made under the same unpack policy and still
 //! matching its record (else built again, beside it while a slot mounts it). The overlay code gives the slot's upper root the metadata
-//! layer's root attributes ([`crate::overlay`]).
+//! layer's root attributes ([`crate::slots::overlay`]).
 //!
 //! It does not unpack layers into the store, mount, or remove anything
 //! beyond its scratch skeleton (GC removes a metadata layer no slot
@@ -36,10 +36,10 @@ use kubeslot_image::digest::Digest;
 use kubeslot_image::source::SelectedImage;
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 
-use crate::layers::{self, Ensured, LayerError};
+use crate::fetch::store::Store;
 use crate::paths::Root;
 use crate::progress;
-use crate::store::Store;
+use crate::slots::overlay::layers::{self, Ensured, LayerError};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
     move |error| LayerError::Io {
@@ -247,7 +247,7 @@ fn attrs(p: &Path) -> std::io::Result<Option<Attrs>> {
         mode: m.mode() & 0o7777,
         uid: m.uid(),
         gid: m.gid(),
-        xattrs: crate::dirattrs::user_xattrs(p)?,
+        xattrs: crate::slots::overlay::dirattrs::user_xattrs(p)?,
     }))
 }
 
@@ -298,7 +298,7 @@ fn build(skeleton: &Path, lowers: &[PathBuf], out: &Path) -> Result<(), LayerErr
         if !rel.as_os_str().is_empty() {
             fs::create_dir(&to).map_err(io_err(&to))?;
         }
-        crate::dirattrs::copy_attrs(&from, &to).map_err(io_err(&to))?;
+        crate::slots::overlay::dirattrs::copy_attrs(&from, &to).map_err(io_err(&to))?;
     }
     // Times last, children first: creating a child changes its parent's.
     for rel in keep.iter().rev() {

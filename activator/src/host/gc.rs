@@ -3,13 +3,13 @@
 //!
 //! The keep-set comes from the state: for every slot (and a pending flip)
 //! that records an image, its platform manifest as stored beside the blobs
-//! ([`crate::store`] stores it) and the config and layers it names. A
+//! ([`crate::fetch::store`] stores it) and the config and layers it names. A
 //! recorded image whose manifest is not in the store (a store from an
 //! earlier version, or damage) makes the blob sweep keep everything: an
 //! incomplete keep-set never removes a blob a slot may need. Partial
 //! downloads (`.partial-<hex>`) go unless a live fetch holds their lock.
 //! Layer directories go when neither slot's mount unit names them
-//! ([`crate::layers::referenced`]). The caller holds the run lock.
+//! ([`crate::slots::overlay::layers::referenced`]). The caller holds the run lock.
 //!
 //! It runs after every commit (`activate`; a failure there is a note in the
 //! report, the commit stands) and as `kubeslot-activator gc [--dry-run]`.
@@ -24,8 +24,8 @@ use kubeslot_image::oci::Manifest;
 use rustix::fs::{flock, FlockOperation};
 use serde::Serialize;
 
-use crate::layers;
 use crate::paths::Root;
+use crate::slots::overlay::layers;
 use crate::state::State;
 
 /// What a collection removed (or, dry, would remove).

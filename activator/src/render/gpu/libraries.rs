@@ -392,7 +392,7 @@ pub fn run_ldconfig(root: &Root) -> Result<String, GpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::tests::{fixture, materialize};
+    use crate::render::gpu::tests::{fixture, materialize};
 
     fn dirs_of(listing: &str, arch: Arch) -> (Vec<String>, Vec<String>) {
         let d = tempfile::tempdir().unwrap();
@@ -545,18 +545,18 @@ mod tests {
         );
         let tree = root.join("run/nvidia/driver");
         let lib = tree.join("usr/lib/x86_64-linux-gnu");
-        crate::gpu::write_elf(&lib.join("libcuda.so.580.1"), true, 62);
-        crate::gpu::write_elf(&lib.join("libnvidia-ml.so.580.1"), true, 62);
-        crate::gpu::write_elf(&lib.join("vdpau/libvdpau_nvidia.so.580.1"), true, 62);
-        crate::gpu::write_elf(
+        crate::render::gpu::write_elf(&lib.join("libcuda.so.580.1"), true, 62);
+        crate::render::gpu::write_elf(&lib.join("libnvidia-ml.so.580.1"), true, 62);
+        crate::render::gpu::write_elf(&lib.join("vdpau/libvdpau_nvidia.so.580.1"), true, 62);
+        crate::render::gpu::write_elf(
             &tree.join("usr/lib/i386-linux-gnu/libcuda.so.580.1"),
             false,
             3,
         );
         // an arm64 object, a non-ELF file and a non-driver library: none
-        crate::gpu::write_elf(&lib.join("libnvidia-tls.so.580.1"), true, 183);
+        crate::render::gpu::write_elf(&lib.join("libnvidia-tls.so.580.1"), true, 183);
         std::fs::write(lib.join("libnvidia-fake.so.1"), b"text").unwrap();
-        crate::gpu::write_elf(&lib.join("libc.so.6"), true, 62);
+        crate::render::gpu::write_elf(&lib.join("libc.so.6"), true, 62);
         // the soname link is absolute: it means the tree's file
         std::os::unix::fs::symlink(
             "/usr/lib/x86_64-linux-gnu/libcuda.so.580.1",

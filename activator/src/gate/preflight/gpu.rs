@@ -33,9 +33,9 @@ use std::path::Path;
 
 use super::{is_char_device, read, Finding, Status};
 use crate::config::{Gpu, GpuMode};
-use crate::gpu::pci::{self, PciGpu};
-use crate::gpu::{self, tools, Arch, DriverLibraries, DriverSource, GpuError, ToolBind};
 use crate::paths::{host, Root};
+use crate::render::gpu::pci::{self, PciGpu};
+use crate::render::gpu::{self, tools, Arch, DriverLibraries, DriverSource, GpuError, ToolBind};
 
 /// `/proc/driver/nvidia/version`: present once the kernel module is loaded.
 const DRIVER_VERSION: &str = "proc/driver/nvidia/version";

@@ -261,7 +261,7 @@ fn container_engine(root: &Root) -> Finding {
 }
 
 /// `overlay-slots`: what the config's `slots.mode` gives on this host,
-/// from [`crate::overlay::probe`]'s result (`None`: not probed, the mode is
+/// from [`crate::slots::overlay::probe`]'s result (`None`: not probed, the mode is
 /// copy). The caller runs the probe (it mounts), this only judges it.
 pub fn overlay_slots(mode: Option<SlotMode>, probe: Option<&Result<(), String>>) -> Finding {
     const NAME: &str = "overlay-slots";

@@ -31,14 +31,18 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use crate::bundle::{self, BundleError};
 use crate::config::node::{self, check_node_name};
 use crate::config::{Config, ExecCredential, NetworkMode, RegistryMirror};
-use crate::extra_args::{self, ExtraArgsError};
-use crate::gpu::{self, GpuBinds, GpuError, ToolBind};
 use crate::paths::{self, host, host_files, machine as inside, Root};
 use crate::slot::Slot;
+use bundle::BundleError;
+use extra_args::ExtraArgsError;
+use gpu::{GpuBinds, GpuError, ToolBind};
 
+pub mod bundle;
+pub mod extra_args;
+pub mod gpu;
+pub mod host_settings;
 mod write;
 
 pub use crate::config::node::registry_mirrors;
@@ -46,7 +50,7 @@ pub use write::{diff, save_inputs, unified, write, SECRET_CHANGED};
 
 /// The render oneshot template unit, installed by [`render`] so the drop-in
 /// never requires a unit that does not exist.
-pub const RENDER_UNIT_FILE: &str = include_str!("../units/kubeslot-render@.service");
+pub const RENDER_UNIT_FILE: &str = include_str!("../../units/kubeslot-render@.service");
 
 /// resolv.conf resolvers beyond this many are ignored by glibc (MAXNS).
 const MAX_NAMESERVERS: usize = 3;

@@ -3,7 +3,7 @@
 //! `upper`/`work` directories, as a rendered systemd mount unit.
 //!
 //! Given the root handle, a [`Systemd`] and the layer directories
-//! ([`crate::layers`]), it renders `<escaped machine tree>.mount`
+//! ([`crate::slots::overlay::layers`]), it renders `<escaped machine tree>.mount`
 //! (`var-lib-machines-kube1.mount` on a host: What=overlay,
 //! Where=/var/lib/machines/kube1), installs it ([`install`]: the slot's old
 //! mount stopped, the mount point emptied, a fresh upper, the unit written,
@@ -16,6 +16,10 @@
 //! The lowers are never written: overlayfs writes only the upper, and
 //! nothing here opens a layer directory. It does not unpack layers, choose
 //! the slot or the mode, or record state.
+
+pub mod dirattrs;
+pub mod layers;
+pub mod metalayer;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
@@ -206,14 +210,14 @@ fn fresh_dir(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
 
 /// The merged root's attributes are the upper root's (it always holds the
 /// root): it gets the owner, mode and `user.*` xattrs of the topmost lower's
-/// root, the image's metadata layer ([`crate::metalayer`]), which has the
+/// root, the image's metadata layer ([`crate::slots::overlay::metalayer`]), which has the
 /// root the image defines.
 fn upper_root_like(root: &Root, slot: Slot, top: Option<&PathBuf>) -> Result<(), OverlayError> {
     let Some(top) = top else {
         return Ok(());
     };
     let upper = upper_dir(root, slot);
-    crate::dirattrs::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
+    crate::slots::overlay::dirattrs::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
 }
 
 /// The topmost lower of `slot`'s installed mount unit (the first in its

@@ -18,9 +18,9 @@ use std::path::PathBuf;
 
 use kubeslot_image::digest::Digest;
 
-use crate::health::Failure;
-use crate::preflight::Preflight;
-use crate::report::exit;
+use crate::activate::report::exit;
+use crate::gate::health::Failure;
+use crate::gate::preflight::Preflight;
 use crate::slot::Slot;
 use crate::state::{BadImage, FlipKind, Release, SlotStatus, State};
 
@@ -247,7 +247,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// The exit code `activate` ends with (see [`crate::report::exit`]).
+    /// The exit code `activate` ends with (see [`crate::activate::report::exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {
             Reason::Bad(_) | Reason::Downgrade { .. } => exit::BAD_IMAGE,
@@ -677,7 +677,7 @@ mod tests {
     fn down() -> Committed {
         Committed::Down(Failure {
             machine: "kube1".into(),
-            check: crate::health::Check::KubeletHealthz,
+            check: crate::gate::health::Check::KubeletHealthz,
             detail: "connection refused".into(),
         })
     }
@@ -799,9 +799,9 @@ mod tests {
     #[test]
     fn decide_refuses_a_flip_whose_preflight_failed() {
         let failed = Preflight {
-            checks: vec![crate::preflight::Finding {
+            checks: vec![crate::gate::preflight::Finding {
                 name: "swap".into(),
-                status: crate::preflight::Status::Fail,
+                status: crate::gate::preflight::Status::Fail,
                 seen: "1 swap area".into(),
                 needed: "no swap".into(),
                 hint: None,

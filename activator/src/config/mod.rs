@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 
 pub mod node;
 mod pods;
-mod trust;
+mod registries;
 
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
-pub use trust::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
+pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";

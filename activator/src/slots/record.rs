@@ -521,7 +521,7 @@ mod tests {
         let d = t.path().join("layer");
         std::fs::create_dir_all(d.join("usr/bin")).unwrap();
         std::fs::write(d.join("usr/bin/kubelet"), b"v1").unwrap();
-        crate::gpu::mknod_char(&d.join("wh"), 0, 0).unwrap();
+        crate::render::gpu::mknod_char(&d.join("wh"), 0, 0).unwrap();
         let r = record(&d, None).unwrap();
         assert_eq!(
             r.entries[&hex::encode("wh")].kind,
@@ -540,7 +540,7 @@ mod tests {
         )
         .unwrap();
         std::fs::remove_file(d.join("wh")).unwrap();
-        crate::gpu::mknod_char(&d.join("wh"), 1, 3).unwrap();
+        crate::render::gpu::mknod_char(&d.join("wh"), 1, 3).unwrap();
         let got = changes(&d, &r);
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(

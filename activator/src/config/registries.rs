@@ -2,7 +2,7 @@
 //! from (mirrors, credentials, a private CA) and which signatures a host
 //! accepts (keys, keyless identities, the repository they must name,
 //! downgrades). Only the schema and the keyless rules' parsing; the files
-//! they name are read by `crate::trust`.
+//! they name are read by `crate::fetch::access`.
 
 use std::path::PathBuf;
 

@@ -7,7 +7,7 @@
 //! ([`Unpacker::new_overlay_layer`]: whiteouts recorded as overlayfs
 //! whiteouts, never applied), synced, and renamed into place (no replace);
 //! a present one is reused only when it still matches its record
-//! ([`crate::integrity`]) and was unpacked under the same unpack policy
+//! ([`crate::slots::record`]) and was unpacked under the same unpack policy
 //! ([`policy_hash`]), never unpacked again otherwise. One that does not
 //! (a file changed, added or chmod-ed in the store, another policy, a
 //! record of an earlier version) is never mounted again: it is removed and
@@ -32,9 +32,9 @@ use kubeslot_image::source::SelectedImage;
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
+use crate::fetch::store::{Store, StoreError};
 use crate::paths::Root;
 use crate::progress;
-use crate::store::{Store, StoreError};
 
 /// Why a layer could not be put in the store.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +118,7 @@ pub fn policy_hash(policy: &unpack::Policy) -> String {
     allow.sort();
     allow.dedup();
     let canonical = serde_json::json!({
-        "record": crate::integrity::VERSION,
+        "record": crate::slots::record::VERSION,
         "limits": [max_layer_bytes, max_total_bytes, max_entries, max_path_bytes, max_depth],
         "allow_fifos_and_sockets": allow_fifos_and_sockets,
         "setuid_allowlist": allow,
@@ -128,14 +128,14 @@ pub fn policy_hash(policy: &unpack::Policy) -> String {
 
 /// Why the layer directory `dir` may not be reused under `policy`, if so.
 pub fn unusable(dir: &Path, policy: &str) -> Option<String> {
-    let record = match crate::integrity::load(&crate::integrity::record_path(dir)) {
+    let record = match crate::slots::record::load(&crate::slots::record::record_path(dir)) {
         Ok(r) => r,
         Err(e) => return Some(format!("its record cannot be used ({e})")),
     };
     if record.policy.as_deref() != Some(policy) {
         return Some("it was unpacked under another unpack policy".into());
     }
-    match crate::integrity::check(dir, &record) {
+    match crate::slots::record::check(dir, &record) {
         Ok(m) if m.is_empty() => None,
         Ok(m) => Some(format!(
             "{} entr{} differ from its record ({})",
@@ -338,10 +338,10 @@ pub fn place_recorded(
     known: &unpack::FileHashes,
 ) -> Result<(), LayerError> {
     let (record, _) =
-        crate::integrity::record_known(staging.path(), Some(policy_hash.to_string()), known)
+        crate::slots::record::record_known(staging.path(), Some(policy_hash.to_string()), known)
             .map_err(io_err(staging.path()))?;
-    let record_path = crate::integrity::record_path(dest);
-    crate::integrity::save(&record_path, &record).map_err(io_err(&record_path))?;
+    let record_path = crate::slots::record::record_path(dest);
+    crate::slots::record::save(&record_path, &record).map_err(io_err(&record_path))?;
     renameat_with(CWD, staging.path(), CWD, dest, RenameFlags::NOREPLACE)
         .map_err(|e| io_err(dest)(std::io::Error::from(e)))?;
     // Renamed away: the TempDir's drop finds nothing to delete.
@@ -358,7 +358,7 @@ pub fn place_recorded(
 pub fn referenced(root: &Root) -> Result<std::collections::BTreeSet<PathBuf>, LayerError> {
     let mut keep = std::collections::BTreeSet::new();
     for slot in crate::slot::Slot::ALL {
-        let lowers = crate::overlay::lowers(root, slot)
+        let lowers = crate::slots::overlay::lowers(root, slot)
             .map_err(|e| io_err(&root.mount_unit_file(slot.machine()))(e))?;
         keep.extend(lowers);
     }
@@ -394,7 +394,7 @@ fn is_record(p: &Path) -> bool {
 /// (never one a slot's unit names: [`place_in`] gave it to be replaced).
 pub fn remove_recorded(dir: &Path) -> Result<(), LayerError> {
     crate::remove::remove_tree(dir).map_err(|e| io_err(dir)(e.into_io()))?;
-    remove_file_if_there(&crate::integrity::record_path(dir))
+    remove_file_if_there(&crate::slots::record::record_path(dir))
 }
 
 /// Removes file `p`; a missing one is no error.
@@ -416,7 +416,7 @@ pub fn sweep(root: &Root) -> Result<Vec<PathBuf>, LayerError> {
         match fs::symlink_metadata(p).map_err(io_err(p))?.file_type() {
             t if t.is_dir() => {
                 crate::remove::remove_tree(p).map_err(|e| io_err(p)(e.into_io()))?;
-                remove_file_if_there(&crate::integrity::record_path(p))?;
+                remove_file_if_there(&crate::slots::record::record_path(p))?;
             }
             _ => fs::remove_file(p).map_err(io_err(p))?,
         }
