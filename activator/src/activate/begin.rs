@@ -27,7 +27,7 @@ use crate::state::{Release, State};
 
 use super::{
     fallback_health, load_slot_config, resolve::open_verified_marked, ActivateError, Options,
-    Rendered, Run,
+    Rendered, Resolved, Run,
 };
 
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
@@ -121,20 +121,20 @@ pub(super) fn begin(
     report.digest = Some(digest);
     report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
     let files = Rendered::new(&config, &facts);
-    let situation = Situation {
+    let situation = situation(
+        root,
         command,
-        digest,
-        release: release_of(&config, &resolved.verified),
-        inputs: files.inputs_hash(),
-        active_files_current: state.active.is_some_and(|a| files.current(root, a)),
+        opts,
+        state.clone(),
         // Asked again: a machine started meanwhile is refused too.
-        machines: run.machines()?,
+        run.machines()?,
         committed,
-        force: opts.force,
-        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
-        preflight: None,
-        state: state.clone(),
-    };
+        Candidate {
+            config: &config,
+            resolved: &resolved,
+            files: &files,
+        },
+    );
     let flip = match plan::decide(&situation) {
         Decision::UpToDate { slot, .. } => {
             if state.slot(slot).inputs.as_deref() != Some(situation.inputs.as_str()) {
@@ -167,6 +167,49 @@ pub(super) fn begin(
     }))
 }
 
+/// The image a run decides on: resolved and verified once, with both
+/// slots' host files rendered from the config and the host facts.
+pub(super) struct Candidate<'a> {
+    pub(super) config: &'a Config,
+    pub(super) resolved: &'a Resolved,
+    pub(super) files: &'a Rendered,
+}
+
+/// The one constructor of the [`Situation`] every run decides on:
+/// `activate` and `fetch` ([`begin`]), `plan` and `--dry-run`
+/// (`preview`), so what they decide on cannot drift apart. `state` is
+/// the state after recovery (as `preview` takes it: `as_recovered`),
+/// `committed` what the run found of the committed node. The preflight is
+/// not run yet.
+pub(super) fn situation(
+    root: &Root,
+    command: Command,
+    opts: &Options,
+    state: State,
+    machines: Machines,
+    committed: Committed,
+    image: Candidate<'_>,
+) -> Situation {
+    let Candidate {
+        config,
+        resolved,
+        files,
+    } = image;
+    Situation {
+        command,
+        digest: resolved.digest(),
+        release: release_of(config, &resolved.verified),
+        inputs: files.inputs_hash(),
+        active_files_current: state.active.is_some_and(|a| files.current(root, a)),
+        machines,
+        committed,
+        force: opts.force,
+        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
+        preflight: None,
+        state,
+    }
+}
+
 /// The slot a refusal's report names: the node that did not come up, the
 /// active slot for a bad image, the target of a refused flip.
 fn refused_slot(state: &State, reason: &plan::Reason) -> Option<Slot> {
@@ -184,7 +227,7 @@ fn refused_slot(state: &State, reason: &plan::Reason) -> Option<Slot> {
 /// [`crate::fetch::access::identity`]) and the signed config's `created`. `None`
 /// when no identity applies (an unsigned layout allowed by
 /// `allow_unsigned`): nothing orders such images.
-pub(super) fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
+fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
     let identity = crate::fetch::access::identity(&config.trust, &config.image)?;
     Some(Release {
         identity: identity.to_string(),

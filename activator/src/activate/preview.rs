@@ -22,7 +22,7 @@ use crate::render::host_settings;
 use crate::state::State;
 use crate::systemd::Systemd;
 
-use super::begin::{flip_disk_use, gather, preflight_inputs, release_of};
+use super::begin::{flip_disk_use, gather, preflight_inputs, situation, Candidate};
 use super::recover::as_recovered;
 use super::{open_verified, ActivateError, Options, Rendered, Run};
 
@@ -82,19 +82,19 @@ pub fn preview(
         Some(a) if !machines.runs(a) || opts.force => Committed::Unchecked,
         _ => Committed::Up,
     };
-    let mut situation = Situation {
-        command: Command::Activate,
-        digest: resolved.digest(),
-        release: release_of(&config, &resolved.verified),
-        inputs: files.inputs_hash(),
-        active_files_current: recovered.active.is_some_and(|a| files.current(root, a)),
+    let mut situation = situation(
+        root,
+        Command::Activate,
+        opts,
+        recovered,
         machines,
         committed,
-        force: opts.force,
-        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
-        preflight: None,
-        state: recovered,
-    };
+        Candidate {
+            config: &config,
+            resolved: &resolved,
+            files: &files,
+        },
+    );
     let decision = plan::decide(&situation);
     // Up to date as far as plan can see: what if the node activate starts
     // (or, forced, gates) first does not come up?
