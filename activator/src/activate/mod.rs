@@ -85,7 +85,7 @@ mod rollback;
 pub use boot::MACHINES_TARGET;
 pub use preview::{preview, Preview};
 pub use resolve::{disk_use, open_verified, open_verified_paced, resolve, Rendered, Resolved};
-pub use rollback::{rollback, RollbackOptions};
+pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview};
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
@@ -97,7 +97,7 @@ use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::SourceError;
 use kubeslot_image::verify::VerifyError;
 
-use crate::activate::plan::{Command, PlanError, Reason};
+use crate::activate::plan::{Command, Reason, RollbackRefusal};
 use crate::activate::report::{exit, Outcome, Report};
 use crate::config::{Config, ConfigError, Health};
 use crate::failpoint;
@@ -154,8 +154,10 @@ pub enum ActivateError {
     Verify(#[from] VerifyError),
     #[error(transparent)]
     Source(#[from] Box<SourceError>),
+    /// `rollback` refused before anything changed (see
+    /// [`crate::activate::plan::decide_rollback`]).
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Rollback(#[from] RollbackRefusal),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
     #[error(transparent)]
@@ -164,8 +166,6 @@ pub enum ActivateError {
     SlotConfig { path: PathBuf, reason: String },
     #[error(transparent)]
     Overlay(#[from] OverlayError),
-    #[error("rollback --clean: {slot} is a copied tree, not an overlay slot; nothing separates what its machine wrote from its image (a plain rollback keeps it)")]
-    CleanNeedsOverlay { slot: Slot },
     /// `slots.mode = "overlay"` on a host that cannot mount one.
     #[error("slots.mode is \"overlay\" but overlay slots do not work on this host: {reason} (set slots.mode = \"copy\", or leave it unset to fall back)")]
     OverlayUnsupported { reason: String },
@@ -204,6 +204,7 @@ impl ActivateError {
             | ActivateError::Trust { .. }
             | ActivateError::OverlayUnsupported { .. } => exit::CONFIG,
             ActivateError::Refused(reason) => reason.exit_code(),
+            ActivateError::Rollback(refusal) => refusal.exit_code(),
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::RolledBack {
                 old_failure: None, ..

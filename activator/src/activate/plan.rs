@@ -10,8 +10,11 @@
 //! downgrade, a committed node that does not come up, a machine kubeslot
 //! does not account for, a failed preflight). `activate`, `fetch`, `plan`
 //! and `--dry-run` all call it, so `plan` says what `activate` does and
-//! with which exit code. [`rollback`] does the same for a flip back to the
-//! previous slot. This module reads no file and runs no command.
+//! with which exit code. [`decide_rollback`] does the same for a flip back
+//! to the previous slot (`rollback` and `plan --rollback`). What the
+//! decisions are made on is built in one place each
+//! (`activate/begin.rs`: `situation`; `activate/rollback.rs`:
+//! `situation`). This module reads no file and runs no command.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -43,8 +46,9 @@ pub struct Flip {
     pub reuse_staged: bool,
 }
 
+/// The image half of [`decide`]: what the state says of the desired image.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Plan {
+enum Plan {
     /// The active slot runs the desired image with current host files.
     UpToDate {
         slot: Slot,
@@ -68,21 +72,60 @@ pub struct Rollback {
     pub digest: Option<Digest>,
 }
 
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
+/// Why `rollback` refuses, before anything changes. The messages are what
+/// `rollback` reports and `plan --rollback` prints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RollbackRefusal {
     #[error("rollback: no slot is active on this host")]
     NothingActive,
     #[error("rollback: slot {slot} holds no committed former node (status {status}); only a slot that ran before can be rolled back to")]
     NoPrevious { slot: Slot, status: SlotStatus },
     #[error("rollback: a flip to {to} of a dead run is pending; run `activate` (or `rollback`) again after it is recovered")]
     Pending { to: Slot },
+    /// A machine the state does not account for ([`refuse_foreign`], the
+    /// rule `activate` refuses by).
+    #[error(transparent)]
+    Foreign(Reason),
+    #[error("rollback --clean: {slot} is a copied tree, not an overlay slot; nothing separates what its machine wrote from its image (a plain rollback keeps it)")]
+    CleanNeedsOverlay { slot: Slot },
+}
+
+impl RollbackRefusal {
+    /// The exit code `rollback` ends with (see [`crate::activate::report::exit`]).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            RollbackRefusal::Foreign(reason) => reason.exit_code(),
+            _ => exit::FAILED,
+        }
+    }
+
+    /// The slot rolled back to, when the refusal came after it was found
+    /// to hold a former node.
+    pub fn target(&self) -> Option<Slot> {
+        match self {
+            RollbackRefusal::Foreign(Reason::MachineRunning { machine, .. }) => Some(*machine),
+            RollbackRefusal::CleanNeedsOverlay { slot } => Some(*slot),
+            _ => None,
+        }
+    }
+
+    /// A stable name for `plan --rollback --json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RollbackRefusal::NothingActive => "nothing-active",
+            RollbackRefusal::NoPrevious { .. } => "no-previous",
+            RollbackRefusal::Pending { .. } => "pending",
+            RollbackRefusal::Foreign(reason) => reason.name(),
+            RollbackRefusal::CleanNeedsOverlay { .. } => "clean-needs-overlay",
+        }
+    }
 }
 
 /// What `activate` does to run `digest` with host-file inputs `inputs`.
 ///
 /// `active_files_current`: the active slot's rendered files on disk equal
 /// what rendering produces now (false when nothing is active).
-pub fn activate(
+fn activate(
     state: &State,
     digest: Digest,
     inputs: &str,
@@ -118,7 +161,7 @@ pub fn activate(
 /// `activate --force` does when the committed node runs the desired image
 /// but does not come up (its tree or files broken): the image is staged
 /// afresh beside it.
-pub fn restage(state: &State, digest: Digest, inputs: &str) -> Flip {
+fn restage(state: &State, digest: Digest, inputs: &str) -> Flip {
     let to = state.active.map_or(Slot::Kube1, Slot::other);
     let target = state.slot(to);
     Flip {
@@ -397,24 +440,49 @@ impl fmt::Display for Decision {
     }
 }
 
-/// What `rollback` does: back to the slot that ran before (a committed
-/// image or an adopted tree), without downloading anything.
-pub fn rollback(state: &State) -> Result<Rollback, PlanError> {
+/// Everything `rollback` knows before it acts.
+#[derive(Clone, Debug)]
+pub struct RollbackSituation {
+    /// The state, after recovery.
+    pub state: State,
+    pub machines: Machines,
+    /// `--clean`: the previous slot first loses what its machine wrote.
+    pub clean: bool,
+    /// The slot a rollback returns to (the active one's other) is an
+    /// overlay slot.
+    pub overlay: bool,
+}
+
+/// The one decision of `rollback` (and so of `plan --rollback`): back to
+/// the slot that ran before (a committed image or an adopted tree),
+/// without downloading anything. In order: a dead run's flip still
+/// pending, nothing active, no former node in the other slot, a machine
+/// the state does not account for ([`refuse_foreign`], as `activate`),
+/// `--clean` of a copied tree. Whether the previous slot's tree is still
+/// what was committed away from is checked by `rollback` as it acts (an
+/// overlay slot's tree is seen only once mounted), as the gate is.
+pub fn decide_rollback(s: &RollbackSituation) -> Result<Rollback, RollbackRefusal> {
+    let state = &s.state;
     if let Some(p) = &state.pending {
-        return Err(PlanError::Pending { to: p.to });
+        return Err(RollbackRefusal::Pending { to: p.to });
     }
-    let from = state.active.ok_or(PlanError::NothingActive)?;
+    let from = state.active.ok_or(RollbackRefusal::NothingActive)?;
     let to = from.other();
     let target = state.slot(to);
-    match (target.status, target.digest) {
-        (SlotStatus::Previous, digest) if digest.is_some() || target.adopted => Ok(Rollback {
+    let rb = match (target.status, target.digest) {
+        (SlotStatus::Previous, digest) if digest.is_some() || target.adopted => Rollback {
             from,
             from_digest: state.active_digest(),
             to,
             digest,
-        }),
-        (status, _) => Err(PlanError::NoPrevious { slot: to, status }),
+        },
+        (status, _) => return Err(RollbackRefusal::NoPrevious { slot: to, status }),
+    };
+    refuse_foreign(state, &s.machines).map_err(RollbackRefusal::Foreign)?;
+    if s.clean && !s.overlay {
+        return Err(RollbackRefusal::CleanNeedsOverlay { slot: to });
     }
+    Ok(rb)
 }
 
 fn short(d: &Option<Digest>) -> String {
@@ -441,22 +509,6 @@ impl fmt::Display for Rollback {
             self.to,
             image_of(&self.digest, self.digest.is_none())
         )
-    }
-}
-
-impl fmt::Display for Plan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Plan::UpToDate { slot, digest } => {
-                write!(f, "up to date: {slot} runs {digest} with current host files")
-            }
-            Plan::Refused(bad) => write!(
-                f,
-                "refused: {} failed on this host at {} ({}); not retried without --force or changed host settings",
-                bad.digest, bad.at, bad.reason
-            ),
-            Plan::Flip(flip) => flip.fmt(f),
-        }
     }
 }
 
@@ -586,12 +638,68 @@ mod tests {
         assert!(!f.reuse_staged);
     }
 
+    fn rollback(state: &State) -> Result<Rollback, RollbackRefusal> {
+        decide_rollback(&RollbackSituation {
+            state: state.clone(),
+            machines: Machines::default(),
+            clean: false,
+            overlay: false,
+        })
+    }
+
+    #[test]
+    fn rollback_refuses_a_running_target_and_a_clean_copied_tree() {
+        let mut s = committed(Slot::Kube2, d("v2"));
+        *s.slot_mut(Slot::Kube1) = SlotState {
+            status: SlotStatus::Previous,
+            digest: Some(d("v1")),
+            inputs: Some("in".into()),
+            adopted: false,
+        };
+        let mut rs = RollbackSituation {
+            state: s,
+            machines: Machines {
+                running: vec![Slot::Kube2, Slot::Kube1],
+                ..Machines::default()
+            },
+            clean: true,
+            overlay: false,
+        };
+        // the rule activate refuses by, with its words and exit code
+        let foreign = decide_rollback(&rs).unwrap_err();
+        assert!(
+            matches!(
+                &foreign,
+                RollbackRefusal::Foreign(Reason::MachineRunning {
+                    machine: Slot::Kube1,
+                    ..
+                })
+            ),
+            "{foreign}"
+        );
+        assert_eq!(foreign.exit_code(), exit::CONFIG);
+        assert_eq!(
+            foreign.to_string(),
+            refuse_foreign(&rs.state, &rs.machines)
+                .unwrap_err()
+                .to_string()
+        );
+        rs.machines.running = vec![Slot::Kube2];
+        assert_eq!(
+            decide_rollback(&rs),
+            Err(RollbackRefusal::CleanNeedsOverlay { slot: Slot::Kube1 })
+        );
+        assert_eq!(decide_rollback(&rs).unwrap_err().exit_code(), exit::FAILED);
+        rs.overlay = true;
+        assert_eq!(decide_rollback(&rs).unwrap().to, Slot::Kube1);
+    }
+
     #[test]
     fn rollback_needs_a_previous_slot() {
         let mut s = committed(Slot::Kube2, d("v2"));
         assert!(matches!(
             rollback(&s),
-            Err(PlanError::NoPrevious {
+            Err(RollbackRefusal::NoPrevious {
                 slot: Slot::Kube1,
                 ..
             })
@@ -607,7 +715,10 @@ mod tests {
             (f.from, f.to, f.digest),
             (Slot::Kube2, Slot::Kube1, Some(d("v1")))
         );
-        assert_eq!(rollback(&State::default()), Err(PlanError::NothingActive));
+        assert_eq!(
+            rollback(&State::default()),
+            Err(RollbackRefusal::NothingActive)
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `rollback`: killed mid-flip and recovered, refused when the previous slot's
-//! tree or image files changed, and a failed rollback that keeps the previous
-//! slot usable.
+//! tree or image files changed, a failed rollback that keeps the previous
+//! slot usable, and `plan --rollback` saying what it does.
 
 use super::*;
 
@@ -172,5 +172,69 @@ fn rollback_refuses_a_copied_slot_whose_image_files_changed() {
     assert_eq!(h.state().active, Some(Slot::Kube2), "nothing switched");
     let (code, out, err) = h.cmd(&["rollback", "--force", "--json"]);
     assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(h.state().active, Some(Slot::Kube1));
+}
+
+/// `plan --rollback` says what `rollback` does, with the exit code it
+/// ends with, and changes nothing: refused without a former node (1), a
+/// flip back once there is one (0), refused for `--clean` of a copied tree
+/// (1) and for a machine running as the previous slot (3).
+#[test]
+fn plan_rollback_says_what_rollback_does_with_its_exit_code() {
+    let img = images();
+    let h = Host::new(&img);
+    assert_eq!(h.activate().0, 0);
+    let (code, out, err) = h.cmd(&["plan", "--rollback"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let refusal = "rollback: slot kube2 holds no committed former node (status empty)";
+    assert!(out.starts_with(&format!("refused: {refusal}")), "{out}");
+    assert!(err.contains("rollback would refuse (exit 1)"), "{err}");
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 1);
+    assert!(err.contains(refusal), "{err}");
+
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    let state = fs::read(h.root().join("var/lib/kubeslot/state.json")).unwrap();
+    h.clear_calls();
+    let (code, out, err) = h.cmd(&["plan", "--rollback", "--json"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let p = json(&out, &err);
+    assert_eq!(
+        (&p["action"], &p["from"], &p["to"], &p["exit_code"]),
+        (
+            &serde_json::json!("rollback"),
+            &serde_json::json!("kube2"),
+            &serde_json::json!("kube1"),
+            &serde_json::json!(0)
+        ),
+        "{p:#}"
+    );
+    assert!(h.changes().is_empty(), "{:?}", h.changes());
+    assert_eq!(
+        fs::read(h.root().join("var/lib/kubeslot/state.json")).unwrap(),
+        state
+    );
+
+    let (code, out, err) = h.cmd(&["plan", "--rollback", "--clean", "--json"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert_eq!(json(&out, &err)["refusal"], "clean-needs-overlay");
+    let (code, _, err) = h.cmd(&["rollback", "--clean"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("kube1 is a copied tree, not an overlay slot"),
+        "{err}"
+    );
+
+    h.foreign(Slot::Kube1, true);
+    let (code, out, err) = h.cmd(&["plan", "--rollback"]);
+    assert_eq!(code, 3, "{out}\n{err}");
+    let reason = out.strip_prefix("refused: ").unwrap().trim_end();
+    assert!(reason.starts_with("machine kube1 is running"), "{out}");
+    let (code, _, err) = h.cmd(&["rollback"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains(reason), "{reason}\n{err}");
+    h.foreign(Slot::Kube1, false);
+    assert_eq!(h.cmd(&["rollback"]).0, 0);
     assert_eq!(h.state().active, Some(Slot::Kube1));
 }
