@@ -393,7 +393,7 @@ pub mod host {
 
 /// `systemd-escape --path`: `/` separators become `-`, every byte outside
 /// `[A-Za-z0-9:_.]` (and a leading `.`) becomes `\xNN`.
-pub fn systemd_escape_path(path: &Path) -> String {
+fn systemd_escape_path(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt as _;
     let bytes = path.as_os_str().as_bytes();
     let parts: Vec<&[u8]> = bytes

@@ -318,7 +318,7 @@ impl Reason {
 
 /// The one decision of `activate` and `fetch` (and so of `plan`). In
 /// order: a machine the state does not account for refuses; the image
-/// plan ([`activate`]): up to date (unless the committed node is down:
+/// plan (`activate` below): up to date (unless the committed node is down:
 /// refused, or with `--force` staged afresh), refused as bad, or a flip;
 /// a flip to an image older than the newest committed release of its
 /// identity refuses (the image the committed node runs never does); a
@@ -407,7 +407,7 @@ pub fn refuse_foreign(state: &State, machines: &Machines) -> Result<(), Reason> 
 /// cannot be shown to be newer, so it is refused too once a release is
 /// recorded. The same time is not older: a rebuild of one release (or
 /// images whose recipes share `source_date_epoch`) passes.
-pub fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), Reason> {
+fn refuse_downgrade(state: &State, candidate: &Release) -> Result<(), Reason> {
     let Some(newest) = state.releases.get(&candidate.identity) else {
         return Ok(());
     };

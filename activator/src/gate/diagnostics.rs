@@ -62,7 +62,7 @@ pub fn secrets(config: &Config) -> Vec<String> {
 
 /// `line` with every secret value, and what follows `Bearer ` or a
 /// `token=`/`password=` key, replaced by [`REDACTED`].
-pub fn redact(line: &str, secrets: &[String]) -> String {
+fn redact(line: &str, secrets: &[String]) -> String {
     let mut s = line.to_string();
     for secret in secrets {
         s = s.replace(secret.as_str(), REDACTED);

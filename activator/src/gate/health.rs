@@ -266,7 +266,7 @@ fn systemd_cgroup(text: &str) -> Option<&str> {
 /// `machine.slice` or below it, exactly, from the top of the hierarchy
 /// (a cgroup that only ends in the unit's name, under a user's slice, is
 /// not the machine).
-pub fn in_machine(text: &str, machine: &str) -> bool {
+fn in_machine(text: &str, machine: &str) -> bool {
     let unit = format!("/machine.slice/systemd-nspawn@{machine}.service");
     systemd_cgroup(text).is_some_and(|p| {
         p.strip_prefix(unit.as_str())
@@ -293,11 +293,11 @@ fn loopback_port(url: &str) -> Option<u16> {
 
 /// The CRI endpoint of the image's kubelet and containerd (the image's
 /// `containerRuntimeEndpoint`; `kubelet.config` may not change it).
-pub const CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+const CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
 
 /// What the gate runs inside the machine to ask the runtime: crictl's
 /// non-verbose `info` (CRI `Status`), JSON on stdout.
-pub const CRICTL_INFO: &[&str] = &[
+const CRICTL_INFO: &[&str] = &[
     "crictl",
     "--runtime-endpoint",
     CRI_ENDPOINT,
@@ -313,7 +313,7 @@ const CRI_CONDITIONS: &[(&str, Check)] = &[
 
 /// Reads `crictl info`'s JSON: `Ok` when both conditions are true, else
 /// the first that is not, with its reason and message.
-pub fn runtime_conditions(info: &str) -> Result<(), (Check, String)> {
+fn runtime_conditions(info: &str) -> Result<(), (Check, String)> {
     let v: serde_json::Value = serde_json::from_str(info).map_err(|e| {
         (
             Check::CriStatus,

@@ -72,7 +72,7 @@ pub enum NetworkError {
 }
 
 /// Whether `name` matches one of [`LINK_PATTERNS`].
-pub fn is_node_link(name: &str) -> bool {
+fn is_node_link(name: &str) -> bool {
     LINK_PATTERNS.iter().any(|p| match p.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix) && name.len() > prefix.len(),
         None => name == *p,

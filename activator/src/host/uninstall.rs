@@ -44,7 +44,7 @@ use crate::systemd::{Systemd, SystemdError};
 
 /// The units the package ships (disabled by `uninstall`; their files are
 /// removed only when they were installed by hand under /etc).
-pub const ACTIVATOR_UNITS: [&str; 2] = ["kubeslot-activator.path", "kubeslot-activator.service"];
+const ACTIVATOR_UNITS: [&str; 2] = ["kubeslot-activator.path", "kubeslot-activator.service"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum UninstallError {

@@ -31,7 +31,7 @@ use crate::config::{BundleImage, Images};
 use crate::paths::Root;
 
 /// The annotation containerd's importer names an image by first.
-pub const ANNOTATION_CONTAINERD_NAME: &str = "io.containerd.image.name";
+const ANNOTATION_CONTAINERD_NAME: &str = "io.containerd.image.name";
 
 /// Documents (index, manifests) read from an archive are capped.
 const MAX_DOCUMENT: u64 = 4 * 1024 * 1024;

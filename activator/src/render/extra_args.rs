@@ -100,7 +100,7 @@ fn is_arg_text(s: &str) -> bool {
 
 /// Checks one argument: `--name` or `--name=value`, not a flag kubeslot
 /// owns.
-pub fn check_arg(arg: &str) -> Result<(), String> {
+fn check_arg(arg: &str) -> Result<(), String> {
     let Some(body) = arg.strip_prefix("--") else {
         return Err(format!(
             "{arg:?} is not a --flag or --flag=value (write values with '=': --v=2, not -v 2)"

@@ -50,7 +50,7 @@ pub use write::{diff, save_inputs, unified, write, SECRET_CHANGED};
 
 /// The render oneshot template unit, installed by [`render`] so the drop-in
 /// never requires a unit that does not exist.
-pub const RENDER_UNIT_FILE: &str = include_str!("../../units/kubeslot-render@.service");
+const RENDER_UNIT_FILE: &str = include_str!("../../units/kubeslot-render@.service");
 
 /// resolv.conf resolvers beyond this many are ignored by glibc (MAXNS).
 const MAX_NAMESERVERS: usize = 3;

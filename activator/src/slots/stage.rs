@@ -154,7 +154,7 @@ pub fn resolve_and_verify_with(
 }
 
 /// The unpacker's policy: its safe defaults, adjusted by the config.
-pub fn unpack_policy(settings: &UnpackSettings) -> unpack::Policy {
+fn unpack_policy(settings: &UnpackSettings) -> unpack::Policy {
     let mut p = unpack::Policy::default();
     p.setuid_allowlist
         .extend(settings.setuid_allowlist.iter().cloned());

@@ -48,7 +48,7 @@ pub fn checks(root: &Root, setting: &Gpu) -> Vec<Finding> {
 
 /// [`checks`] with the architecture and the `ldconfig -p` listing handed in
 /// (tests give a recorded or a fake one).
-pub fn checks_with(
+fn checks_with(
     root: &Root,
     setting: &Gpu,
     arch: Option<Arch>,

@@ -29,10 +29,10 @@ use crate::paths::Root;
 
 /// Unpacked size per compressed byte, for a layer whose unpacked size is
 /// not known exactly.
-pub const UNPACK_FACTOR: u64 = 4;
+const UNPACK_FACTOR: u64 = 4;
 /// The floor when the image is not known (`preflight` without a resolvable
 /// config): a small node image unpacks to about this much.
-pub const MIN_FREE_BYTES: u64 = 1 << 30;
+const MIN_FREE_BYTES: u64 = 1 << 30;
 /// A gzip trailer's size is the unpacked size modulo 2^32: trusted only
 /// for blobs small enough that no real compression ratio wraps it.
 const EXACT_GZIP_MAX: u64 = 256 << 20;

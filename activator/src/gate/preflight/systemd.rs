@@ -12,7 +12,7 @@ use crate::paths::Root;
 /// The oldest systemd the activator supports: Debian 11 ships 247,
 /// Ubuntu 22.04 249 (tested: 252). The `.nspawn` settings, drop-in keys
 /// and `systemd-run -M --wait --pipe` it relies on are older than that.
-pub const MIN_SYSTEMD: u32 = 247;
+const MIN_SYSTEMD: u32 = 247;
 
 pub fn checks(root: &Root) -> Vec<Finding> {
     let dpkg = read(&root.dpkg_status());

@@ -543,7 +543,7 @@ fn carry_optional(v: &mut Value, kubelet: &mut Map<String, Value>, notes: &mut N
 /// Reads an applied config and checks its `.sha256` sidecar as
 /// unbounded-agent does (a missing sidecar is accepted: the agent's own
 /// crash window).
-pub fn read_applied(path: &Path) -> Result<Vec<u8>, AdoptError> {
+fn read_applied(path: &Path) -> Result<Vec<u8>, AdoptError> {
     let applied = |reason: String| AdoptError::Applied {
         path: path.to_path_buf(),
         reason,

@@ -73,7 +73,7 @@ pub struct DriverTools {
 
 /// Whether `name` is one of the driver's tools (and a name safe in a bind
 /// line).
-pub fn is_tool_name(name: &str) -> bool {
+fn is_tool_name(name: &str) -> bool {
     let known = matches!(
         name,
         "nvidia-smi" | "nvidia-debugdump" | "nvidia-persistenced"

@@ -398,7 +398,7 @@ pub fn remove_recorded(dir: &Path) -> Result<(), LayerError> {
 }
 
 /// Removes file `p`; a missing one is no error.
-pub fn remove_file_if_there(p: &Path) -> Result<(), LayerError> {
+fn remove_file_if_there(p: &Path) -> Result<(), LayerError> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_err(p)(e)),
         _ => Ok(()),

@@ -50,7 +50,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LayerError + '_ {
 
 /// The chain ID of `diff_ids` (bottom first), image-spec `config.md`:
 /// `ChainID(L0) = DiffID(L0)`, `ChainID(L0..n) = SHA256(ChainID(L0..n-1) + " " + DiffID(Ln))`.
-pub fn chain_id<'a>(diff_ids: impl IntoIterator<Item = &'a Digest>) -> Option<Digest> {
+fn chain_id<'a>(diff_ids: impl IntoIterator<Item = &'a Digest>) -> Option<Digest> {
     diff_ids.into_iter().fold(None, |chain, d| {
         Some(match chain {
             None => *d,

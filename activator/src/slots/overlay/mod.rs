@@ -84,7 +84,7 @@ pub fn upper_dir(root: &Root, slot: Slot) -> PathBuf {
 }
 
 /// `slot`'s overlayfs work directory.
-pub fn work_dir(root: &Root, slot: Slot) -> PathBuf {
+fn work_dir(root: &Root, slot: Slot) -> PathBuf {
     root.slot_overlay_dir(slot.machine()).join("work")
 }
 
