@@ -18,7 +18,9 @@
 //! The order makes it safe to run again after an interruption: first
 //! nothing can start an activation (the path unit) or a machine at boot,
 //! then the machines stop (and a tree is removed only once its machine is
-//! gone), then files, then `daemon-reload`, and the state last.
+//! gone), then files, then `daemon-reload`, and the state last. What it
+//! stops and removes is one list (`Removal`), made before anything
+//! changes: `--dry-run` prints it, the run works through it.
 //! `/var/lib/kubeslot/node` (the kubelet's identity, containerd's image
 //! cache) is kept unless `purge`.
 //!
@@ -200,10 +202,17 @@ fn owner(
     })
 }
 
+/// Removes `path`, one of [`Removal`]'s (it existed when the list was
+/// made): one already gone was taken by an earlier step of the run (a
+/// boot link by `systemctl disable`) and counts as removed, as the list
+/// said.
 fn remove(path: &Path, shown: PathBuf, out: &mut Vec<PathBuf>) -> Result<(), UninstallError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            out.push(shown);
+            return Ok(());
+        }
         Err(source) => {
             return Err(UninstallError::Remove {
                 path: path.to_path_buf(),
@@ -275,6 +284,70 @@ fn kubeslots_paths(root: &Root, host: &Root, ours: &[Slot]) -> Vec<(PathBuf, Pat
     paths
 }
 
+/// What `uninstall` takes off the host, decided once before anything
+/// changes: `--dry-run` prints it, the run works through it, in this order.
+#[derive(Clone, Debug, Default)]
+struct Removal {
+    /// The activator's units installed on the host: stopped and disabled
+    /// first, so nothing starts an activation or a machine from then on.
+    activator_units: Vec<&'static str>,
+    /// The machines taken away: stopped and disabled, then an overlay
+    /// slot's mount removed (its unit file and upper), its bpffs mount
+    /// stopped.
+    machines: Vec<Machine>,
+    /// Then the paths that exist, as (path under the root, path shown):
+    /// trees, rendered files, stores, the host settings.
+    paths: Vec<(PathBuf, PathBuf)>,
+    /// Then the node's network leftovers (read before the machines stop;
+    /// removed once none runs to make them again).
+    network: network::Leftovers,
+    /// Last, what is left of `/var/lib/kubeslot` (the directory itself
+    /// unless `node/` is kept).
+    state: Vec<(PathBuf, PathBuf)>,
+    /// The node state kept (without `purge`).
+    kept: Option<PathBuf>,
+}
+
+/// One machine `uninstall` takes away.
+#[derive(Clone, Debug)]
+struct Machine {
+    slot: Slot,
+    /// An overlay slot: its mount unit (and upper) goes too.
+    overlay: bool,
+    /// Its private BPF filesystem's mount unit is there.
+    bpffs: bool,
+}
+
+impl Removal {
+    /// The units in the order they are stopped.
+    fn units(&self, root: &Root) -> Vec<String> {
+        let mut units: Vec<String> = self.activator_units.iter().map(|u| u.to_string()).collect();
+        for m in &self.machines {
+            units.push(m.slot.unit());
+            if m.overlay {
+                units.push(root.mount_unit(m.slot.machine()));
+            }
+            if m.bpffs {
+                units.push(crate::paths::bpffs_mount_unit(m.slot.machine()));
+            }
+        }
+        units
+    }
+
+    /// The paths in the order they are removed, as shown.
+    fn paths(&self) -> Vec<PathBuf> {
+        let host = Root::host();
+        let mut out = Vec::new();
+        for m in self.machines.iter().filter(|m| m.overlay) {
+            out.push(host.mount_unit_file(m.slot.machine()));
+            out.push(host.slot_overlay_dir(m.slot.machine()));
+        }
+        out.extend(self.paths.iter().map(|(_, shown)| shown.clone()));
+        out.extend(self.state.iter().map(|(_, shown)| shown.clone()));
+        out
+    }
+}
+
 /// Takes kubeslot off the host under `root` (see the module doc).
 pub fn uninstall(
     root: &Root,
@@ -282,40 +355,95 @@ pub fn uninstall(
     opts: &Options,
 ) -> Result<Uninstalled, UninstallError> {
     let _lock = Lock::try_exclusive(root)?;
-    let host = Root::host();
     let mut done = Uninstalled::default();
-    let ours = owned_slots(root, systemd, opts, &mut done)?;
-    let units = installed_units(root);
+    let removal = removal(root, systemd, opts, &mut done)?;
+    done.network_note = removal.network.unrecorded.clone();
     if opts.dry_run {
-        return dry_run(root, &ours, &units, done);
+        done.dry_run = true;
+        done.units = removal.units(root);
+        done.removed = removal.paths();
+        done.kept = removal.kept.clone();
+        done.network = described(&removal.network);
+        return Ok(done);
     }
 
     // Nothing starts an activation or a machine from here on.
-    for unit in units {
+    for unit in &removal.activator_units {
         systemd.stop(unit)?;
         systemd.disable(unit)?;
         done.units.push(unit.to_string());
     }
-    stop_machines(root, systemd, &ours, &mut done)?;
-    for (p, shown) in kubeslots_paths(root, &host, &ours) {
-        remove(&p, shown, &mut done.removed)?;
-    }
-    for f in host_settings::remove(root).map_err(|e| UninstallError::Remove {
-        path: root.sysctl_dropin(),
-        source: std::io::Error::other(kubeslot_image::error_chain(&e)),
-    })? {
-        done.removed.push(host.dir().join(f));
+    stop_machines(root, systemd, &removal.machines, &mut done)?;
+    for (p, shown) in &removal.paths {
+        remove(p, shown.clone(), &mut done.removed)?;
     }
     // The node's network leftovers, once no node runs to make them again;
     // before the state (and the record of what the host had) goes.
-    let leftovers = network::leftovers(root)?;
-    done.network_note = leftovers.unrecorded.clone();
-    done.network = network::remove(root, &leftovers)?;
+    done.network = network::remove(root, &removal.network)?;
     systemd.daemon_reload()?;
 
     // The state last: an interrupted uninstall is run again.
-    remove_state(root, opts, &mut done)?;
+    for (p, shown) in &removal.state {
+        if *p == root.state_dir() {
+            remove_state_dir(p, shown.clone(), &mut done.removed)?;
+        } else {
+            remove(p, shown.clone(), &mut done.removed)?;
+        }
+    }
+    done.kept = removal.kept;
     Ok(done)
+}
+
+/// The one list of what `uninstall` takes away (see [`Removal`]), read
+/// without changing anything.
+fn removal(
+    root: &Root,
+    systemd: &dyn Systemd,
+    opts: &Options,
+    done: &mut Uninstalled,
+) -> Result<Removal, UninstallError> {
+    let host = Root::host();
+    let ours = owned_slots(root, systemd, opts, done)?;
+    let machines = ours
+        .iter()
+        .map(|&slot| Machine {
+            slot,
+            overlay: crate::slots::overlay::is_overlay(root, slot),
+            bpffs: root.bpffs_mount_unit_file(slot.machine()).exists(),
+        })
+        .collect();
+    let mut paths: Vec<(PathBuf, PathBuf)> = kubeslots_paths(root, &host, &ours)
+        .into_iter()
+        .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
+        .collect();
+    paths.extend(
+        host_settings::render()
+            .into_iter()
+            .filter(|f| std::fs::symlink_metadata(root.dir().join(&f.path)).is_ok())
+            .map(|f| (root.dir().join(&f.path), host.dir().join(&f.path))),
+    );
+    let (state, kept) = state_entries(root, opts, &paths);
+    Ok(Removal {
+        activator_units: installed_units(root),
+        machines,
+        paths,
+        network: network::leftovers(root)?,
+        state,
+        kept,
+    })
+}
+
+/// The node's network leftovers as `--dry-run` names them.
+fn described(l: &network::Leftovers) -> Vec<String> {
+    l.links
+        .iter()
+        .map(|n| format!("link {n}"))
+        .chain(
+            l.tables
+                .iter()
+                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
+        )
+        .collect()
 }
 
 /// Whose each machine is, decided before anything changes: the slots to
@@ -378,61 +506,17 @@ fn installed_units(root: &Root) -> Vec<&'static str> {
         .collect()
 }
 
-/// What the run would do (units, paths that exist, the host settings, the
-/// network leftovers), nothing changed.
-fn dry_run(
-    root: &Root,
-    ours: &[Slot],
-    units: &[&str],
-    mut done: Uninstalled,
-) -> Result<Uninstalled, UninstallError> {
-    let host = Root::host();
-    done.dry_run = true;
-    done.units = units.iter().map(|u| u.to_string()).collect();
-    for &slot in ours {
-        done.units.push(slot.unit());
-        if crate::slots::overlay::is_overlay(root, slot) {
-            done.units.push(root.mount_unit(slot.machine()));
-            done.removed.push(host.slot_overlay_dir(slot.machine()));
-        }
-    }
-    done.removed.extend(
-        kubeslots_paths(root, &host, ours)
-            .into_iter()
-            .filter(|(p, _)| std::fs::symlink_metadata(p).is_ok())
-            .map(|(_, shown)| shown),
-    );
-    done.removed.extend(
-        [root.sysctl_dropin(), root.modules_load_dropin()]
-            .iter()
-            .filter(|p| p.exists())
-            .map(|p| host.dir().join(p.strip_prefix(root.dir()).unwrap_or(p))),
-    );
-    let l = network::leftovers(root)?;
-    done.network_note = l.unrecorded.clone();
-    done.network = l
-        .links
-        .iter()
-        .map(|n| format!("link {n}"))
-        .chain(
-            l.tables
-                .iter()
-                .map(|(t, what)| format!("routing table {t} ({})", what.join("; "))),
-        )
-        .collect();
-    Ok(done)
-}
-
-/// Stops and disables each slot's machine (and checks it is gone), an
-/// overlay slot's mount (its unit and upper removed), its bpffs mount.
+/// Stops and disables each machine (and checks it is gone), an overlay
+/// slot's mount (its unit and upper removed), its bpffs mount.
 fn stop_machines(
     root: &Root,
     systemd: &dyn Systemd,
-    ours: &[Slot],
+    machines: &[Machine],
     done: &mut Uninstalled,
 ) -> Result<(), UninstallError> {
     let host = Root::host();
-    for &slot in ours {
+    for m in machines {
+        let slot = m.slot;
         let unit = slot.unit();
         systemd.stop(&unit)?;
         systemd.disable(&unit)?;
@@ -444,14 +528,14 @@ fn stop_machines(
         }
         done.units.push(unit);
         // An overlay slot: its mount stopped, its unit and upper removed.
-        if crate::slots::overlay::is_overlay(root, slot) {
+        if m.overlay {
             crate::slots::overlay::remove(root, systemd, slot)?;
             done.units.push(root.mount_unit(slot.machine()));
             done.removed.push(host.mount_unit_file(slot.machine()));
             done.removed.push(host.slot_overlay_dir(slot.machine()));
         }
         // its private BPF filesystem (the file goes with the paths)
-        if root.bpffs_mount_unit_file(slot.machine()).exists() {
+        if m.bpffs {
             let unit = crate::paths::bpffs_mount_unit(slot.machine());
             systemd.stop(&unit)?;
             done.units.push(unit);
@@ -460,30 +544,51 @@ fn stop_machines(
     Ok(())
 }
 
-/// `/var/lib/kubeslot` removed, `node/` kept unless `purge`.
-fn remove_state(root: &Root, opts: &Options, done: &mut Uninstalled) -> Result<(), UninstallError> {
+/// What is left of `/var/lib/kubeslot` once `paths` are gone, removed
+/// last: its entries, `node/` kept unless `purge`, then the directory
+/// itself unless something is kept. Returns the node state kept, too.
+fn state_entries(
+    root: &Root,
+    opts: &Options,
+    paths: &[(PathBuf, PathBuf)],
+) -> (Vec<(PathBuf, PathBuf)>, Option<PathBuf>) {
     let host = Root::host();
     let state_dir = root.state_dir();
-    if let Ok(entries) = std::fs::read_dir(&state_dir) {
-        for e in entries.flatten() {
-            let shown = host.state_dir().join(e.file_name());
-            if e.path() == root.node_state() && !opts.purge {
-                done.kept = Some(shown);
-                continue;
-            }
-            remove(&e.path(), shown, &mut done.removed)?;
+    let mut out = Vec::new();
+    let mut kept = None;
+    let Ok(entries) = std::fs::read_dir(&state_dir) else {
+        return (out, kept);
+    };
+    let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for path in entries {
+        let shown = host.state_dir().join(path.file_name().unwrap_or_default());
+        if path == root.node_state() && !opts.purge {
+            kept = Some(shown);
+        } else if !paths.iter().any(|(p, _)| *p == path) {
+            out.push((path, shown));
         }
     }
-    if done.kept.is_none() {
-        match std::fs::remove_dir(&state_dir) {
-            Ok(()) => done.removed.push(host.state_dir()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(UninstallError::Remove {
-                    path: state_dir,
-                    source,
-                })
-            }
+    if kept.is_none() {
+        out.push((state_dir, host.state_dir()));
+    }
+    (out, kept)
+}
+
+/// `/var/lib/kubeslot` itself, once emptied.
+fn remove_state_dir(
+    path: &Path,
+    shown: PathBuf,
+    out: &mut Vec<PathBuf>,
+) -> Result<(), UninstallError> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => out.push(shown),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(UninstallError::Remove {
+                path: path.to_path_buf(),
+                source,
+            })
         }
     }
     Ok(())

@@ -11,8 +11,8 @@
 //! they differ, [`apply`] runs systemd's own appliers on those two files
 //! alone, `systemd-modules-load` then `systemd-sysctl` (modules first,
 //! since the `net.bridge.*` keys exist only once `br_netfilter` is
-//! loaded), [`diff`] shows what `write` would change (`plan`) and
-//! [`remove`] takes them away (`uninstall`).
+//! loaded), [`diff`] shows what `write` would change (`plan`); `uninstall`
+//! removes the files [`render`] names.
 //!
 //! Why not restart `systemd-sysctl.service`: that re-applies every
 //! `sysctl.d` file of the host under the running node (Ubuntu's
@@ -252,22 +252,6 @@ pub fn diff(root: &Root) -> Vec<FileDiff> {
         .collect()
 }
 
-/// Removes the two files (missing ones are fine); returns the paths
-/// removed, relative to the root. The kernel keeps the values until the
-/// next boot.
-pub fn remove(root: &Root) -> Result<Vec<PathBuf>, HostSettingsError> {
-    let mut removed = Vec::new();
-    for f in render() {
-        let path = root.dir().join(&f.path);
-        match std::fs::remove_file(&path) {
-            Ok(()) => removed.push(f.path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(HostSettingsError::Io { path, source }),
-        }
-    }
-    Ok(removed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn write_is_idempotent_and_remove_takes_both_away() {
+    fn write_is_idempotent_and_writes_the_files_render_names() {
         let dir = tempfile::tempdir().unwrap();
         let root = Root::new(dir.path());
         assert_eq!(diff(&root).len(), 2);
@@ -325,8 +309,14 @@ mod tests {
         std::fs::write(root.sysctl_dropin(), "edited\n").unwrap();
         assert_eq!(diff(&root).len(), 1);
         assert_eq!(write(&root).unwrap(), [Root::new("").sysctl_dropin()]);
-        assert_eq!(remove(&root).unwrap().len(), 2);
-        assert!(remove(&root).unwrap().is_empty());
-        assert!(!root.sysctl_dropin().exists());
+        // what uninstall removes: the files render names, and no other
+        let named: Vec<_> = render().into_iter().map(|f| f.path).collect();
+        assert_eq!(
+            named,
+            [
+                Root::new("").modules_load_dropin(),
+                Root::new("").sysctl_dropin()
+            ]
+        );
     }
 }

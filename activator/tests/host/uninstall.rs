@@ -76,6 +76,59 @@ fn uninstall_removes_machines_units_files_and_state_and_keeps_node_state() {
     assert!(!root.state_dir().exists());
 }
 
+/// `uninstall --dry-run` prints the very list the run then works through:
+/// every unit it would stop and every path it would remove, and no other,
+/// on overlay slots (their mount units, uppers, bpffs mounts), with the
+/// package's units, the host settings and the state (`node/` kept).
+#[test]
+fn uninstall_dry_run_lists_exactly_what_the_run_stops_and_removes() {
+    let img = images();
+    let h = Host::with_slots(&img, Some("overlay"));
+    assert_eq!(h.activate().0, 0);
+    h.set_config("v2", serde_json::json!({}));
+    assert_eq!(h.activate().0, 0);
+    let units = h.root().join("usr/lib/systemd/system");
+    fs::create_dir_all(&units).unwrap();
+    for u in ["kubeslot-activator.path", "kubeslot-activator.service"] {
+        fs::write(units.join(u), "[Unit]\n").unwrap();
+    }
+    let listed = |out: &str, stop: &str, remove: &str| -> Vec<String> {
+        let mut l: Vec<String> = out
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix(stop)
+                    .map(|u| format!("unit {u}"))
+                    .or_else(|| l.strip_prefix(remove).map(|p| format!("path {p}")))
+            })
+            .collect();
+        l.sort();
+        l
+    };
+    let (code, out, err) = h.cmd(&["uninstall", "--dry-run"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let would = listed(&out, "would stop and disable ", "would remove ");
+    for want in [
+        "unit kubeslot-activator.path",
+        "unit systemd-nspawn@kube1.service",
+        "-var-lib-machines-kube2.mount",
+        "path /var/lib/machines/kube2",
+        "path /etc/sysctl.d/99-kubeslot.conf",
+        "path /var/lib/kubeslot/state.json",
+    ] {
+        assert!(
+            would.iter().any(|w| w.ends_with(want)),
+            "{want}: {would:#?}"
+        );
+    }
+    let (code, out, err) = h.cmd(&["uninstall"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        listed(&out, "stopped and disabled ", "removed "),
+        would,
+        "{out}"
+    );
+}
+
 #[test]
 fn uninstall_refuses_a_machine_kubeslot_has_no_record_of_and_changes_nothing() {
     let img = images();
