@@ -19,6 +19,7 @@ use crate::failpoint;
 use crate::gate::health::{self, Check, Failure, Gate};
 use crate::gate::preflight;
 use crate::paths::Root;
+use crate::render::gpu::Discovery;
 use crate::render::host_settings;
 use crate::render::{self, HostFacts};
 use crate::slot::Slot;
@@ -41,6 +42,9 @@ pub(super) struct Begun {
     pub(super) state: State,
     pub(super) config: Config,
     pub(super) facts: HostFacts,
+    /// The host's GPUs, read once: `facts` binds from them, the flip's
+    /// preflight checks them.
+    pub(super) gpus: Discovery,
     /// Taken by staging (absent when the plan reuses a staged slot, it is
     /// dropped at the end of the run).
     pub(super) source: Option<Source>,
@@ -107,7 +111,7 @@ pub(super) fn begin(
     report.phase("config");
     let config = Config::load(config_path)?;
     report.image = Some(config.image.to_string());
-    let facts = gather(root, config_path, &config)?;
+    let (facts, gpus) = gather(root, config_path, &config)?;
 
     report.phase("resolve");
     // The lock is held: an extraction left by a killed run is nobody's.
@@ -160,6 +164,7 @@ pub(super) fn begin(
         state,
         config,
         facts,
+        gpus,
         source: Some(resolved.source),
         verified: resolved.verified,
         files,
@@ -236,11 +241,13 @@ fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
     })
 }
 
+/// The host facts a run renders from, with the host's GPUs read once
+/// (the preflight of the flip checks the same [`Discovery`]).
 pub(super) fn gather(
     root: &Root,
     config_path: &Path,
     config: &Config,
-) -> Result<HostFacts, ActivateError> {
+) -> Result<(HostFacts, Discovery), ActivateError> {
     // The keys are host facts too: checked here, before anything is
     // resolved, so the error names the config and exits 3.
     crate::fetch::access::policy(&config.trust, &config.image, root).map_err(|source| {
@@ -249,10 +256,13 @@ pub(super) fn gather(
             source,
         }
     })?;
-    render::gather(root, config).map_err(|source| ActivateError::Facts {
-        config: config_path.to_path_buf(),
-        source,
-    })
+    let gpus = Discovery::read(root, &config.gpu);
+    let facts =
+        render::gather_with(root, config, &gpus).map_err(|source| ActivateError::Facts {
+            config: config_path.to_path_buf(),
+            source,
+        })?;
+    Ok((facts, gpus))
 }
 
 /// What a planned flip writes: nothing when it reuses a staged slot.
@@ -264,16 +274,18 @@ pub(super) fn flip_disk_use(root: &Root, flip: &Flip, verified: &Verified) -> pr
     }
 }
 
-/// The preflight of a flip with `config`: `settings_pending` when
-/// kubeslot's host settings are not written yet (`plan`, which writes
-/// nothing; `activate` writes and applies them first).
+/// The preflight of a flip with `config` on the GPUs the run read:
+/// `settings_pending` when kubeslot's host settings are not written yet
+/// (`plan`, which writes nothing; `activate` writes and applies them
+/// first).
 pub(super) fn preflight_inputs(
     config: &Config,
+    gpus: &Discovery,
     disk: preflight::DiskUse,
     settings_pending: bool,
 ) -> preflight::Inputs {
     preflight::Inputs {
-        gpu: config.gpu.clone(),
+        gpu: gpus.clone(),
         ignore: config.preflight.ignore.clone(),
         disk,
         swap_allowed: config.kubelet_allows_swap(),
@@ -429,7 +441,10 @@ impl Run<'_> {
             report.host_settings = Some(notes.join("; "));
         }
         let disk = flip_disk_use(self.root, &b.flip, &b.verified);
-        let result = preflight::run(self.root, &preflight_inputs(&b.config, disk, false));
+        let result = preflight::run(
+            self.root,
+            &preflight_inputs(&b.config, &b.gpus, disk, false),
+        );
         report.preflight = result.notable();
         b.decide_with(result)
     }
@@ -485,6 +500,28 @@ mod tests {
         c["trust"]["allow_downgrade"] = true.into();
         std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
         assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+    }
+
+    /// The host's GPUs are read once per run: the render's binds and the
+    /// flip's preflight take one discovery (one `ldconfig -p`), and a
+    /// run that stages without a preflight of the GPUs reads them once too.
+    #[test]
+    fn a_run_reads_the_gpus_once_for_the_render_and_the_preflight() {
+        let (s, fake, _) = setup("healthy", None, "on");
+        gpu_host(&s);
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(
+            r.preflight
+                .iter()
+                .all(|f| !f.name.starts_with("gpu-libraries")),
+            "{r:?}"
+        );
+        assert_eq!(ldconfig_calls(&s), 1);
+        image_with(&img_dir(&s), "healthy", "2");
+        let ran = crate::activate::fetch(&s.root, &s.config, &fake, &Options::default());
+        assert_eq!(ran.report.exit_code, exit::OK, "{:?}", ran.report);
+        assert_eq!(ldconfig_calls(&s), 2);
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub fn preview(
         });
     }
     let config = Config::load(config_path)?;
-    let facts = gather(root, config_path, &config)?;
+    let (facts, gpus) = gather(root, config_path, &config)?;
     let resolved = open_verified(root, &config)?;
     let files = Rendered::new(&config, &facts);
     let committed = match recovered.active {
@@ -125,7 +125,7 @@ pub fn preview(
     let mut diffs = Vec::new();
     if let Some(flip) = &flip {
         let disk = flip_disk_use(root, flip, &resolved.verified);
-        let inputs = preflight_inputs(&config, disk, !host_settings.is_empty());
+        let inputs = preflight_inputs(&config, &gpus, disk, !host_settings.is_empty());
         let result = preflight::run(root, &inputs);
         if let Some(down) = &mut down {
             down.preflight = Some(result.clone());

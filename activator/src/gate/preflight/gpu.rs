@@ -26,76 +26,56 @@
 //!   driver tears the GPUs down whenever no process holds them, and every
 //!   first use pays the initialisation).
 //!
-//! Everything but `ldconfig -p` is read under the root; nothing is loaded,
+//! Devices, the PCI bus, the driver's libraries and tools are as the run's
+//! one [`Discovery`] found them (the render binds from the same value);
+//! the module version, `/dev/nvidiactl`, `/dev/nvidia-uvm` and the
+//! persistence daemon are read here, under the root. Nothing is loaded,
 //! created or started.
 
 use std::path::Path;
 
 use super::{is_char_device, read, Finding, Status};
-use crate::config::{Gpu, GpuMode};
+use crate::config::GpuMode;
 use crate::paths::{host, Root};
-use crate::render::gpu::pci::{self, PciGpu};
-use crate::render::gpu::{self, tools, Arch, DriverLibraries, DriverSource, GpuError, ToolBind};
+use crate::render::gpu::pci::PciGpu;
+use crate::render::gpu::{Discovery, DriverSource, DriverTools, ToolBind};
 
 /// `/proc/driver/nvidia/version`: present once the kernel module is loaded.
 const DRIVER_VERSION: &str = "proc/driver/nvidia/version";
 /// nvidia-persistenced's pid file (its default `--pid-file` dir is /var/run).
 const PERSISTENCED_PID: &str = "run/nvidia-persistenced/nvidia-persistenced.pid";
 
-pub fn checks(root: &Root, setting: &Gpu) -> Vec<Finding> {
-    checks_with(root, setting, Arch::host(), || gpu::run_ldconfig(root))
-}
-
-/// [`checks`] with the architecture and the `ldconfig -p` listing handed in
-/// (tests give a recorded or a fake one).
-fn checks_with(
-    root: &Root,
-    setting: &Gpu,
-    arch: Option<Arch>,
-    ldconfig: impl FnOnce() -> Result<String, GpuError>,
-) -> Vec<Finding> {
-    if setting.mode == GpuMode::Off {
+/// The GPU checks of the host as `gpus` found it (the run's one
+/// [`Discovery`], which the render binds from too).
+pub fn checks(root: &Root, gpus: &Discovery) -> Vec<Finding> {
+    let mode = gpus.setting.mode;
+    if mode == GpuMode::Off {
         return Vec::new();
     }
-    let has_gpu = gpu::discover_devices(root).is_ok_and(|d| !d.is_empty());
-    let on_bus = pci::nvidia_gpus(root);
-    let without_driver = on_bus.iter().any(|g| pci_problem(g).is_some());
-    if !(setting.mode == GpuMode::On || has_gpu || without_driver) {
+    let without_driver = gpus.pci.iter().any(|g| g.problem().is_some());
+    if !(mode == GpuMode::On || gpus.has_gpu() || without_driver) {
         return Vec::new();
     }
     let mut out = Vec::new();
-    if !on_bus.is_empty() {
-        out.push(pci_devices(&on_bus));
+    if !gpus.pci.is_empty() {
+        out.push(pci_devices(&gpus.pci));
     }
     let (driver, module_version) = driver(root);
     out.push(driver);
     out.push(nvidiactl(root));
     out.push(nvidia_uvm(root));
-    let source = DriverSource::choose(root, setting, arch);
-    let (libs, found) = libraries(root, arch, &source, ldconfig, module_version.as_deref());
-    out.push(libs);
-    if let (Some(arch), Some(found)) = (arch, found) {
-        out.push(driver_tools(root, arch, &source, &found));
+    out.push(libraries(root, gpus, module_version.as_deref()));
+    if let Some(found) = &gpus.tools {
+        out.push(driver_tools(&gpus.source, found));
     }
     out.push(persistenced(root));
     out
 }
 
-/// What is wrong with one NVIDIA GPU on the bus, if anything.
-fn pci_problem(gpu: &PciGpu) -> Option<String> {
-    match gpu.driver.as_deref() {
-        Some("nvidia") => None,
-        // given to virtual machines: not this host's to bind
-        Some("vfio-pci" | "pci-stub") => None,
-        Some(other) => Some(format!("{} is driven by {other}, not nvidia", gpu.address)),
-        None => Some(format!("{} has no driver loaded", gpu.address)),
-    }
-}
-
 /// `gpu-pci`.
 fn pci_devices(gpus: &[PciGpu]) -> Finding {
     let needed = "every NVIDIA GPU on the PCI bus driven by the nvidia kernel driver";
-    let problems: Vec<String> = gpus.iter().filter_map(pci_problem).collect();
+    let problems: Vec<String> = gpus.iter().filter_map(PciGpu::problem).collect();
     if problems.is_empty() {
         let seen = gpus
             .iter()
@@ -175,15 +155,10 @@ fn nvidia_uvm(root: &Root) -> Finding {
 /// and nvidia-smi, the CUDA driver API).
 const REQUIRED_LIBRARIES: &[&str] = &["libnvidia-ml.so.1", "libcuda.so.1"];
 
-/// `gpu-libraries`, and the driver's libraries when they could be listed.
-fn libraries(
-    root: &Root,
-    arch: Option<Arch>,
-    source: &DriverSource,
-    ldconfig: impl FnOnce() -> Result<String, GpuError>,
-    module_version: Option<&str>,
-) -> (Finding, Option<DriverLibraries>) {
+/// `gpu-libraries`: the driver's libraries as the discovery listed them.
+fn libraries(root: &Root, gpus: &Discovery, module_version: Option<&str>) -> Finding {
     const NAME: &str = "gpu-libraries";
+    let source = &gpus.source;
     let wanted = REQUIRED_LIBRARIES.join(" and ");
     let needed = match module_version {
         Some(v) => format!(
@@ -193,16 +168,15 @@ fn libraries(
         None => format!("{wanted} in {}", source.describe()),
     };
     let fail = |seen: String| Finding::new(NAME, Status::Fail, seen, needed.clone());
-    let Some(arch) = arch else {
-        let f = fail(format!(
-            "an architecture ({}) without NVIDIA driver libraries kubeslot binds",
-            std::env::consts::ARCH
-        ));
-        return (f, None);
-    };
-    let libs = match source.libraries(root, arch, ldconfig) {
-        Ok(l) => l,
-        Err(e) => return (fail(e.to_string()), None),
+    let libs = match &gpus.libraries {
+        Some(Ok(l)) => l,
+        Some(Err(e)) => return fail(e.to_string()),
+        None => {
+            return fail(format!(
+                "an architecture ({}) without NVIDIA driver libraries kubeslot binds",
+                std::env::consts::ARCH
+            ))
+        }
     };
     let mut found = Vec::new();
     for soname in REQUIRED_LIBRARIES {
@@ -215,17 +189,11 @@ fn libraries(
                 DriverSource::LoaderCache => "install the driver's user-space libraries (the package matching the kernel module) and run ldconfig",
                 DriverSource::Tree { .. } => "the driver tree is incomplete, or not mounted yet (the GPU operator's driver container mounts it when it runs)",
             };
-            return (
-                fail(format!("no {soname} for this architecture")).hint(hint),
-                Some(libs),
-            );
+            return fail(format!("no {soname} for this architecture")).hint(hint);
         };
         let Some(file) = source.resolve_file(root, listed) else {
-            return (
-                fail(format!("{listed} does not resolve to a file"))
-                    .hint("the linker cache is stale: run ldconfig"),
-                Some(libs),
-            );
+            return fail(format!("{listed} does not resolve to a file"))
+                .hint("the linker cache is stale: run ldconfig");
         };
         found.push(format!("{soname} -> {file}"));
     }
@@ -241,28 +209,19 @@ fn libraries(
                     .join(", "),
             )
             .hint("driver/library version mismatch: the libraries were upgraded without the module; reboot (or reload the module)");
-            return (f, Some(libs));
+            return f;
         }
     }
-    (
-        Finding::new(NAME, Status::Pass, found.join(", "), needed),
-        Some(libs),
-    )
+    Finding::new(NAME, Status::Pass, found.join(", "), needed)
 }
 
 /// `gpu-tools`: what the render binds at `/run/host-nvidia-bin`.
-fn driver_tools(root: &Root, arch: Arch, source: &DriverSource, libs: &DriverLibraries) -> Finding {
+fn driver_tools(source: &DriverSource, found: &DriverTools) -> Finding {
     const NAME: &str = "gpu-tools";
     let needed = format!(
         "nvidia-smi (and the driver's other tools) as executables beside the driver's libraries or in {}",
         source.outer(host::DISTRO_BIN)
     );
-    let dirs: Vec<String> = source
-        .library_dirs(root, &libs.native)
-        .into_iter()
-        .chain(source.library_dirs(root, &libs.i386))
-        .collect();
-    let found = tools::find(root, source, &dirs, arch);
     let mut seen = match &found.bind {
         ToolBind::None => "no driver tool".to_string(),
         ToolBind::Dir(d) => format!(
@@ -324,6 +283,19 @@ fn persistenced(root: &Root) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Gpu;
+    use crate::render::gpu::{self, pci, Arch, GpuError};
+
+    /// The checks of the host as one discovery with this architecture and
+    /// `ldconfig -p` listing finds it.
+    fn checks_with(
+        root: &Root,
+        setting: &Gpu,
+        arch: Option<Arch>,
+        ldconfig: impl FnOnce() -> Result<String, GpuError>,
+    ) -> Vec<Finding> {
+        checks(root, &Discovery::read_with(root, setting, arch, ldconfig))
+    }
 
     const LISTING: &str =
         "\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n\

@@ -41,8 +41,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Gpu;
 use crate::paths::Root;
+use crate::render::gpu::Discovery;
 
 /// A check's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,9 +105,10 @@ impl Finding {
 /// What the checks need besides the host's files.
 #[derive(Clone, Debug, Default)]
 pub struct Inputs {
-    /// The config's GPU setting (GPU checks run unless its mode is `off`;
-    /// the driver root says where the libraries are).
-    pub gpu: Gpu,
+    /// The host's GPUs as the run read them for the config's setting
+    /// (GPU checks run unless its mode is `off`); the render binds from
+    /// the same value.
+    pub gpu: Discovery,
     /// Names of checks whose failure does not block: exact names, `all`,
     /// or a prefix ending in `*` (`sysctl-*`).
     pub ignore: Vec<String>,

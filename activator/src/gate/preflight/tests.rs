@@ -5,7 +5,7 @@
 use std::fs;
 
 use super::*;
-use crate::config::GpuMode;
+use crate::config::{Gpu, GpuMode};
 use crate::render::host_settings::SYSCTLS;
 
 struct Fake {
@@ -328,10 +328,13 @@ fn gpu_checks_run_when_gpus_are_bound() {
         run(
             &h.root,
             &Inputs {
-                gpu: Gpu {
-                    mode,
-                    driver_root: None,
-                },
+                gpu: Discovery::read(
+                    &h.root,
+                    &Gpu {
+                        mode,
+                        driver_root: None,
+                    },
+                ),
                 ..Inputs::default()
             },
         )

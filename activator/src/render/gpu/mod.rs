@@ -4,7 +4,9 @@
 //!
 //! Given the root handle (devices are looked up under `<root>/dev`, library
 //! and tool paths are resolved under the root, symlinks followed as if the
-//! root were `/`) and the config's `gpu` setting. The parts live by
+//! root were `/`) and the config's `gpu` setting, it reads the host once
+//! per run into one [`Discovery`] (`discovery.rs`), which the render's
+//! binds and the preflight's GPU checks both take. The parts live by
 //! subject: `libraries.rs` (where the driver's libraries are: the loader
 //! cache through `ldconfig -p`, the one process run here, or a driver tree
 //! such as the GPU operator's), `tools.rs` (the driver's executables and
@@ -21,9 +23,12 @@
 //! (`char-nvidia-caps`), not one by one. Tests make real character devices
 //! with `mknod` (they run as root).
 
+mod discovery;
 mod libraries;
 pub mod pci;
 pub mod tools;
+
+pub use discovery::Discovery;
 
 pub use libraries::{
     library_dirs, parse_ldconfig, resolve_in_root, run_ldconfig, DriverLibraries, DriverSource,
@@ -34,7 +39,7 @@ use std::io::Read as _;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Gpu, GpuMode};
+use crate::config::Gpu;
 use crate::paths::Root;
 
 /// The host architectures `ldconfig -p` output is filtered for.
@@ -172,13 +177,15 @@ fn is_under(path: &str, dir: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('/'))
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Why GPU discovery failed. Clone (the I/O error shared): one
+/// [`Discovery`] keeps it for the render and the preflight alike.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     #[error("gpu mode is \"on\" but {dev} holds no /dev/nvidia<N> character device")]
     Required { dev: PathBuf },
@@ -216,7 +223,7 @@ fn char_devices(
         Err(source) => {
             return Err(GpuError::Io {
                 path: dir.to_path_buf(),
-                source,
+                source: source.into(),
             })
         }
     };
@@ -224,7 +231,7 @@ fn char_devices(
     for entry in entries {
         let entry = entry.map_err(|source| GpuError::Io {
             path: dir.to_path_buf(),
-            source,
+            source: source.into(),
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if keep(&name) && is_char_device(&entry.path()) {
@@ -276,43 +283,16 @@ fn discover_device_dirs(root: &Root) -> Vec<DeviceDir> {
 /// Decides the GPU binds for the config's `gpu` setting: devices and
 /// device directories from `<root>/dev`; when a GPU is present, the
 /// driver's library directories (from `ldconfig`, called only for the
-/// host's own driver, or from the driver tree) and its tools.
+/// host's own driver, or from the driver tree) and its tools. One
+/// [`Discovery`] read and its binds taken (for a caller that needs nothing
+/// else).
 pub fn discover(
     root: &Root,
     gpu: &Gpu,
     arch: Option<Arch>,
     ldconfig: impl FnOnce() -> Result<String, GpuError>,
 ) -> Result<GpuBinds, GpuError> {
-    if gpu.mode == GpuMode::Off {
-        return Ok(GpuBinds::default());
-    }
-    let devices = discover_devices(root)?;
-    if devices.is_empty() {
-        if gpu.mode == GpuMode::On {
-            return Err(GpuError::Required { dev: root.dev() });
-        }
-        return Ok(GpuBinds::default());
-    }
-    let mut binds = GpuBinds {
-        devices,
-        device_dirs: discover_device_dirs(root),
-        ..GpuBinds::default()
-    };
-    let Some(arch) = arch else {
-        return Ok(binds);
-    };
-    let source = DriverSource::choose(root, gpu, Some(arch));
-    let libs = source.libraries(root, arch, ldconfig)?;
-    binds.library_dirs = source.library_dirs(root, &libs.native);
-    binds.library_dirs_32 = source.library_dirs(root, &libs.i386);
-    let all_dirs: Vec<String> = binds
-        .library_dirs
-        .iter()
-        .chain(&binds.library_dirs_32)
-        .cloned()
-        .collect();
-    binds.tools = tools::find(root, &source, &all_dirs, arch);
-    Ok(binds)
+    Discovery::read_with(root, gpu, arch, ldconfig).binds()
 }
 
 /// Checks the config's extra devices exist under the root as character or
@@ -376,6 +356,7 @@ pub fn mknod_char(path: &Path, major: u32, minor: u32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::GpuMode;
 
     /// A recorded `ldconfig -p` listing of `testdata/gpu`.
     pub(super) fn fixture(name: &str) -> String {
@@ -512,7 +493,9 @@ mod tests {
         })
         .unwrap();
         assert_eq!(auto, GpuBinds::default());
-        let e = discover(&root, &on(), Some(Arch::Amd64), || unreachable!())
+        // "on" looks the libraries up (the preflight checks them), and the
+        // binds are refused all the same
+        let e = discover(&root, &on(), Some(Arch::Amd64), || Ok(String::new()))
             .unwrap_err()
             .to_string();
         assert!(

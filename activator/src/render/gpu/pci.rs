@@ -22,6 +22,21 @@ pub struct PciGpu {
     pub driver: Option<String>,
 }
 
+impl PciGpu {
+    /// What is wrong with it for a node machine, if anything: a GPU
+    /// without the `nvidia` driver (none, or `nouveau`); one given to
+    /// virtual machines (`vfio-pci`, `pci-stub`) is not this host's to
+    /// bind.
+    pub fn problem(&self) -> Option<String> {
+        match self.driver.as_deref() {
+            Some("nvidia") => None,
+            Some("vfio-pci" | "pci-stub") => None,
+            Some(other) => Some(format!("{} is driven by {other}, not nvidia", self.address)),
+            None => Some(format!("{} has no driver loaded", self.address)),
+        }
+    }
+}
+
 fn read_hex(path: &std::path::Path) -> Option<u32> {
     let text = std::fs::read_to_string(path).ok()?;
     u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()
