@@ -1,48 +1,58 @@
 //! The host side of kubeslot: everything that turns a verified image into a
 //! running node machine on this host, and back.
 //!
-//! It is given a root handle (`/` in production, a temp dir in tests) and the
-//! activator config; it owns the host's view: config, well-known paths,
-//! the content store, state and report, slots, host-file rendering, GPU
-//! discovery, the health gate and the systemd boundary. The image format and
-//! its trust (digests, sources, signatures, the unpacker) come from
-//! `kubeslot_image`; nothing here knows about recipes, signing keys or the
-//! builder (see ARCHITECTURE.md, "Invariants").
+//! The core path, in the order a run takes it (resolve → verify → stage →
+//! flip → gate → commit), one folder per step:
+//!
+//! * [`activate`] — the run that walks the path (`activate`, `fetch`,
+//!   `rollback`, and `plan` / `--dry-run` without acting), [`activate::plan`]
+//!   its one decision and [`activate::report`] what it leaves behind.
+//! * [`fetch`] — resolve and verify: where images come from, which
+//!   signatures a host accepts, the content store of verified blobs.
+//! * [`slots`] — stage: the slot trees (copy and overlay modes, the layer
+//!   store) and the records of what a slot holds.
+//! * [`render`] — the host files a slot's machine starts with, and what they
+//!   are made of (GPU discovery, the kubelet's extra arguments, bundles,
+//!   host settings).
+//! * [`gate`] — preflight before the flip, the health gate after it, the
+//!   diagnostics of a failed gate.
+//!
+//! The periphery:
+//!
+//! * [`host`] — adopt, uninstall, gc, the pod network's host leftovers.
+//! * [`config`] — the one input, its schema and validation.
+//! * The ground floor every folder stands on: [`paths`] (the root handle),
+//!   [`state`], [`lock`], [`slot`], [`systemd`] (the one boundary to the
+//!   service manager), [`walk`] and [`remove`] (trees a node wrote),
+//!   [`progress`], [`failpoint`] and, for tests, `testing`.
+//!
+//! Arrows run down: ground floor and config < fetch < slots < render <
+//! gate < host < activate < the binary's `cli` (`ci/lint/modules.py`
+//! refuses an arrow up and a cycle).
+//!
+//! It is given a root handle (`/` in production, a temp dir in tests) and
+//! the activator config. The image format and its trust (digests, sources,
+//! signatures, the unpacker) come from `kubeslot_image`; nothing here knows
+//! about recipes, signing keys or the builder (see ARCHITECTURE.md,
+//! "Invariants").
 
 pub mod activate;
-pub mod adopt;
-pub mod bundle;
+pub mod fetch;
+pub mod gate;
+pub mod render;
+pub mod slots;
+
+pub mod host;
+
 pub mod config;
-pub mod diagnostics;
-pub mod dirattrs;
-pub mod extra_args;
 pub mod failpoint;
-pub mod fingerprint;
-pub mod gc;
-pub mod gpu;
-pub mod health;
-pub mod host_network;
-pub mod host_settings;
-pub mod intact;
-pub mod integrity;
-pub mod layers;
 pub mod lock;
-pub mod metalayer;
-pub mod overlay;
 pub mod paths;
-pub mod plan;
-pub mod preflight;
 pub mod progress;
 pub mod remove;
-pub mod render;
-pub mod report;
 pub mod slot;
-pub mod stage;
 pub mod state;
-pub mod store;
 pub mod systemd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod trust;
-pub mod uninstall;
 pub mod walk;

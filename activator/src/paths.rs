@@ -108,7 +108,7 @@ impl Root {
     /// `/var/lib/kubeslot/slots/<machine>.tree`: the fingerprint of a slot
     /// tree recorded when it was committed away from, checked by `rollback`.
     /// The per-file record of a copied slot tree as it was installed
-    /// (`crate::integrity`), checked by `rollback`.
+    /// (`crate::slots::record`), checked by `rollback`.
     pub fn slot_files_record(&self, machine: &str) -> PathBuf {
         self.state_dir()
             .join("slots")
@@ -393,7 +393,7 @@ pub mod host {
 
 /// `systemd-escape --path`: `/` separators become `-`, every byte outside
 /// `[A-Za-z0-9:_.]` (and a leading `.`) becomes `\xNN`.
-pub fn systemd_escape_path(path: &Path) -> String {
+fn systemd_escape_path(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt as _;
     let bytes = path.as_os_str().as_bytes();
     let parts: Vec<&[u8]> = bytes

@@ -121,7 +121,7 @@ mod tests {
         let tree = t.path().join("deep");
         kubeslot_test_support::host::deep_tree(&tree, 1100);
         // (the descriptor bound itself is tested under RLIMIT_NOFILE 1024 in
-        // activator/tests/host.rs: this process's fd count moves with the
+        // activator/tests/host/activate.rs: this process's fd count moves with the
         // other tests' threads)
         remove_tree(&tree).unwrap();
         assert!(!tree.exists());

@@ -21,11 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr;
 
+use kubeslot_activator::fetch::store::Store;
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::slot::Slot;
-use kubeslot_activator::store::Store;
 use kubeslot_activator::testing::FakeSystemd;
-use kubeslot_activator::{integrity, layers, metalayer, overlay, stage};
+use kubeslot_activator::{
+    slots::overlay, slots::overlay::layers, slots::overlay::metalayer, slots::record, slots::stage,
+};
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::Platform;
 use kubeslot_image::reference::ImageSource;
@@ -779,7 +781,7 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
             seed,
             "overlay",
             dir,
-            Some(&integrity::record_path(dir)),
+            Some(&record::record_path(dir)),
             &Default::default(),
         ));
     }
@@ -812,12 +814,12 @@ fn record_differences(
     saved: Option<&Path>,
     hashes: &kubeslot_image::unpack::FileHashes,
 ) -> Vec<String> {
-    let read_every_file = integrity::record(dir, None).unwrap();
+    let read_every_file = record::record(dir, None).unwrap();
     let (known, read) = match saved {
-        Some(p) => (integrity::load(p).unwrap(), 0),
-        None => integrity::record_known(dir, None, hashes).unwrap(),
+        Some(p) => (record::load(p).unwrap(), 0),
+        None => record::record_known(dir, None, hashes).unwrap(),
     };
-    let mut out: Vec<String> = integrity::compare(&read_every_file.entries, &known.entries)
+    let mut out: Vec<String> = record::compare(&read_every_file.entries, &known.entries)
         .into_iter()
         .map(|m| {
             format!(

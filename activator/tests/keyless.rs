@@ -100,8 +100,9 @@ impl Host {
     fn verdict(&self, image: &str, trust: &Value) -> Result<Verdict, String> {
         let trust: Trust = serde_json::from_value(trust.clone()).unwrap();
         let src: ImageSource = image.parse().unwrap();
-        let policy = kubeslot_activator::trust::policy(&trust, &src, &Root::new(&self.root))
-            .map_err(|e| e.to_string())?;
+        let policy =
+            kubeslot_activator::fetch::access::policy(&trust, &src, &Root::new(&self.root))
+                .map_err(|e| e.to_string())?;
         let source = Source::open(&src, &Registries::new(), self.dir.path()).unwrap();
         let top = source.resolve().unwrap();
         verify::check_digests(&source, top.digest, top.digest, &policy).map_err(|e| e.to_string())
@@ -341,7 +342,8 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
         format!("oci-archive:{}", archive.display()),
     ] {
         let s: ImageSource = src.parse().unwrap();
-        let policy = kubeslot_activator::trust::policy(&trust, &s, &Root::new(&host.root)).unwrap();
+        let policy =
+            kubeslot_activator::fetch::access::policy(&trust, &s, &Root::new(&host.root)).unwrap();
         let source = Source::open(&s, &Registries::new(), host.dir.path()).unwrap();
         // Read from the .sig tag, checked through SET, chain (the 2021
         // Fulcio root, at the log's time) and the entry's body; the 2021
@@ -367,8 +369,8 @@ fn legacy_sig_layer_from_a_registry_a_layout_and_an_archive() {
 // and checks its material exactly as it checks the public vectors. systemd
 // is the shared fake; the flips are real (trees, host files, state).
 
+use kubeslot_activator::activate::report::{Outcome, Report};
 use kubeslot_activator::activate::{activate, Options};
-use kubeslot_activator::report::{Outcome, Report};
 use kubeslot_activator::testing::FakeSystemd;
 use kubeslot_test_support::image::{gzip_layer, write_image};
 use kubeslot_test_support::keyless::sigstore::Mutation;

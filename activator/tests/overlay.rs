@@ -13,11 +13,11 @@ use std::process::Command;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use kubeslot_activator::layers;
-use kubeslot_activator::overlay::{self, OverlayError};
+use kubeslot_activator::fetch::store::Store;
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::slot::Slot;
-use kubeslot_activator::store::Store;
+use kubeslot_activator::slots::overlay::layers;
+use kubeslot_activator::slots::overlay::{self, OverlayError};
 use kubeslot_activator::testing::FakeSystemd;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::{Compression, Platform};
@@ -415,7 +415,7 @@ fn the_overlay_probe_passes_on_this_host_and_leaves_nothing_behind() {
 #[test]
 fn the_overlay_slots_check_warns_on_fallback_and_fails_an_explicit_overlay() {
     use kubeslot_activator::config::SlotMode;
-    use kubeslot_activator::preflight::{overlay_slots, Status};
+    use kubeslot_activator::gate::preflight::{overlay_slots, Status};
     let broken: Result<(), String> = Err("mount -t overlay: No such device".into());
     let f = overlay_slots(None, Some(&broken));
     assert_eq!(f.status, Status::Warn);
@@ -530,7 +530,7 @@ fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
     // overlayfs alone would show that over the base's 1777. The image's
     // metadata layer holds tmp (and the root of the `./` entry) as the
     // spec has them, and nothing else.
-    use kubeslot_activator::metalayer;
+    use kubeslot_activator::slots::overlay::metalayer;
     let tmp = tempfile::tempdir().unwrap();
     let root = Root::new(tmp.path().join("root"));
     let dir = tmp.path().join("layout");
@@ -566,7 +566,7 @@ fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
         [PathBuf::from("tmp")],
         "only what the layers get wrong"
     );
-    assert!(kubeslot_activator::integrity::record_path(&meta).is_file());
+    assert!(kubeslot_activator::slots::record::record_path(&meta).is_file());
 
     let sd = FakeSystemd::new(&root);
     overlay::install(&root, &sd, Slot::Kube1, Some(img.image_digest()), &e.dirs).unwrap();
@@ -613,9 +613,10 @@ fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
         ..Policy::default()
     };
     metalayer::ensure_slot_lowers(&root, &store, &img, &other).unwrap();
-    let record =
-        kubeslot_activator::integrity::load(&kubeslot_activator::integrity::record_path(&meta))
-            .unwrap();
+    let record = kubeslot_activator::slots::record::load(
+        &kubeslot_activator::slots::record::record_path(&meta),
+    )
+    .unwrap();
     assert_eq!(
         record.policy,
         Some(layers::policy_hash(&other)),

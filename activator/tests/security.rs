@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use kubeslot_activator::activate::report::{exit, Outcome, Report};
 use kubeslot_activator::activate::{self, Options, RollbackOptions};
-use kubeslot_activator::health::{self, Gate};
-use kubeslot_activator::integrity;
-use kubeslot_activator::overlay;
+use kubeslot_activator::gate::health::{self, Gate};
 use kubeslot_activator::paths::Root;
-use kubeslot_activator::report::{exit, Outcome, Report};
 use kubeslot_activator::slot::Slot;
+use kubeslot_activator::slots::overlay;
+use kubeslot_activator::slots::record;
 use kubeslot_activator::testing::FakeSystemd;
 use kubeslot_image::digest::Digest;
 use kubeslot_image::oci::Platform;
@@ -464,9 +464,9 @@ fn a_layer_changed_in_the_store_is_never_mounted_again() {
     );
     let kube2_base = n.lower(Slot::Kube2, 1);
     assert_ne!(kube2_base, base);
-    assert!(integrity::check(
+    assert!(record::check(
         &kube2_base,
-        &integrity::load(&integrity::record_path(&kube2_base)).unwrap()
+        &record::load(&record::record_path(&kube2_base)).unwrap()
     )
     .unwrap()
     .is_empty());

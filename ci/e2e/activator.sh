@@ -52,7 +52,7 @@ act_setup() {
 # The node uses the host network, as in production ("network": "host",
 # VirtualEthernet=no): the activator's health gate GETs
 # 127.0.0.1:10248/healthz from the host's own network namespace (a plain
-# TcpStream in activator/src/health.rs), which a machine on a private veth
+# TcpStream in activator/src/gate/health.rs), which a machine on a private veth
 # does not share, so with "veth" every gate fails. The outer shares this
 # machine's network, so preflight requires 127.0.0.1:10248 to be free here.
 # KUBESLOT_E2E_NETWORK=veth writes "veth" instead (design_files proves both

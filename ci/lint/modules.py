@@ -4,7 +4,12 @@
 * no cycle between the top-level modules of a crate (an arrow is a
   `crate::X` path in code, comments and `#[cfg(test)]` parts left out);
 * no library module of the builder refers to a command module
-  (`crate::cmd`): commands call the library, never the reverse.
+  (`crate::cmd`): commands call the library, never the reverse;
+* no upward arrow in the activator: its top-level modules stand in the
+  layers of `LAYERS` (lowest first, the ground floor at the bottom, the
+  binary's `cli` on top), a module refers only to its own layer and
+  those below, and a module in no layer is refused (a new one is placed
+  here on purpose). The table is printed.
 
     ci/lint/modules.py          (exit 1 naming each cycle and arrow)
 """
@@ -22,6 +27,39 @@ CRATES = {
 # binary-only entry points: their modules are the commands, not the library
 ENTRY = {"main.rs"}
 COMMAND_DIRS = {"cmd", "cli"}
+# The activator's layers, lowest first (lib.rs says what each holds): the
+# core path's folders stand on the ground floor in the order a run takes
+# them, the periphery (`host`) above them, the run (`activate`) above all
+# it drives. Within a layer arrows are free (the cycle rule still holds).
+LAYERS = {
+    "activator": [
+        (
+            "ground floor",
+            {
+                "config",
+                "paths",
+                "state",
+                "lock",
+                "slot",
+                "systemd",
+                "walk",
+                "remove",
+                "progress",
+                "failpoint",
+                "testing",
+            },
+        ),
+        ("fetch", {"fetch"}),
+        ("slots", {"slots"}),
+        ("render", {"render"}),
+        ("gate", {"gate"}),
+        ("host", {"host"}),
+        ("activate", {"activate"}),
+        ("cli", {"cli"}),
+    ],
+}
+# the crate root declares the modules; it is no layer's
+ROOTS = {"lib"}
 
 
 def top_module(src: pathlib.Path, path: pathlib.Path) -> str:
@@ -66,7 +104,9 @@ def crate_paths(code: str):
                 yield name
 
 
-def edges(src: pathlib.Path) -> dict:
+def edges(src: pathlib.Path, where: dict | None = None) -> dict:
+    """module -> the modules it refers to; `where`, when given, gets the
+    first file of each arrow, keyed (module, target)."""
     graph = {}
     for path in sorted(src.rglob("*.rs")):
         if path.name in ENTRY and path.parent == src:
@@ -76,7 +116,38 @@ def edges(src: pathlib.Path) -> dict:
         for name in crate_paths(code_of(path)):
             if name != module:
                 targets.add(name)
+                if where is not None:
+                    where.setdefault((module, name), path.relative_to(ROOT))
     return graph
+
+
+def layer_problems(crate: str, graph: dict, where: dict) -> list:
+    """Each module in no layer, and each arrow to a higher layer."""
+    rank = {}
+    for i, (_, members) in enumerate(LAYERS[crate]):
+        for m in members:
+            rank[m] = i
+    names = [name for name, _ in LAYERS[crate]]
+    out = []
+    for module in sorted(set(graph) - ROOTS):
+        if module not in rank:
+            out.append(f"{crate}: module {module} is in no layer (place it in LAYERS)")
+    for module, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if module in rank and t in rank and rank[t] > rank[module]:
+                out.append(
+                    f"{crate}: upward arrow {module} -> {t} ({names[rank[module]]} below "
+                    f"{names[rank[t]]}), crate::{t} in {where[(module, t)]}"
+                )
+    return out
+
+
+def layer_table(crate: str, graph: dict) -> str:
+    rows = []
+    for i, (name, members) in reversed(list(enumerate(LAYERS[crate]))):
+        present = sorted(m for m in members if m in graph)
+        rows.append(f"  {i} {name:<13} {' '.join(present)}")
+    return f"{crate} layers, top first:\n" + "\n".join(rows)
 
 
 def cycles(graph: dict) -> list:
@@ -112,8 +183,13 @@ def cycles(graph: dict) -> list:
 
 def main() -> int:
     problems = []
+    tables = []
     for crate, src in CRATES.items():
-        graph = edges(src)
+        where = {}
+        graph = edges(src, where)
+        if crate in LAYERS:
+            problems += layer_problems(crate, graph, where)
+            tables.append(layer_table(crate, graph))
         for comp in cycles(graph):
             arrows = [f"{a} -> {b}" for a in comp for b in sorted(graph[a]) if b in comp]
             problems.append(f"{crate}: module cycle {{{', '.join(comp)}}}: {'; '.join(arrows)}")
@@ -125,8 +201,13 @@ def main() -> int:
     for p in problems:
         print(f"ci/lint/modules.py: {p}", file=sys.stderr)
     if not problems:
+        for table in tables:
+            print(table)
         counts = ", ".join(f"{c} {len(edges(s))}" for c, s in CRATES.items())
-        print(f"ci/lint/modules.py: no module cycle, no library -> command arrow ({counts} modules)")
+        print(
+            "ci/lint/modules.py: no module cycle, no library -> command arrow, "
+            f"no upward arrow ({counts} modules)"
+        )
     return 1 if problems else 0
 
 

@@ -7,10 +7,13 @@ most, code is read in pieces a reviewer can hold.
 * no function over 120 lines, from its `fn` line to its closing brace;
   functions in `#[cfg(test)]` (or `cfg(any(test, ...))`) items, in the
   files of modules so declared (`#[cfg(test)] mod tests;`), and `#[test]`
-  functions are not counted.
+  functions are not counted;
+* no test file over 1,500 lines: every crate's `tests/` tree, the shared
+  test support and the fixtures (a test binary is split into one module
+  per subject, as the activator's `tests/host/` is by phase).
 
-    ci/lint/sizes.py                          (activator/src, image/src, builder/src)
-    ci/lint/sizes.py --paths image/src builder/src
+    ci/lint/sizes.py                          (the source trees and the test trees)
+    ci/lint/sizes.py --paths image/src builder/src --test-paths builder/tests
 
 Every offender is printed as `FILE:LINE: ...` with its length; the exit
 status is 1 when there is any. Comments, strings and character literals
@@ -26,6 +29,14 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_PATHS = ["activator/src", "image/src", "builder/src"]
 MAX_FILE_LINES = 1000
+# every crate's `tests/` (found, so a new crate's are held too), the shared
+# test support and the fixtures
+DEFAULT_TEST_PATHS = sorted(
+    str(d.relative_to(ROOT))
+    for d in ROOT.glob("*/tests")
+    if d.is_dir() and (d.parent / "Cargo.toml").is_file()
+) + ["test-support/src", "fixtures"]
+MAX_TEST_FILE_LINES = 1500
 MAX_FN_LINES = 120
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -218,9 +229,29 @@ def main() -> int:
         default=DEFAULT_PATHS,
         help="source trees to check, relative to the repository root",
     )
+    ap.add_argument(
+        "--test-paths",
+        nargs="*",
+        default=DEFAULT_TEST_PATHS,
+        help="test trees to hold to the test file limit, relative to the repository root",
+    )
     args = ap.parse_args()
     offenders = 0
     files = 0
+    for tree in args.test_paths:
+        base = ROOT / tree
+        if not base.is_dir():
+            print(f"{tree}: no such directory", file=sys.stderr)
+            return 2
+        for path in sorted(base.rglob("*.rs")):
+            if "target" in path.relative_to(ROOT).parts:
+                continue
+            files += 1
+            lines = path.read_text().count("\n")
+            if lines > MAX_TEST_FILE_LINES:
+                offenders += 1
+                rel = path.relative_to(ROOT)
+                print(f"{rel}:1: test file is {lines} lines (limit {MAX_TEST_FILE_LINES})")
     for tree in args.paths:
         base = ROOT / tree
         if not base.is_dir():
@@ -240,10 +271,11 @@ def main() -> int:
             for line, name, length in long_functions(path):
                 offenders += 1
                 print(f"{rel}:{line}: fn {name} is {length} lines (limit {MAX_FN_LINES})")
+    trees = " ".join(args.paths + args.test_paths)
     if offenders:
-        print(f"sizes: {offenders} over the limits in {' '.join(args.paths)}", file=sys.stderr)
+        print(f"sizes: {offenders} over the limits in {trees}", file=sys.stderr)
         return 1
-    print(f"sizes: ok ({files} files in {' '.join(args.paths)})")
+    print(f"sizes: ok ({files} files in {trees})")
     return 0
 
 

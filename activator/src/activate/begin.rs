@@ -12,22 +12,23 @@ use std::sync::Arc;
 
 use kubeslot_image::source::Source;
 
+use crate::activate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
+use crate::activate::report::{Datapoint, Outcome, Report};
 use crate::config::Config;
 use crate::failpoint;
-use crate::health::{self, Check, Failure, Gate};
-use crate::host_settings;
+use crate::gate::health::{self, Check, Failure, Gate};
+use crate::gate::preflight;
 use crate::paths::Root;
-use crate::plan::{self, Command, Committed, Decision, Flip, Machines, Situation};
-use crate::preflight;
+use crate::render::gpu::Discovery;
+use crate::render::host_settings;
 use crate::render::{self, HostFacts};
-use crate::report::{Datapoint, Outcome, Report};
 use crate::slot::Slot;
-use crate::stage::{self, Verified};
+use crate::slots::stage::{self, Verified};
 use crate::state::{Release, State};
 
 use super::{
     fallback_health, load_slot_config, resolve::open_verified_marked, ActivateError, Options,
-    Rendered, Run,
+    Rendered, Resolved, Run,
 };
 
 /// Steps 2 to 4, shared by `activate` and `fetch`: what a run found and
@@ -41,6 +42,9 @@ pub(super) struct Begun {
     pub(super) state: State,
     pub(super) config: Config,
     pub(super) facts: HostFacts,
+    /// The host's GPUs, read once: `facts` binds from them, the flip's
+    /// preflight checks them.
+    pub(super) gpus: Discovery,
     /// Taken by staging (absent when the plan reuses a staged slot, it is
     /// dropped at the end of the run).
     pub(super) source: Option<Source>,
@@ -107,7 +111,7 @@ pub(super) fn begin(
     report.phase("config");
     let config = Config::load(config_path)?;
     report.image = Some(config.image.to_string());
-    let facts = gather(root, config_path, &config)?;
+    let (facts, gpus) = gather(root, config_path, &config)?;
 
     report.phase("resolve");
     // The lock is held: an extraction left by a killed run is nobody's.
@@ -115,26 +119,26 @@ pub(super) fn begin(
     // The deadline counts from here: every request of the run shares it.
     let pacing = run
         .pacing
-        .get_or_init(|| Arc::new(crate::trust::pacing(&config.download)));
+        .get_or_init(|| Arc::new(crate::fetch::access::pacing(&config.download)));
     let resolved = open_verified_marked(root, &config, pacing.clone(), report)?;
     let digest = resolved.digest();
     report.digest = Some(digest);
     report.index_digest = Some(resolved.index_digest()).filter(|d| *d != digest);
     let files = Rendered::new(&config, &facts);
-    let situation = Situation {
+    let situation = situation(
+        root,
         command,
-        digest,
-        release: release_of(&config, &resolved.verified),
-        inputs: files.inputs_hash(),
-        active_files_current: state.active.is_some_and(|a| files.current(root, a)),
+        opts,
+        state.clone(),
         // Asked again: a machine started meanwhile is refused too.
-        machines: run.machines()?,
+        run.machines()?,
         committed,
-        force: opts.force,
-        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
-        preflight: None,
-        state: state.clone(),
-    };
+        Candidate {
+            config: &config,
+            resolved: &resolved,
+            files: &files,
+        },
+    );
     let flip = match plan::decide(&situation) {
         Decision::UpToDate { slot, .. } => {
             if state.slot(slot).inputs.as_deref() != Some(situation.inputs.as_str()) {
@@ -160,11 +164,55 @@ pub(super) fn begin(
         state,
         config,
         facts,
+        gpus,
         source: Some(resolved.source),
         verified: resolved.verified,
         files,
         flip,
     }))
+}
+
+/// The image a run decides on: resolved and verified once, with both
+/// slots' host files rendered from the config and the host facts.
+pub(super) struct Candidate<'a> {
+    pub(super) config: &'a Config,
+    pub(super) resolved: &'a Resolved,
+    pub(super) files: &'a Rendered,
+}
+
+/// The one constructor of the [`Situation`] every run decides on:
+/// `activate` and `fetch` ([`begin`]), `plan` and `--dry-run`
+/// (`preview`), so what they decide on cannot drift apart. `state` is
+/// the state after recovery (as `preview` takes it: `as_recovered`),
+/// `committed` what the run found of the committed node. The preflight is
+/// not run yet.
+pub(super) fn situation(
+    root: &Root,
+    command: Command,
+    opts: &Options,
+    state: State,
+    machines: Machines,
+    committed: Committed,
+    image: Candidate<'_>,
+) -> Situation {
+    let Candidate {
+        config,
+        resolved,
+        files,
+    } = image;
+    Situation {
+        command,
+        digest: resolved.digest(),
+        release: release_of(config, &resolved.verified),
+        inputs: files.inputs_hash(),
+        active_files_current: state.active.is_some_and(|a| files.current(root, a)),
+        machines,
+        committed,
+        force: opts.force,
+        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
+        preflight: None,
+        state,
+    }
 }
 
 /// The slot a refusal's report names: the node that did not come up, the
@@ -181,11 +229,11 @@ fn refused_slot(state: &State, reason: &plan::Reason) -> Option<Slot> {
 }
 
 /// The release a commit of `verified` records: its identity (see
-/// [`crate::trust::identity`]) and the signed config's `created`. `None`
+/// [`crate::fetch::access::identity`]) and the signed config's `created`. `None`
 /// when no identity applies (an unsigned layout allowed by
 /// `allow_unsigned`): nothing orders such images.
-pub(super) fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
-    let identity = crate::trust::identity(&config.trust, &config.image)?;
+fn release_of(config: &Config, verified: &Verified) -> Option<Release> {
+    let identity = crate::fetch::access::identity(&config.trust, &config.image)?;
     Some(Release {
         identity: identity.to_string(),
         digest: verified.image.manifest_digest(),
@@ -193,23 +241,28 @@ pub(super) fn release_of(config: &Config, verified: &Verified) -> Option<Release
     })
 }
 
+/// The host facts a run renders from, with the host's GPUs read once
+/// (the preflight of the flip checks the same [`Discovery`]).
 pub(super) fn gather(
     root: &Root,
     config_path: &Path,
     config: &Config,
-) -> Result<HostFacts, ActivateError> {
+) -> Result<(HostFacts, Discovery), ActivateError> {
     // The keys are host facts too: checked here, before anything is
     // resolved, so the error names the config and exits 3.
-    crate::trust::policy(&config.trust, &config.image, root).map_err(|source| {
+    crate::fetch::access::policy(&config.trust, &config.image, root).map_err(|source| {
         ActivateError::Trust {
             config: config_path.to_path_buf(),
             source,
         }
     })?;
-    render::gather(root, config).map_err(|source| ActivateError::Facts {
-        config: config_path.to_path_buf(),
-        source,
-    })
+    let gpus = Discovery::read(root, &config.gpu);
+    let facts =
+        render::gather_with(root, config, &gpus).map_err(|source| ActivateError::Facts {
+            config: config_path.to_path_buf(),
+            source,
+        })?;
+    Ok((facts, gpus))
 }
 
 /// What a planned flip writes: nothing when it reuses a staged slot.
@@ -221,16 +274,18 @@ pub(super) fn flip_disk_use(root: &Root, flip: &Flip, verified: &Verified) -> pr
     }
 }
 
-/// The preflight of a flip with `config`: `settings_pending` when
-/// kubeslot's host settings are not written yet (`plan`, which writes
-/// nothing; `activate` writes and applies them first).
+/// The preflight of a flip with `config` on the GPUs the run read:
+/// `settings_pending` when kubeslot's host settings are not written yet
+/// (`plan`, which writes nothing; `activate` writes and applies them
+/// first).
 pub(super) fn preflight_inputs(
     config: &Config,
+    gpus: &Discovery,
     disk: preflight::DiskUse,
     settings_pending: bool,
 ) -> preflight::Inputs {
     preflight::Inputs {
-        gpu: config.gpu.clone(),
+        gpu: gpus.clone(),
         ignore: config.preflight.ignore.clone(),
         disk,
         swap_allowed: config.kubelet_allows_swap(),
@@ -374,7 +429,7 @@ impl Run<'_> {
         }
         // what the host's network had before its first node: `uninstall`
         // removes only what a node added
-        match crate::host_network::record_if_missing(self.root) {
+        match crate::host::network::record_if_missing(self.root) {
             Ok(Some(note)) => notes.push(note),
             Ok(None) => {}
             Err(e) => notes.push(format!(
@@ -386,7 +441,10 @@ impl Run<'_> {
             report.host_settings = Some(notes.join("; "));
         }
         let disk = flip_disk_use(self.root, &b.flip, &b.verified);
-        let result = preflight::run(self.root, &preflight_inputs(&b.config, disk, false));
+        let result = preflight::run(
+            self.root,
+            &preflight_inputs(&b.config, &b.gpus, disk, false),
+        );
         report.preflight = result.notable();
         b.decide_with(result)
     }
@@ -442,6 +500,28 @@ mod tests {
         c["trust"]["allow_downgrade"] = true.into();
         std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
         assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+    }
+
+    /// The host's GPUs are read once per run: the render's binds and the
+    /// flip's preflight take one discovery (one `ldconfig -p`), and a
+    /// run that stages without a preflight of the GPUs reads them once too.
+    #[test]
+    fn a_run_reads_the_gpus_once_for_the_render_and_the_preflight() {
+        let (s, fake, _) = setup("healthy", None, "on");
+        gpu_host(&s);
+        let r = run(&s, &fake);
+        assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+        assert!(
+            r.preflight
+                .iter()
+                .all(|f| !f.name.starts_with("gpu-libraries")),
+            "{r:?}"
+        );
+        assert_eq!(ldconfig_calls(&s), 1);
+        image_with(&img_dir(&s), "healthy", "2");
+        let ran = crate::activate::fetch(&s.root, &s.config, &fake, &Options::default());
+        assert_eq!(ran.report.exit_code, exit::OK, "{:?}", ran.report);
+        assert_eq!(ldconfig_calls(&s), 2);
     }
 
     #[test]

@@ -244,3 +244,53 @@ pub(super) fn rewrap_in_index(dir: &Path, note: &str) -> Digest {
     layout.write_index(&index).unwrap();
     digest
 }
+
+/// A host with one NVIDIA GPU and its driver as preflight wants it (module
+/// 550.54.15, its control device, `ldconfig -p` listing its libraries);
+/// each `ldconfig` run leaves a line in [`ldconfig_calls`]'s file.
+pub(super) fn gpu_host(s: &Setup) {
+    let calls = s.root.join("ldconfig.calls");
+    let calls = calls.display();
+    crate::render::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
+    crate::render::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
+    // the driver preflight wants
+    let version = s.root.join("proc/driver/nvidia/version");
+    std::fs::create_dir_all(version.parent().unwrap()).unwrap();
+    std::fs::write(
+        &version,
+        "NVRM version: NVIDIA UNIX Kernel Module 550.54.15\n",
+    )
+    .unwrap();
+    let ldconfig = s.root.ldconfig();
+    std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+    let marker = match std::env::consts::ARCH {
+        "aarch64" => "AArch64",
+        _ => "x86-64",
+    };
+    std::fs::write(
+        &ldconfig,
+        format!("#!/bin/sh\necho run >> {calls}\nprintf '2 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n\\tlibnvidia-ml.so.1 (libc6,{marker}) => /usr/lib/nvidia/libnvidia-ml.so.1\\n'\n"),
+    )
+    .unwrap();
+    // the libraries it lists, of the module's version (preflight's
+    // gpu-libraries)
+    let libs = s.root.join("usr/lib/nvidia");
+    std::fs::create_dir_all(&libs).unwrap();
+    for stem in ["libcuda", "libnvidia-ml"] {
+        std::fs::write(libs.join(format!("{stem}.so.550.54.15")), b"").unwrap();
+        std::os::unix::fs::symlink(
+            format!("{stem}.so.550.54.15"),
+            libs.join(format!("{stem}.so.1")),
+        )
+        .unwrap();
+    }
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// How many times `<root>/sbin/ldconfig` ran on a [`gpu_host`].
+pub(super) fn ldconfig_calls(s: &Setup) -> usize {
+    std::fs::read_to_string(s.root.join("ldconfig.calls")).map_or(0, |t| t.lines().count())
+}

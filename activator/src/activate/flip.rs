@@ -7,13 +7,13 @@
 
 use kubeslot_image::digest::Digest;
 
-use crate::diagnostics;
+use crate::activate::report::{Datapoint, Report};
 use crate::failpoint;
-use crate::fingerprint::{self, FingerprintError};
-use crate::health::{self, Check, Failure, Gate};
+use crate::gate::diagnostics;
+use crate::gate::health::{self, Check, Failure, Gate};
 use crate::paths::Root;
-use crate::report::{Datapoint, Report};
 use crate::slot::Slot;
+use crate::slots::fingerprint::{self, FingerprintError};
 use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State};
 
 use super::{fallback_health, load_slot_config, ActivateError, Run};
@@ -301,43 +301,7 @@ mod tests {
     #[test]
     fn bound_gpus_must_be_visible_inside_the_machine() {
         let (s, mut fake, _) = setup("healthy", None, "on");
-        crate::gpu::mknod_char(&s.root.dev().join("nvidia0"), 195, 0).unwrap();
-        crate::gpu::mknod_char(&s.root.dev().join("nvidiactl"), 195, 255).unwrap();
-        // the driver preflight wants
-        let version = s.root.join("proc/driver/nvidia/version");
-        std::fs::create_dir_all(version.parent().unwrap()).unwrap();
-        std::fs::write(
-            &version,
-            "NVRM version: NVIDIA UNIX Kernel Module 550.54.15\n",
-        )
-        .unwrap();
-        let ldconfig = s.root.ldconfig();
-        std::fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
-        let marker = match std::env::consts::ARCH {
-            "aarch64" => "AArch64",
-            _ => "x86-64",
-        };
-        std::fs::write(
-            &ldconfig,
-            format!("#!/bin/sh\nprintf '2 libs found in cache\\n\\tlibcuda.so.1 (libc6,{marker}) => /usr/lib/nvidia/libcuda.so.1\\n\\tlibnvidia-ml.so.1 (libc6,{marker}) => /usr/lib/nvidia/libnvidia-ml.so.1\\n'\n"),
-        )
-        .unwrap();
-        // the libraries it lists, of the module's version (preflight's
-        // gpu-libraries)
-        let libs = s.root.join("usr/lib/nvidia");
-        std::fs::create_dir_all(&libs).unwrap();
-        for stem in ["libcuda", "libnvidia-ml"] {
-            std::fs::write(libs.join(format!("{stem}.so.550.54.15")), b"").unwrap();
-            std::os::unix::fs::symlink(
-                format!("{stem}.so.550.54.15"),
-                libs.join(format!("{stem}.so.1")),
-            )
-            .unwrap();
-        }
-        {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&ldconfig, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
+        gpu_host(&s);
         fake.gpu_visible = false;
         let r = run(&s, &fake);
         assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");

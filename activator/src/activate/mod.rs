@@ -2,8 +2,8 @@
 //! ending in a [`Report`] that is written to `report.json` while the run lock
 //! is still held.
 //!
-//! Given the root handle, the config path and a [`Systemd`]. The order
-//! (DESIGN.md §4), and why each step is where it is:
+//! Given the root handle, the config path and a [`Systemd`]. The order, and
+//! why each step is where it is:
 //!
 //! 1. lock (`lock`): two runs never interleave;
 //! 2. load the state, repairing a save that died between its writes, and
@@ -27,7 +27,7 @@
 //! 3. read the config, gather the host facts, open the source and resolve
 //!    the reference once and verify it (fail closed): [`open_verified`]
 //!    keeps the source open (an archive extracted once) for staging;
-//! 4. [`crate::plan::activate`]: up to date (no machine is touched), refused (the
+//! 4. [`plan::decide`]: up to date (no machine is touched), refused (the
 //!    image failed with these host-file inputs before), or a flip, whose
 //!    target slot must not be running (its tree is never touched under a
 //!    machine); before a flip the host settings are written and applied
@@ -38,7 +38,7 @@
 //!    the slot as it was), mark the slot dirty, swap the tree in, render and write its host files (a
 //!    daemon-reload when its drop-in changed), record it staged, record
 //!    "pending, prepared", then "pending, trying": from here the try counts;
-//! 6. stop the old machine, start the new one, health gate ([`crate::health`]);
+//! 6. stop the old machine, start the new one, health gate ([`crate::gate::health`]);
 //! 7. commit (the old slot is kept as `previous` for `rollback`; the old
 //!    machine disabled at boot, then the new one enabled, then the commit
 //!    saved: a crash or power loss in between boots the old node, or none,
@@ -48,7 +48,7 @@
 //!
 //! [`fetch`] runs steps 1 to 4 and stages the slot (recorded staged, no host
 //! files rendered, no machine touched); the next `activate` reuses it.
-//! A commit records the fingerprint of the slot it leaves ([`crate::fingerprint`]);
+//! A commit records the fingerprint of the slot it leaves ([`crate::slots::fingerprint`]);
 //! [`rollback`] refuses a previous slot whose tree no longer matches it.
 //!
 //! Every state change is one atomic [`State::save`]; the active slot's tree
@@ -58,9 +58,13 @@
 //!
 //! One file per phase: `begin.rs` (steps 2 to 4, reconcile, preflight),
 //! `resolve.rs` (the image opened and verified once, the inputs hash),
-//! `staging.rs` (step 5), `flip.rs` (steps 6 and 7), `recover.rs`,
-//! `boot.rs` (boot enablement), `rollback.rs`, `preview.rs` (`plan`). This
-//! file holds the entry points, the run context `Run` and the error.
+//! `prepare.rs` (step 5: the flip prepared in the target slot), `flip.rs`
+//! (steps 6 and 7), `recover.rs`, `boot.rs` (boot enablement),
+//! `rollback.rs`, `preview.rs` (`plan` and `--dry-run`: the run's start
+//! without the lock and without acting). [`plan`] is the one decision all
+//! of them take (pure: a situation in, a decision out); [`report`] is what
+//! a run leaves in `report.json`. This file holds the entry points, the run
+//! context `Run` and the error.
 //!
 //! It does not parse arguments or print (the `cli` modules do), and it runs
 //! nothing from an image.
@@ -70,16 +74,18 @@ mod boot;
 #[cfg(test)]
 mod fixture;
 mod flip;
+pub mod plan;
+mod prepare;
 mod preview;
 mod recover;
+pub mod report;
 mod resolve;
 mod rollback;
-mod staging;
 
 pub use boot::MACHINES_TARGET;
 pub use preview::{preview, Preview};
 pub use resolve::{disk_use, open_verified, open_verified_paced, resolve, Rendered, Resolved};
-pub use rollback::{rollback, RollbackOptions};
+pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview};
 
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
@@ -91,24 +97,24 @@ use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::SourceError;
 use kubeslot_image::verify::VerifyError;
 
+use crate::activate::plan::{Command, Reason, RollbackRefusal};
+use crate::activate::report::{exit, Outcome, Report};
 use crate::config::{Config, ConfigError, Health};
 use crate::failpoint;
-use crate::fingerprint::FingerprintError;
-use crate::health::Failure;
+use crate::gate::health::Failure;
+use crate::gate::preflight;
 use crate::lock::{Lock, LockError};
-use crate::overlay::OverlayError;
 use crate::paths::Root;
-use crate::plan::{Command, PlanError, Reason};
-use crate::preflight;
 use crate::progress;
 use crate::render::{self, HostFiles, RenderError};
-use crate::report::{exit, Outcome, Report};
 use crate::slot::Slot;
-use crate::stage::StageError;
+use crate::slots::fingerprint::FingerprintError;
+use crate::slots::overlay::OverlayError;
+use crate::slots::stage::StageError;
 use crate::state::{SlotState, SlotStatus, State, StateError};
 use crate::systemd::{Systemd, SystemdError};
 
-use crate::health::Gate;
+use crate::gate::health::Gate;
 use begin::{begin, flip_disk_use};
 
 /// Why a run did not end with the desired slot committed.
@@ -139,7 +145,7 @@ pub enum ActivateError {
         source: VerifyError,
     },
     /// Refused before anything of the slots changed (see
-    /// [`crate::plan::decide`]).
+    /// [`crate::activate::plan::decide`]).
     #[error(transparent)]
     Refused(#[from] Reason),
     #[error(transparent)]
@@ -148,8 +154,10 @@ pub enum ActivateError {
     Verify(#[from] VerifyError),
     #[error(transparent)]
     Source(#[from] Box<SourceError>),
+    /// `rollback` refused before anything changed (see
+    /// [`crate::activate::plan::decide_rollback`]).
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Rollback(#[from] RollbackRefusal),
     #[error(transparent)]
     Systemd(#[from] SystemdError),
     #[error(transparent)]
@@ -158,8 +166,6 @@ pub enum ActivateError {
     SlotConfig { path: PathBuf, reason: String },
     #[error(transparent)]
     Overlay(#[from] OverlayError),
-    #[error("rollback --clean: {slot} is a copied tree, not an overlay slot; nothing separates what its machine wrote from its image (a plain rollback keeps it)")]
-    CleanNeedsOverlay { slot: Slot },
     /// `slots.mode = "overlay"` on a host that cannot mount one.
     #[error("slots.mode is \"overlay\" but overlay slots do not work on this host: {reason} (set slots.mode = \"copy\", or leave it unset to fall back)")]
     OverlayUnsupported { reason: String },
@@ -190,7 +196,7 @@ impl From<SourceError> for ActivateError {
 }
 
 impl ActivateError {
-    /// The process exit code (see [`crate::report::exit`]).
+    /// The process exit code (see [`crate::activate::report::exit`]).
     pub fn exit_code(&self) -> i32 {
         match self {
             ActivateError::Config(_)
@@ -198,6 +204,7 @@ impl ActivateError {
             | ActivateError::Trust { .. }
             | ActivateError::OverlayUnsupported { .. } => exit::CONFIG,
             ActivateError::Refused(reason) => reason.exit_code(),
+            ActivateError::Rollback(refusal) => refusal.exit_code(),
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
             ActivateError::RolledBack {
                 old_failure: None, ..
@@ -341,7 +348,7 @@ fn run_activate(
     report.outcome = Some(Outcome::Committed);
     // GC: what neither slot needs any more goes (the commit stands whatever
     // happens here; a failure is the report's note).
-    report.gc = Some(match crate::gc::collect(run.root, &b.state, false) {
+    report.gc = Some(match crate::host::gc::collect(run.root, &b.state, false) {
         Ok(g) => g.summary(),
         Err(e) => format!("gc failed: {}", kubeslot_image::error_chain(&e)),
     });
@@ -390,7 +397,7 @@ fn run_fetch(
         };
         run.save(&b.state)?;
         failpoint::hit("after-staged");
-        report.mark(crate::report::Datapoint::Staged);
+        report.mark(crate::activate::report::Datapoint::Staged);
     }
     report.outcome = Some(Outcome::Staged);
     Ok(())

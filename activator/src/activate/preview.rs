@@ -12,17 +12,17 @@
 
 use std::path::Path;
 
+use crate::activate::plan::{self, Command, Committed, Decision, Situation};
 use crate::config::Config;
-use crate::health::{Check, Failure};
-use crate::host_settings;
+use crate::gate::health::{Check, Failure};
+use crate::gate::preflight;
 use crate::paths::Root;
-use crate::plan::{self, Command, Committed, Decision, Situation};
-use crate::preflight;
 use crate::render;
+use crate::render::host_settings;
 use crate::state::State;
 use crate::systemd::Systemd;
 
-use super::begin::{flip_disk_use, gather, preflight_inputs, release_of};
+use super::begin::{flip_disk_use, gather, preflight_inputs, situation, Candidate};
 use super::recover::as_recovered;
 use super::{open_verified, ActivateError, Options, Rendered, Run};
 
@@ -75,26 +75,26 @@ pub fn preview(
         });
     }
     let config = Config::load(config_path)?;
-    let facts = gather(root, config_path, &config)?;
+    let (facts, gpus) = gather(root, config_path, &config)?;
     let resolved = open_verified(root, &config)?;
     let files = Rendered::new(&config, &facts);
     let committed = match recovered.active {
         Some(a) if !machines.runs(a) || opts.force => Committed::Unchecked,
         _ => Committed::Up,
     };
-    let mut situation = Situation {
-        command: Command::Activate,
-        digest: resolved.digest(),
-        release: release_of(&config, &resolved.verified),
-        inputs: files.inputs_hash(),
-        active_files_current: recovered.active.is_some_and(|a| files.current(root, a)),
+    let mut situation = situation(
+        root,
+        Command::Activate,
+        opts,
+        recovered,
         machines,
         committed,
-        force: opts.force,
-        allow_downgrade: opts.allow_downgrade || config.trust.allow_downgrade,
-        preflight: None,
-        state: recovered,
-    };
+        Candidate {
+            config: &config,
+            resolved: &resolved,
+            files: &files,
+        },
+    );
     let decision = plan::decide(&situation);
     // Up to date as far as plan can see: what if the node activate starts
     // (or, forced, gates) first does not come up?
@@ -125,7 +125,7 @@ pub fn preview(
     let mut diffs = Vec::new();
     if let Some(flip) = &flip {
         let disk = flip_disk_use(root, flip, &resolved.verified);
-        let inputs = preflight_inputs(&config, disk, !host_settings.is_empty());
+        let inputs = preflight_inputs(&config, &gpus, disk, !host_settings.is_empty());
         let result = preflight::run(root, &inputs);
         if let Some(down) = &mut down {
             down.preflight = Some(result.clone());
@@ -159,9 +159,9 @@ mod tests {
 
     use super::*;
     use crate::activate::fixture::*;
+    use crate::activate::plan::Reason;
+    use crate::activate::report::{exit, Outcome, Report};
     use crate::activate::{activate, fetch};
-    use crate::plan::Reason;
-    use crate::report::{exit, Outcome, Report};
     use crate::slot::Slot;
 
     /// The verdict class of a decision as `activate` reports it: exit code

@@ -2,7 +2,7 @@
 //! flip committed when its machine passes the gate now (else rolled back:
 //! the one try was used), a dirty slot emptied.
 
-use crate::health::{self, Check, Failure};
+use crate::gate::health::{self, Check, Failure};
 use crate::slot::Slot;
 use crate::state::{Pending, PendingPhase, SlotState, SlotStatus, State};
 

@@ -12,13 +12,13 @@ use kubeslot_image::oci::Platform;
 use kubeslot_image::retry::Pacing;
 use kubeslot_image::source::Source;
 
+use crate::activate::report::{Datapoint, Report};
 use crate::config::Config;
+use crate::gate::preflight;
 use crate::paths::Root;
-use crate::preflight;
 use crate::render::{self, HostFacts, HostFiles};
-use crate::report::{Datapoint, Report};
 use crate::slot::Slot;
-use crate::stage::{self, Verified};
+use crate::slots::stage::{self, Verified};
 use crate::state::{SlotStatus, State};
 
 use super::ActivateError;
@@ -51,13 +51,13 @@ impl Resolved {
 
 /// Opens the configured source, resolves the reference once and checks the
 /// trust policy (fail closed), for a look at the image (`plan`,
-/// `preflight`): registries get [`crate::trust::INSPECT_DEADLINE`] at most,
+/// `preflight`): registries get [`crate::fetch::access::INSPECT_DEADLINE`] at most,
 /// not the download deadline of a run. Fetches no layer.
 pub fn open_verified(root: &Root, config: &Config) -> Result<Resolved, ActivateError> {
     open_verified_paced(
         root,
         config,
-        Arc::new(crate::trust::inspect_pacing(&config.download)),
+        Arc::new(crate::fetch::access::inspect_pacing(&config.download)),
     )
 }
 
@@ -88,9 +88,9 @@ fn open_and_verify(
     pacing: Arc<Pacing>,
     mark: &mut dyn FnMut(Datapoint),
 ) -> Result<Resolved, ActivateError> {
-    let policy = crate::trust::policy(&config.trust, &config.image, root)?;
+    let policy = crate::fetch::access::policy(&config.trust, &config.image, root)?;
     let scratch = root.machines_dir();
-    let registries = crate::trust::registries(&config.registries, root);
+    let registries = crate::fetch::access::registries(&config.registries, root);
     let source = Source::open_paced(&config.image, &registries, &scratch, pacing)?;
     let verified =
         stage::resolve_and_verify_with(&source, &policy, &Platform::host(), &mut || {

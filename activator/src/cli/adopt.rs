@@ -1,12 +1,12 @@
 //! `kubeslot-activator adopt`: take over a node another tool set up (see
-//! [`kubeslot_activator::adopt`]). Given the arguments; asks the real
+//! [`kubeslot_activator::host::adopt`]). Given the arguments; asks the real
 //! systemd tools only whether machines run.
 
 use std::path::PathBuf;
 
-use kubeslot_activator::adopt::{self, Identity, Options, WriteConfig};
+use kubeslot_activator::activate::report::exit;
+use kubeslot_activator::host::adopt::{self, Identity, Options, WriteConfig};
 use kubeslot_activator::paths::host::NODE_KUBELET;
-use kubeslot_activator::report::exit;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::systemd::SystemCtl;
 use kubeslot_image::error_chain;

@@ -1,9 +1,9 @@
 //! `kubeslot-activator gc`: garbage collection of the content store and the
-//! layer store (see [`kubeslot_activator::gc`]), under the run lock.
+//! layer store (see [`kubeslot_activator::host::gc`]), under the run lock.
 
-use kubeslot_activator::gc;
+use kubeslot_activator::activate::report::exit;
+use kubeslot_activator::host::gc;
 use kubeslot_activator::lock::Lock;
-use kubeslot_activator::report::exit;
 use kubeslot_activator::state::State;
 
 use super::{Failed, HostArgs};

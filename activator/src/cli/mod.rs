@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use kubeslot_activator::paths::Root;
 
 /// A run that ended with a specific exit code (see the exit code table in
-/// `kubeslot_activator::report::exit`); `main` exits with it.
+/// `kubeslot_activator::activate::report::exit`); `main` exits with it.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct Failed {

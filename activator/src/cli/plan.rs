@@ -2,10 +2,12 @@
 //! would do, decided by [`kubeslot_activator::activate::preview`] with the
 //! same decision function as `activate`, without the lock and without
 //! writing anything (it reads the image source to resolve the reference,
-//! and asks systemd which machines run).
+//! and asks systemd which machines run). With `--rollback`, what
+//! `rollback` would do ([`kubeslot_activator::activate::preview_rollback`],
+//! the same decision as `rollback`'s).
 
-use kubeslot_activator::activate::{self, Options, Preview};
-use kubeslot_activator::plan::{Decision, Reason};
+use kubeslot_activator::activate::plan::{Decision, Reason};
+use kubeslot_activator::activate::{self, Options, Preview, RollbackOptions, RollbackPreview};
 use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;
@@ -22,6 +24,12 @@ use super::HostArgs;
 /// reads the state and asks systemd which machines run; writes nothing,
 /// starts nothing and does not take the run lock. Exit code 0 whatever the
 /// plan is, 1 or 3 when it cannot be computed.
+///
+/// With --rollback: what `rollback` would do instead (the slot flipped back
+/// to, or why it refuses), decided as `rollback` decides; the exit code is
+/// the one `rollback` would end with when it refuses (1, or 3 for a machine
+/// kubeslot has no record of), else 0. The checks of the previous slot's
+/// tree and its health gate are `rollback`'s to run.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -30,11 +38,24 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Plan as `activate --force` would (ignore earlier failures).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "rollback")]
     pub force: bool,
+    /// Plan a `rollback` (back to the previous slot) instead of `activate`.
+    #[arg(long)]
+    pub rollback: bool,
+    /// With --rollback: plan as `rollback --clean` would.
+    #[arg(long, requires = "rollback")]
+    pub clean: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.rollback {
+        let opts = RollbackOptions {
+            clean: args.clean,
+            force: false,
+        };
+        return show_rollback(&args.host, &opts, args.json);
+    }
     let opts = Options {
         force: args.force,
         ..Options::default()
@@ -57,6 +78,71 @@ pub fn show(host: &HostArgs, opts: &Options, json: bool) -> anyhow::Result<()> {
         print!("{}", to_text(&p));
     }
     Ok(())
+}
+
+fn show_rollback(host: &HostArgs, opts: &RollbackOptions, json: bool) -> anyhow::Result<()> {
+    let p = activate::preview_rollback(&host.root(), &SystemCtl, opts).map_err(|e| {
+        let code = e.exit_code();
+        super::Failed {
+            code,
+            message: kubeslot_image::error_chain(&e),
+        }
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rollback_json(&p))?);
+    } else {
+        print!("{}", rollback_text(&p));
+    }
+    match p.exit_code() {
+        0 => Ok(()),
+        code => Err(super::Failed {
+            code,
+            message: format!("rollback would refuse (exit {code})"),
+        }
+        .into()),
+    }
+}
+
+fn rollback_json(p: &RollbackPreview) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "active": p.state.active,
+        "pending": p.state.pending,
+        "exit_code": p.exit_code(),
+    });
+    match &p.decision {
+        Ok(rb) => {
+            v["action"] = "rollback".into();
+            v["summary"] = rb.to_string().into();
+            v["from"] = serde_json::json!(rb.from);
+            v["from_digest"] = serde_json::json!(rb.from_digest);
+            v["to"] = serde_json::json!(rb.to);
+            v["digest"] = serde_json::json!(rb.digest);
+        }
+        Err(refusal) => {
+            v["action"] = "refused".into();
+            v["summary"] = format!("refused: {refusal}").into();
+            v["refusal"] = refusal.name().into();
+            v["reason"] = refusal.to_string().into();
+        }
+    }
+    v
+}
+
+fn rollback_text(p: &RollbackPreview) -> String {
+    let mut s = match &p.decision {
+        Ok(rb) => format!(
+            "{rb}\nnote: rollback checks that {} is still the tree committed away from (and its image files, unless --force) before it stops {}\n",
+            rb.to, rb.from
+        ),
+        Err(refusal) => format!("refused: {refusal}\n"),
+    };
+    if let Some(pending) = &p.state.pending {
+        s += &format!(
+            "note: a dead run left a {} flip to {} pending; rollback recovers it first\n",
+            pending.phase, pending.to
+        );
+    }
+    s
 }
 
 fn to_json(p: &Preview) -> serde_json::Value {

@@ -1,13 +1,14 @@
 //! `kubeslot-activator preflight`: the checks `activate` runs before every
 //! flip, printed (kubeadm style or `--json`), changing nothing. Given the
-//! arguments; calls [`kubeslot_activator::preflight::run`].
+//! arguments; calls [`kubeslot_activator::gate::preflight::run`].
 
 use kubeslot_activator::activate;
-use kubeslot_activator::config::{Config, SlotMode};
-use kubeslot_activator::host_settings;
-use kubeslot_activator::overlay;
-use kubeslot_activator::preflight::{self, Inputs};
-use kubeslot_activator::report::exit;
+use kubeslot_activator::activate::report::exit;
+use kubeslot_activator::config::{Config, Gpu, SlotMode};
+use kubeslot_activator::gate::preflight::{self, Inputs};
+use kubeslot_activator::render::gpu::Discovery;
+use kubeslot_activator::render::host_settings;
+use kubeslot_activator::slots::overlay;
 use kubeslot_image::error_chain;
 
 use super::{Failed, HostArgs};
@@ -58,13 +59,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         swap_allowed: None,
         settings_pending: !host_settings::diff(&root).is_empty(),
     };
+    let mut gpu = Gpu::default();
     let mut slot_mode = None;
     if path.exists() {
         let config = Config::load(&path).map_err(|e| Failed {
             code: exit::CONFIG,
             message: error_chain(&e),
         })?;
-        inputs.gpu = config.gpu.clone();
+        gpu = config.gpu.clone();
         inputs.swap_allowed = config.kubelet_allows_swap();
         slot_mode = config.slots.mode;
         inputs
@@ -76,6 +78,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => eprintln!("preflight: image size unknown: {}", error_chain(&e)),
         }
     }
+    // the GPUs read once, for the config's setting (auto without one)
+    inputs.gpu = Discovery::read(&root, &gpu);
     let mut result = preflight::run(&root, &inputs);
     // The one check that writes and mounts (a scratch overlay in the layer
     // store, removed): not for a copy-mode config.

@@ -11,10 +11,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use kubeslot_activator::activate::report::exit;
 use kubeslot_activator::config::Config;
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::render;
-use kubeslot_activator::report::exit;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::systemd::{SystemCtl, Systemd};
 use kubeslot_image::error_chain;

@@ -2,7 +2,7 @@
 //! (asked of systemd and machined), and the last report, read without the
 //! lock and without writing.
 
-use kubeslot_activator::report::Report;
+use kubeslot_activator::activate::report::Report;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::state::State;
 use kubeslot_activator::systemd::{SystemCtl, Systemd};

@@ -1,10 +1,10 @@
 //! `kubeslot-activator uninstall`: take kubeslot off the host (see
-//! [`kubeslot_activator::uninstall`]). Runs the real systemd tools.
+//! [`kubeslot_activator::host::uninstall`]). Runs the real systemd tools.
 
+use kubeslot_activator::activate::report::exit;
+use kubeslot_activator::host::uninstall::{self, Options, UninstallError};
 use kubeslot_activator::lock::LockError;
-use kubeslot_activator::report::exit;
 use kubeslot_activator::systemd::SystemCtl;
-use kubeslot_activator::uninstall::{self, Options, UninstallError};
 use kubeslot_image::error_chain;
 
 use super::{Failed, HostArgs};

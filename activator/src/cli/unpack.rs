@@ -2,7 +2,7 @@
 //! verify an image and unpack it into an empty directory, for operators and
 //! tests. Given the arguments, it reads the `registries` and `trust`
 //! sections of the config (the rest of an activator config is ignored here),
-//! and calls [`kubeslot_activator::stage::unpack_to`]. It never touches
+//! and calls [`kubeslot_activator::slots::stage::unpack_to`]. It never touches
 //! slots, state or host files.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use kubeslot_activator::config::{RegistryConfig, Trust, UnpackSettings, MAX_CONFIG_BYTES};
 use kubeslot_activator::paths::Root;
-use kubeslot_activator::stage::{self, Staged};
+use kubeslot_activator::slots::stage::{self, Staged};
 use kubeslot_image::verify::Verdict;
 use kubeslot_image::ImageSource;
 use serde::Deserialize;

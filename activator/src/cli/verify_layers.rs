@@ -1,9 +1,9 @@
 //! `kubeslot-activator verify-layers`: every layer directory of the layer
 //! store checked against the record written when it was unpacked (see
-//! [`kubeslot_activator::integrity`]).
+//! [`kubeslot_activator::slots::record`]).
 
-use kubeslot_activator::integrity;
-use kubeslot_activator::report::exit;
+use kubeslot_activator::activate::report::exit;
+use kubeslot_activator::slots::record;
 
 use super::{Failed, HostArgs};
 
@@ -41,14 +41,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         layers += 1;
         let path = e.path();
-        let record = match integrity::load(&integrity::record_path(&path)) {
+        let record = match record::load(&record::record_path(&path)) {
             Ok(r) => r,
             Err(err) => {
                 bad.push(serde_json::json!({"layer": name, "path": "", "what": format!("no readable record ({err})")}));
                 continue;
             }
         };
-        for m in integrity::check(&path, &record)? {
+        for m in record::check(&path, &record)? {
             bad.push(serde_json::json!({"layer": name, "path": m.path, "what": m.what}));
         }
     }

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use kubeslot_activator::activate::report::{self, exit, Report};
 use kubeslot_activator::lock::Lock;
-use kubeslot_activator::report::{self, exit, Report};
 
 use super::HostArgs;
 

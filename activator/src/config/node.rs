@@ -350,7 +350,7 @@ fn is_image_name(s: &str) -> bool {
 
 /// The registry host of an image name (`docker.io` when the first part
 /// names none), as containerd's `certs.d` keys it.
-pub fn registry_of(name: &str) -> String {
+fn registry_of(name: &str) -> String {
     match name.split_once('/') {
         Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => {
             first.to_string()
