@@ -254,7 +254,7 @@ scenario_gpu_setup() {
   # unit succeeds and removes the links and the spec of the earlier boot
   gpu_devices remove
   gpu_restart "$m" || return 1
-  check "no GPU bind rendered" bash -c "! grep -q nvidia '$OUTER/etc/systemd/nspawn/$m.nspawn'" || return 1
+  check_absent "no GPU bind rendered" nvidia "$OUTER/etc/systemd/nspawn/$m.nspawn" || return 1
   check_eq "kubeslot-nvidia-setup without a GPU" "$(gpu_setup_result "$m")" "success active" || return 1
   check "it says there is nothing to set up" grep -q 'no NVIDIA GPU is bound' <<<"$(gpu_setup_journal "$m")" || return 1
   # shellcheck disable=SC2016 # expanded inside the machine

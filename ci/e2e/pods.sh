@@ -231,7 +231,7 @@ scenario_image_cache_survives_flip() {
   local deadline=$((SECONDS + 10))
   while nsenter -t "$OUTER_LEADER" -n bash -c "exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}" 2>/dev/null &&
     [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-  check "the mirror is down" bash -c "! nsenter -t $OUTER_LEADER -n bash -c 'exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}' 2>/dev/null" || return 1
+  check_refused "the mirror is down" 127.0.0.1 "${POD_MIRROR#*:}" nsenter -t "$OUTER_LEADER" -n || return 1
   cri_manifest kube2 cached <<EOF2
 apiVersion: v1
 kind: Pod
