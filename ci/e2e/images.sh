@@ -35,7 +35,8 @@ declare -A PLATFORM_DIGEST=()
 
 # The small container images pods run (a busybox-static rootfs, built here):
 # REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps
-# until SIGTERM) and
+# until SIGTERM; also as REGISTRY/pause:3.10.2, what a mirror of
+# registry.k8s.io serves) and
 # REGISTRY/e2e/hello:1 (prints a line). Set by test_images_build.
 PAUSE_DIGEST="" HELLO_DIGEST=""
 
@@ -62,6 +63,9 @@ test_images_build() {
   umoci config --image "$layout:busybox" --tag hello \
     --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from an e2e pod'
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/e2e/pause:3.10.2"
+  # (and as registry.k8s.io's mirror has it: a pull the pod outer's nodes
+  # must never make would succeed, and only the mirror's log would tell)
+  skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/pause:3.10.2"
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:hello" "docker://$REGISTRY/e2e/hello:1"
   PAUSE_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/pause:3.10.2" | sha256sum | cut -d' ' -f1)
   HELLO_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/hello:1" | sha256sum | cut -d' ' -f1)

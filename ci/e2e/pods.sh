@@ -156,13 +156,19 @@ pods_cleanup() {
 
 # pods_config IMAGE: the activator config of the pod outer: write_config's,
 # plus the node IP, the mirror for the pods' registry name with its CA, and
-# failCgroupV1: false (see the top of this file).
+# failCgroupV1: false (see the top of this file). registry.k8s.io is
+# mirrored there too (an air-gapped host's mirror would have the pause
+# image): nothing may pull it, and cri_sandbox_pinned reads the mirror's
+# log to see that nothing did.
 pods_config() {
   write_config "$1"
   jq --arg ip "$POD_NODE_IP" --arg name "$POD_REGISTRY_NAME" --arg mirror "https://$POD_MIRROR" '
     .kubelet.node_ip = $ip
     | .kubelet.config = {failCgroupV1: false}
-    | .containerd.registry_mirrors = {($name): {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"}}
+    | .containerd.registry_mirrors = {
+        ($name): {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"},
+        "registry.k8s.io": {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"}
+      }
   ' "$OUTER$CONFIG_IN_OUTER" >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
