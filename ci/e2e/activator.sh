@@ -863,27 +863,36 @@ scenario_kill_mid_unpack() {
 # the running machine's unit went inactive (the new one starting or in its
 # health gate). The next run converges: it finishes the flip (the new slot
 # runs v1) or undoes it (the old slot runs v4 again, v1 not retried, exit
-# non-zero for that reason only); either way exactly one machine runs, is
-# healthy, and status agrees with systemd.
+# non-zero for that reason only), and its report's `recovered` says which;
+# either way exactly one machine runs, is healthy, and status agrees with
+# systemd.
 scenario_kill_mid_flip() {
   local before target
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
   write_config "$REF_v1"
   activate_killed_when "$before stopped" unit_inactive "$before" || return 1
-  local rc=0
+  check_eq "pending try recorded" "$(jq -r '.pending.phase + " " + .pending.to' "$OUTER/var/lib/kubeslot/state.json")" "trying $target" || return 1
+  local rc=0 recovered
   act activate || rc=$?
   log "  the next activate exited $rc"
   log_report
+  # Either way the next run says it recovered the dead run's try: a run
+  # that started the flip over would end the same, and prove nothing.
+  recovered=$(jq -r '.recovered // ""' "$(report_file)")
   local running
   running=$(running_machine) || { show_log; return 1; }
   if [ "$running" = "$target" ]; then
     [ $rc = 0 ] || { show_log; fail "flip finished but activate exited $rc"; return 1; }
+    check "the next run says it finished the dead run's flip to $target" \
+      grep -q "finished a dead run's flip to $target" <<<"$recovered" || { show_log; return 1; }
     expect_running "$target" v1.35.0-e2e.1 && expect_status "$target" "$DIGEST_v1"
   else
     # Undone: v1 used its one try; the refusal to retry is the only error.
     [ $rc = 0 ] || grep -Eqi "failed on this host|not retried|rolled back" <<<"$(act_error)" ||
       { show_log; fail "activate after the kill failed for another reason (exit $rc)"; return 1; }
+    check "the next run says it rolled the dead run's flip to $target back" \
+      grep -q "rolled back a dead run's flip to $target" <<<"$recovered" || { show_log; return 1; }
     expect_running "$before" v1.35.3-e2e.4 && expect_status "$before" "$DIGEST_v4"
   fi
 }
