@@ -4,6 +4,9 @@
 # through .ci/run after installing the tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The end-to-end scenarios are part of the test command: a run.sh that lost
+# its mode bit fails here, at once, rather than being skipped at the end.
+[ -x ci/e2e/run.sh ] || { echo "ci/test.sh: ci/e2e/run.sh is not executable (git update-index --chmod=+x ci/e2e/run.sh)" >&2; exit 1; }
 
 # Where the time goes: every step below is timed, and the table is printed
 # when the command ends (passed or failed). .ci/run writes its own steps
@@ -60,15 +63,13 @@ step gpu-check-dry env KUBESLOT_BIN_DIR=target/debug ci/gpu/node-root-check-test
 # Every benchmark once at its smoke size, with the binaries the tests just
 # built: a bench that fails fails the test command (timings not asserted).
 step bench-smoke env KUBESLOT_BIN_DIR=target/debug ci/bench/smoke.sh
-if [ -x ci/e2e/run.sh ]; then
-  # Both slot modes: every scenario in the default (overlay where the outer
-  # host can, which it can here), and again on copied trees the scenarios
-  # whose outcome can depend on the slot mode (the pod and CRI scenarios'
-  # checks inside a running node, and the image checks, run once).
-  # The node images' base layer is written once for both passes
-  # (`kubeslot-builder build --layer-cache`, ~9 s saved per image build).
-  layer_cache=$(mktemp -d "${TMPDIR:-/var/tmp}/kubeslot-e2e-layers.XXXXXX")
-  export KUBESLOT_E2E_LAYER_CACHE=$layer_cache
-  step e2e-default ci/e2e/run.sh
-  step e2e-copy-slot-sensitive env KUBESLOT_E2E_SLOTS=copy ci/e2e/run.sh --slot-sensitive
-fi
+# Both slot modes: every scenario in the default (overlay where the outer
+# host can, which it can here), and again on copied trees the scenarios
+# whose outcome can depend on the slot mode (the pod and CRI scenarios'
+# checks inside a running node, and the image checks, run once).
+# The node images' base layer is written once for both passes
+# (`kubeslot-builder build --layer-cache`, ~9 s saved per image build).
+layer_cache=$(mktemp -d "${TMPDIR:-/var/tmp}/kubeslot-e2e-layers.XXXXXX")
+export KUBESLOT_E2E_LAYER_CACHE=$layer_cache
+step e2e-default ci/e2e/run.sh
+step e2e-copy-slot-sensitive env KUBESLOT_E2E_SLOTS=copy ci/e2e/run.sh --slot-sensitive

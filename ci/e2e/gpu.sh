@@ -254,7 +254,7 @@ scenario_gpu_setup() {
   # unit succeeds and removes the links and the spec of the earlier boot
   gpu_devices remove
   gpu_restart "$m" || return 1
-  check "no GPU bind rendered" bash -c "! grep -q nvidia '$OUTER/etc/systemd/nspawn/$m.nspawn'" || return 1
+  check_absent "no GPU bind rendered" nvidia "$OUTER/etc/systemd/nspawn/$m.nspawn" || return 1
   check_eq "kubeslot-nvidia-setup without a GPU" "$(gpu_setup_result "$m")" "success active" || return 1
   check "it says there is nothing to set up" grep -q 'no NVIDIA GPU is bound' <<<"$(gpu_setup_journal "$m")" || return 1
   # shellcheck disable=SC2016 # expanded inside the machine
@@ -274,9 +274,42 @@ scenario_gpu_setup() {
 # and the driver libraries injected by containerd itself from the CDI spec
 # the setup wrote (the TEST-ONLY nvidia-ctk writes it from what the setup
 # linked, see its comment); the container lists them. A pod without the
-# limit gets neither. The sandbox and container image is the test pause
-# image (busybox-static), imported into the node's containerd by the test
-# (the GPU test image bakes none).
+# limit gets neither, though it ran through the default runtime, "nvidia"
+# (its TEST-ONLY stand-in models the real one's rule: a container whose
+# environment asks for GPUs gets them, any other is passed to runc
+# unchanged, and it logs which): the stand-in's log says it passed that
+# pod's container unchanged, and the pod's own view (GPU_PROBE) shows no
+# GPU device and no driver mount. That view is proven by the other two
+# pods, where it shows them: the GPU pod's, and a pod without the limit
+# whose environment asks (NVIDIA_VISIBLE_DEVICES=all, as CUDA base images
+# set it), which the runtime gives the GPU. The sandbox and container image
+# is the test pause image (busybox-static), imported into the node's
+# containerd by the test (the GPU test image bakes none).
+#
+# GPU_PROBE: what a container sees of a GPU, wherever it came from: device
+# nodes named /dev/nvidia*, and mounts of driver files (the mount points in
+# /proc/self/mountinfo, so it needs no library dir in the image). One line
+# per finding, then probe-done. (No single quote: it goes into a YAML
+# single-quoted string.)
+# shellcheck disable=SC2016 # expanded by the container's shell
+GPU_PROBE='for d in /dev/nvidia*; do test -e $d && echo gpu-device $d; done; grep -E "nvidia|libcuda" /proc/self/mountinfo | awk "{ print \"gpu-mount \" \$5 }"; echo probe-done'
+
+# gpu_probe_saw OUTPUT: GPU_PROBE's OUTPUT has /dev/nvidia0 and a mount
+# of the driver's libcuda.so.1.
+gpu_probe_saw() {
+  grep -qx "gpu-device /dev/nvidia0" <<<"$1" && grep -qxF "gpu-mount $GPU_LIBDIR/libcuda.so.1" <<<"$1"
+}
+
+# gpu_runtime_said MACHINE POD: the nvidia runtime stand-in's log line for
+# POD's container (not its sandbox's), found by the container's id.
+gpu_runtime_said() {
+  local id
+  id=$(in_machine "$1" crictl ps -a -o json |
+    jq -r --arg p "$2-e2e-node" '.containers[] | select(.labels["io.kubernetes.pod.name"] == $p) | .id') || return 1
+  [ -n "$id" ] || { fail "no container of pod $2 in crictl ps"; return 1; }
+  gpu_in "$1" 'cat /run/kubeslot-e2e/nvidia-runtime.log' | grep -F "$id"
+}
+
 scenario_gpu_cdi_injection() {
   local m archive=/var/tmp/e2e-pause.oci.tar out
   m=$(running_machine) || return 1
@@ -305,7 +338,7 @@ spec:
   - name: cuda
     image: registry.k8s.io/pause:3.10.2
     command: [sh, -c]
-    args: ["ls -l /dev/nvidia0 /dev/nvidiactl; ls $GPU_LIBDIR; echo gpu-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
+    args: ['ls -l /dev/nvidia0 /dev/nvidiactl; ls $GPU_LIBDIR; $GPU_PROBE; echo gpu-pod-done; trap "exit 0" TERM; sleep 3600 & wait']
     resources:
       limits:
         nvidia.com/gpu: 1
@@ -321,7 +354,24 @@ spec:
   containers:
   - name: plain
     image: registry.k8s.io/pause:3.10.2
-    command: [sh, -c, "ls /dev/nvidia0 2>/dev/null || echo no-gpu-device; ls $GPU_LIBDIR 2>/dev/null | grep -c nvidia || true; echo plain-pod-done; trap 'exit 0' TERM; sleep 3600 & wait"]
+    command: [sh, -c]
+    args: ['$GPU_PROBE; echo plain-pod-done; trap "exit 0" TERM; sleep 3600 & wait']
+EOF2
+  cri_manifest "$m" envgpu <<EOF2
+apiVersion: v1
+kind: Pod
+metadata:
+  name: envgpu
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: asks
+    image: registry.k8s.io/pause:3.10.2
+    command: [sh, -c]
+    args: ['$GPU_PROBE; echo env-pod-done; trap "exit 0" TERM; sleep 3600 & wait']
+    env:
+    - {name: NVIDIA_VISIBLE_DEVICES, value: all}
 EOF2
   out=$(cri_wait_log "$m" gpu cuda 0 '^gpu-pod-done$' 90) || return 1
   check "the GPU pod sees /dev/nvidia0 (a character device)" grep -Eq '^c.* /dev/nvidia0$' <<<"$out" || { echo "$out" >&2; return 1; }
@@ -329,7 +379,14 @@ EOF2
   check "the GPU pod has the driver's libcuda.so.1" grep -qx libcuda.so.1 <<<"$out" || { echo "$out" >&2; return 1; }
   check "the GPU pod has the driver's libnvidia-ml.so.1" grep -qx libnvidia-ml.so.1 <<<"$out" || { echo "$out" >&2; return 1; }
   check "not the toolkit's libnvidia-container" test "$(grep -c libnvidia-container <<<"$out")" = 0 || return 1
+  check "the probe sees the GPU pod's device and driver mount" gpu_probe_saw "$out" || { echo "$out" >&2; return 1; }
+  out=$(cri_wait_log "$m" envgpu asks 0 '^env-pod-done$' 60) || return 1
+  check "the runtime gave the pod that asks through its environment the GPU" \
+    grep -q ' given /dev/nvidia0 .*(NVIDIA_VISIBLE_DEVICES=all)$' <<<"$(gpu_runtime_said "$m" envgpu)" || return 1
+  check "the probe sees the device and driver mount the runtime gave it" gpu_probe_saw "$out" || { echo "$out" >&2; return 1; }
   out=$(cri_wait_log "$m" nogpu plain 0 '^plain-pod-done$' 60) || return 1
-  check_eq "a pod without the limit: no GPU device, no driver library" "$(grep -v plain-pod-done <<<"$out" | paste -sd' ')" "no-gpu-device 0" || return 1
+  check_eq "what the pod without the limit sees of a GPU (devices, driver mounts)" "$(grep -v plain-pod-done <<<"$out" | paste -sd' ')" probe-done || return 1
+  check "the pod without the limit ran through the nvidia runtime, which passed it unchanged" \
+    grep -q ' unchanged$' <<<"$(gpu_runtime_said "$m" nogpu)" || return 1
   cri_timings "$m" gpu
 }

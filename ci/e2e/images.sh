@@ -35,7 +35,8 @@ declare -A PLATFORM_DIGEST=()
 
 # The small container images pods run (a busybox-static rootfs, built here):
 # REGISTRY/e2e/pause:3.10.2 (the e2e images' baked sandbox image; sleeps
-# until SIGTERM) and
+# until SIGTERM; also as REGISTRY/pause:3.10.2, what a mirror of
+# registry.k8s.io serves) and
 # REGISTRY/e2e/hello:1 (prints a line). Set by test_images_build.
 PAUSE_DIGEST="" HELLO_DIGEST=""
 
@@ -62,6 +63,9 @@ test_images_build() {
   umoci config --image "$layout:busybox" --tag hello \
     --config.cmd /bin/sh --config.cmd -c --config.cmd 'echo hello from an e2e pod'
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/e2e/pause:3.10.2"
+  # (and as registry.k8s.io's mirror has it: a pull the pod outer's nodes
+  # must never make would succeed, and only the mirror's log would tell)
+  skopeo copy --quiet --dest-tls-verify=false "oci:$layout:pause" "docker://$REGISTRY/pause:3.10.2"
   skopeo copy --quiet --dest-tls-verify=false "oci:$layout:hello" "docker://$REGISTRY/e2e/hello:1"
   PAUSE_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/pause:3.10.2" | sha256sum | cut -d' ' -f1)
   HELLO_DIGEST=sha256:$(skopeo inspect --tls-verify=false --raw "docker://$REGISTRY/e2e/hello:1" | sha256sum | cut -d' ' -f1)
@@ -140,7 +144,7 @@ recipe_for() {
 # (E2E_LAYER_CACHE): the first build writes it (~9 s of zstd for the 365 MB
 # node rootfs on 2 cores), the others copy it (~0.3 s).
 images_build_with_builder() {
-  local v recipe
+  local v recipe rc=0
   for v in "${E2E_VERSIONS[@]}"; do
     recipe=$(recipe_for "$v")
     # One layout, one tag per version (the builder adds to an existing layout).
@@ -152,7 +156,8 @@ images_build_with_builder() {
   recipe=$(recipe_for v1)
   awk 'BEGIN { RS = ""; ORS = "\n\n" } !/path = "\/etc\/cni\/net.d\//' "$recipe" |
     sed 's/^tag = "v1"$/tag = "nocni"/' >"$WORK/images/node-nocni.toml"
-  ! grep -q '/etc/cni/net.d' "$WORK/images/node-nocni.toml" || die "the CNI config is still in node-nocni.toml"
+  grep -q '/etc/cni/net.d' "$WORK/images/node-nocni.toml" || rc=$?
+  [ $rc = 1 ] || die "the CNI config is still in node-nocni.toml (or it cannot be read: grep exit $rc)"
   "$BUILDER" --progress plain build "$WORK/images/node-nocni.toml" --layer-cache "$E2E_LAYER_CACHE" \
     --output "oci:$IMAGE_LAYOUT:nocni" >"$WORK/logs/build-nocni.log" 2>&1 ||
     { cat "$WORK/logs/build-nocni.log" >&2; die "kubeslot-builder build node-nocni.toml failed"; }

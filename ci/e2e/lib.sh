@@ -409,6 +409,63 @@ check_eq() {
   fi
 }
 
+# Negative checks. Each one tells "it ran and found nothing" from "it could
+# not run": a `! cmd` passes just as well when cmd cannot start, cannot
+# read its input or enters no namespace, so none of them is written that
+# way (ci/e2e/README.md, "Checks that can fail").
+
+# check_absent WHAT ERE FILE...: no line of the FILEs matches ERE; each
+# FILE must exist and hold something (an empty or missing log shows no
+# absence), and grep must have read them all.
+check_absent() {
+  local what=$1 pattern=$2 f rc=0
+  shift 2
+  for f in "$@"; do
+    [ -s "$f" ] || { fail "$what: $f is missing or empty, so it shows nothing"; return 1; }
+  done
+  grep -Eq -- "$pattern" "$@" || rc=$?
+  case $rc in
+    # (the matching words, not the whole lines: an access log's are long)
+    0) fail "$what: '$pattern' found in $(grep -El -- "$pattern" "$@" | paste -sd' '): $(grep -Eoh -- "[^ ]*($pattern)[^ ]*" "$@" | head -n 3 | paste -sd' ')" ;;
+    1) log "  ok: $what" ;;
+    *) fail "$what: grep could not read $* (exit $rc)" ;;
+  esac
+}
+
+# check_unit_inactive UNIT: systemd in the outer host says UNIT is
+# inactive (or failed): a word systemctl printed, not just its exit status.
+check_unit_inactive() {
+  local got
+  got=$(outer systemctl is-active "$1" 2>&1) || true
+  case $got in
+    inactive | failed) log "  ok: $1 is $got" ;;
+    *) fail "$1: expected inactive or failed, systemctl is-active said '$got'" ;;
+  esac
+}
+
+# check_unit_disabled UNIT: systemd in the outer host says UNIT is
+# disabled (it does not start at boot).
+check_unit_disabled() {
+  local got
+  got=$(outer systemctl is-enabled "$1" 2>&1) || true
+  check_eq "$1 at boot (systemctl is-enabled)" "$got" disabled
+}
+
+# check_refused WHAT ADDR PORT [CMD...]: a TCP connection to ADDR:PORT,
+# made by bash (run through CMD, e.g. `nsenter -t PID -n`, when given), is
+# refused: the attempt was made and answered "Connection refused".
+check_refused() {
+  local what=$1 addr=$2 port=$3 out
+  shift 3
+  if out=$("$@" bash -c "exec 3<>/dev/tcp/$addr/$port" 2>&1); then
+    fail "$what: $addr:$port accepted a connection"
+  elif grep -q 'Connection refused' <<<"$out"; then
+    log "  ok: $what ($addr:$port refuses connections)"
+  else
+    fail "$what: the connection to $addr:$port failed, but not as refused: $out"
+  fi
+}
+
 # ---------------------------------------------------------------- cleanup
 
 # kill_tree PID: SIGTERM to PID and every descendant (children first

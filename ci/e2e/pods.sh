@@ -156,13 +156,19 @@ pods_cleanup() {
 
 # pods_config IMAGE: the activator config of the pod outer: write_config's,
 # plus the node IP, the mirror for the pods' registry name with its CA, and
-# failCgroupV1: false (see the top of this file).
+# failCgroupV1: false (see the top of this file). registry.k8s.io is
+# mirrored there too (an air-gapped host's mirror would have the pause
+# image): nothing may pull it, and cri_sandbox_pinned reads the mirror's
+# log to see that nothing did.
 pods_config() {
   write_config "$1"
   jq --arg ip "$POD_NODE_IP" --arg name "$POD_REGISTRY_NAME" --arg mirror "https://$POD_MIRROR" '
     .kubelet.node_ip = $ip
     | .kubelet.config = {failCgroupV1: false}
-    | .containerd.registry_mirrors = {($name): {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"}}
+    | .containerd.registry_mirrors = {
+        ($name): {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"},
+        "registry.k8s.io": {mirrors: [$mirror], ca_file: "/etc/kubeslot/e2e-mirror-ca.pem"}
+      }
   ' "$OUTER$CONFIG_IN_OUTER" >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
 }
@@ -231,7 +237,7 @@ scenario_image_cache_survives_flip() {
   local deadline=$((SECONDS + 10))
   while nsenter -t "$OUTER_LEADER" -n bash -c "exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}" 2>/dev/null &&
     [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-  check "the mirror is down" bash -c "! nsenter -t $OUTER_LEADER -n bash -c 'exec 3<>/dev/tcp/127.0.0.1/${POD_MIRROR#*:}' 2>/dev/null" || return 1
+  check_refused "the mirror is down" 127.0.0.1 "${POD_MIRROR#*:}" nsenter -t "$OUTER_LEADER" -n || return 1
   cri_manifest kube2 cached <<EOF2
 apiVersion: v1
 kind: Pod

@@ -212,7 +212,7 @@ scenario_nspawn_smoke() {
   outer machinectl stop "$m"
   local deadline=$((SECONDS + 30))
   while outer systemctl is-active --quiet "systemd-nspawn@$m.service" && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-  check "machine $m stopped" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet systemd-nspawn@$m.service" || return 1
+  check_unit_inactive "systemd-nspawn@$m.service" || return 1
   log "  $m stopped in $(($(now_ms) - t0)) ms"
   rm -rf --one-file-system "$tree" "$OUTER/etc/systemd/nspawn/$m.nspawn"
   outer systemctl daemon-reload
