@@ -13,7 +13,7 @@
 #
 # The scenarios from activate_v1 on build on each other (a node's life):
 # name them in order, starting with activate_v1. Needs root, the tools
-# .ci/run installs, and a free 127.0.0.1:10248 (the node machines use the
+# ci/setup.sh installs, and a free 127.0.0.1:10248 (the node machines use the
 # host network). Everything lives in a temp dir removed by a trap.
 # Environment: KUBESLOT_E2E_KEEP=1 keeps the work dir and its logs;
 # KUBESLOT_E2E_TMPFS=0|1 (default: tmpfs when 6 GiB are available);
@@ -65,7 +65,7 @@ preflight() {
   local tool pkg
   while read -r tool pkg; do
     command -v "$tool" >/dev/null ||
-      die "required tool '$tool' is not installed: apt-get install -y $pkg (or run .ci/run)"
+      die "required tool '$tool' is not installed: apt-get install -y $pkg (or ci/setup.sh, as root)"
   done <<'EOF'
 systemd-nspawn systemd-container
 nsenter util-linux
@@ -83,7 +83,7 @@ umoci umoci
 EOF
   # the pod scenarios' container images are made from it
   if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then
-    die "a static /bin/busybox is needed for the test container images: apt-get install -y busybox-static (or run .ci/run)"
+    die "a static /bin/busybox is needed for the test container images: apt-get install -y busybox-static (or ci/setup.sh, as root)"
   fi
   # The node machines share this machine's network (see write_config): the
   # fixture kubelet's port must be free, or the gate would probe someone else.

@@ -34,7 +34,7 @@ done
 pkgs=$(printf '%s' "${1:-}" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 
 command -v mmdebstrap >/dev/null || {
-  echo "debian-rootfs: mmdebstrap is not installed: apt-get install -y mmdebstrap (or run .ci/run)" >&2
+  echo "debian-rootfs: mmdebstrap is not installed: apt-get install -y mmdebstrap (or ci/setup.sh, as root)" >&2
   exit 1
 }
 

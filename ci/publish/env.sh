@@ -48,7 +48,7 @@ log() { printf '%s: %s\n' "$SCRIPT" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 # need TOOL PACKAGE: fail with the install command when TOOL is missing.
 need() {
-  command -v "$1" >/dev/null 2>&1 || die "$1 is not installed: apt-get install -y $2 (.ci/run installs every tool)"
+  command -v "$1" >/dev/null 2>&1 || die "$1 is not installed: apt-get install -y $2 (ci/setup.sh installs every tool)"
 }
 # need_env NAME WHAT: fail naming the variable when it is empty.
 need_env() { [ -n "${!1:-}" ] || die "$1 is not set: $2"; }

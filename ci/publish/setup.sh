@@ -2,7 +2,7 @@
 # A GitHub-hosted runner's tools for one job, then the builder: the apt
 # packages the job's steps call and `cargo build --release --locked` of
 # kubeslot-builder with the pinned Rust toolchain. The only step the test
-# command does not run (it installs system packages); `.ci/run` installs the
+# command does not run (it installs system packages); ci/setup.sh installs the
 # same tools on the test machine.
 #
 # Inputs (environment):
