@@ -45,6 +45,8 @@ step clippy cargo clippy --workspace --all-targets --locked --profile test -- -D
 # Every shell script through shellcheck; the GitHub workflows' schema,
 # security audit (zizmor) and shape.
 step script-lints ci/lint/scripts.sh
+# The e2e's cgroup layout decision (unified or hybrid) on fake machine roots.
+step e2e-cgroup-layout ci/e2e/cgroup-test.sh
 step cargo-test cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown
