@@ -166,6 +166,28 @@ trusted_key() {
   fi
 }
 
+# The workflow that makes and refreshes the package-base locks and opens a
+# pull request with them (weekly and on demand): what a run without a
+# committed lock is told to run.
+LOCK_WORKFLOW=".github/workflows/lock.yml"
+LOCK_WORKFLOW_HINT="run the \"lock package bases\" workflow ($LOCK_WORKFLOW: Actions, lock package bases, Run workflow) and merge the pull request it opens"
+
+# recipe_base RECIPE: the recipe's base as \`kubeslot-builder check\` says it
+# ("debian SUITE ..." for a package base, which needs a lock).
+recipe_base() { kb --json check "$1" | jq -r .base; }
+
+# require_lock RECIPE: fails, naming the lock workflow, when RECIPE has a
+# package base and no lock beside it (only a machine that reaches the
+# package archive can make one: the lock workflow's runner).
+require_lock() {
+  local recipe=$1 base
+  [ -f "$recipe" ] || die "recipe $recipe: no such file"
+  base=$(recipe_base "$recipe") || die "recipe $recipe does not validate"
+  case $base in debian\ *) ;; *) return 0 ;; esac
+  [ -f "${recipe%.toml}.lock" ] ||
+    die "recipe $recipe has a package base but no lock ${recipe%.toml}.lock committed: $LOCK_WORKFLOW_HINT"
+}
+
 # step_summary FILE: appends FILE to the job's summary page when there is one.
 step_summary() {
   if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
