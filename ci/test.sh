@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The test command (README "Test"): format and lint gates, every crate's
-# tests, then the end-to-end scenarios. People run it by hand; CI runs it
-# through .ci/run after installing the tools.
+# The test command (README "Test"): the tools it needs installed when
+# missing (ci/setup.sh), format and lint gates, every crate's tests, then
+# the end-to-end scenarios. People run it by hand; CI runs exactly this
+# (.ci/run, .github/workflows/ci.yml). Run it as root: the setup installs
+# with apt, and the e2e boots containers (as another user it stops at the
+# first missing tool, naming the command that installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The end-to-end scenarios are part of the test command: a run.sh that lost
@@ -9,8 +12,9 @@ cd "$(dirname "$0")/.."
 [ -x ci/e2e/run.sh ] || { echo "ci/test.sh: ci/e2e/run.sh is not executable (git update-index --chmod=+x ci/e2e/run.sh)" >&2; exit 1; }
 
 # Where the time goes: every step below is timed, and the table is printed
-# when the command ends (passed or failed). .ci/run writes its own steps
-# (apt, the Python tools) to the same file through KUBESLOT_CI_TIMES.
+# when the command ends (passed or failed). ci/setup.sh writes its own parts
+# (setup-apt, setup-python) to the same file; KUBESLOT_CI_TIMES=FILE keeps
+# the rows in FILE (a caller's own steps can go there too).
 times=${KUBESLOT_CI_TIMES:-$(mktemp)}
 step() {
   local name=$1 t0=$SECONDS rc=0
@@ -29,6 +33,8 @@ print_times() {
 }
 trap print_times EXIT
 
+# Quick when everything is there (a dpkg-query and a few file tests).
+KUBESLOT_CI_TIMES=$times ci/setup.sh
 step fmt cargo fmt --all -- --check
 # The structure rules: no async/OCI/TOML/sigstore crate on hosts, the
 # builder never links the activator, no module cycle, no library -> command
@@ -40,9 +46,11 @@ step structure-lints sh -c 'ci/lint/deps.sh && ci/lint/modules.py && ci/lint/siz
 # 2 cores, measured on a clean clone).
 step build-tests cargo test --workspace --locked --no-run
 step clippy cargo clippy --workspace --all-targets --locked --profile test -- -D warnings
-# Every shell script through shellcheck; the publishing workflow's schema, security
-# audit (zizmor) and shape.
+# Every shell script through shellcheck; the GitHub workflows' schema,
+# security audit (zizmor) and shape.
 step script-lints ci/lint/scripts.sh
+# The e2e's cgroup layout decision (unified or hybrid) on fake machine roots.
+step e2e-cgroup-layout ci/e2e/cgroup-test.sh
 step cargo-test cargo test --workspace --locked
 # The README's offline demo, with the binaries the tests just built.
 # Its output (which includes the refusal of a tampered archive) is shown

@@ -13,6 +13,7 @@ mod host;
 mod identity;
 mod keyless;
 mod overlay;
+mod package;
 mod render;
 mod security;
 mod throttle;

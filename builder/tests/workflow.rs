@@ -1,9 +1,13 @@
-//! The publishing workflow's steps, run the way ci/github/publish.yml runs
-//! them: the ci/publish scripts with their inputs in the environment (and
-//! nothing else: each call starts from an empty environment), against a
-//! real `docker-registry` with htpasswd auth on 127.0.0.1, building the demo
-//! recipe offline. What GitHub runs is what these tests run; only the
-//! registry host, the recipe and the tools' install step (setup.sh) differ.
+//! The GitHub workflows (.github/workflows: ci.yml, lock.yml, publish.yml):
+//! their static checks (ci/lint/workflows.sh: schema, zizmor, shape) on the
+//! real files and on broken copies, and the publishing and lock workflows'
+//! steps, run the way the workflows run them: the ci/publish scripts with
+//! their inputs in the environment (and nothing else: each call starts from
+//! an empty environment), against a real `docker-registry` with htpasswd
+//! auth on 127.0.0.1, building the demo recipe offline, and a local bare git
+//! repository for `origin` with a stand-in `gh` that records what it was
+//! asked. What GitHub runs is what these tests run; only the registry host,
+//! the recipe, `gh`'s side and the tools' install step (setup.sh) differ.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -84,7 +88,7 @@ fn keypair(dir: &Path, name: &str) -> (String, String) {
     )
 }
 
-/// One workflow run's environment: what publish.yml sets, pointed at the
+/// One workflow run's environment: what the workflows set, pointed at the
 /// local registry and a temp dir.
 struct Run {
     dir: tempfile::TempDir,
@@ -652,4 +656,331 @@ fn nvidia_key_is_installed_only_with_the_published_fingerprint() {
     // The installed file is the binary keyring apt's signed-by reads.
     let shown = gpg(&["--with-colons", "--show-keys", keyring.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&shown.stdout).contains(&fingerprint));
+}
+
+/// The workflow lint (ci/lint/workflows.sh) on the given files.
+fn workflow_lint(files: &[&Path]) -> Output {
+    for (tool, package) in [
+        ("check-jsonschema", "check-jsonschema (ci/setup.sh)"),
+        ("zizmor", "zizmor (ci/setup.sh)"),
+    ] {
+        require_tool(tool, package);
+    }
+    Command::new(workspace_root().join("ci/lint/workflows.sh"))
+        .args(files)
+        .current_dir(workspace_root())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn every_workflow_passes_the_schema_zizmor_and_shape_checks() {
+    let dir = workspace_root().join(".github/workflows");
+    let out = workflow_lint(&[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["ci.yml", "lock.yml", "publish.yml"] {
+        assert!(
+            dir.join(name).is_file(),
+            "{name} is not in .github/workflows"
+        );
+        assert!(
+            stdout.contains(&format!(".github/workflows/{name}")),
+            "{name} was not checked: {stdout}"
+        );
+    }
+    // What each is for, in the lines GitHub acts on.
+    let ci = std::fs::read_to_string(dir.join("ci.yml")).unwrap();
+    assert!(ci.contains("runs-on: ubuntu-24.04"), "{ci}");
+    assert!(ci.contains("run: ci/test-as-root.sh"), "{ci}");
+    let runner = std::fs::read_to_string(workspace_root().join("ci/test-as-root.sh")).unwrap();
+    assert!(
+        runner.lines().any(|l| l.trim() == "ci/test.sh"),
+        "ci/test-as-root.sh does not end in the test command"
+    );
+    let lock = std::fs::read_to_string(dir.join("lock.yml")).unwrap();
+    for want in [
+        "  schedule:\n",
+        "  workflow_dispatch:\n",
+        "KUBESLOT_LOCK_MODE: refresh",
+        "KUBESLOT_LOCK_PULL_REQUEST: ",
+        "run: ci/publish/lock.sh",
+        "contents: write",
+        "pull-requests: write",
+    ] {
+        assert!(lock.contains(want), "lock.yml lacks {want:?}");
+    }
+}
+
+#[test]
+fn the_workflow_lint_refuses_inline_scripts_unpinned_actions_and_default_permissions() {
+    let t = tempfile::tempdir().unwrap();
+    let good = "name: t\non:\n  workflow_dispatch:\npermissions: {}\njobs:\n  t:\n    runs-on: ubuntu-24.04\n    permissions:\n      contents: read\n    steps:\n      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2\n        with:\n          persist-credentials: false\n      - run: ci/test.sh\n";
+    let write = |name: &str, text: &str| {
+        let p = t.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let p = write("good.yml", good);
+    let out = workflow_lint(&[&p]);
+    assert!(out.status.success(), "the well-formed workflow: {out:?}");
+    for (name, text, said) in [
+        (
+            "inline.yml",
+            good.replace("run: ci/test.sh", "run: cargo test"),
+            "run: must call one script under ci/ (inputs through env:), found: cargo test",
+        ),
+        // zizmor's own audit
+        (
+            "unpinned.yml",
+            good.replace(
+                "actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2",
+                "actions/checkout@v4.2.2",
+            ),
+            "error[unpinned-uses]: unpinned action reference",
+        ),
+        // pinned, but which version it is cannot be read
+        (
+            "no-version.yml",
+            good.replace(" # v4.2.2", ""),
+            "uses: must be pinned to a full commit SHA with \"# vX.Y.Z\" after it",
+        ),
+        (
+            "default-permissions.yml",
+            good.replace("permissions: {}\n", ""),
+            "no top-level \"permissions: {}\"",
+        ),
+        (
+            "no-script.yml",
+            good.replace("run: ci/test.sh", "run: ci/no-such-script.sh"),
+            "ci/no-such-script.sh is not an executable script",
+        ),
+    ] {
+        let p = write(name, &text);
+        let out = workflow_lint(&[&p]);
+        let said_all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{name} passed the lint");
+        assert!(
+            said_all.contains(&format!("{}:", p.display())) && said_all.contains(said),
+            "{name}: wanted {said:?} in:\n{said_all}"
+        );
+    }
+}
+
+/// A package-base recipe (amd64 only: one apt resolution) in DIR/recipes,
+/// no lock beside it.
+fn base_recipe(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir.join("recipes")).unwrap();
+    let text =
+        std::fs::read_to_string(workspace_root().join("testdata/recipes/bookworm-base.toml"))
+            .unwrap()
+            .replace(
+                "platforms = [\"linux/amd64\", \"linux/arm64\"]",
+                "platforms = [\"linux/amd64\"]",
+            );
+    let p = dir.join("recipes/base.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn publishing_without_a_committed_lock_fails_at_once_naming_the_lock_workflow() {
+    tools();
+    let reg = Registry::start_with_auth();
+    let mut run = Run::new(&reg);
+    let recipe = base_recipe(run.path());
+    run.set("KUBESLOT_RECIPE", recipe.to_str().unwrap());
+    run.set("KUBESLOT_RECIPES", recipe.to_str().unwrap());
+    assert!(workspace_root()
+        .join(".github/workflows/lock.yml")
+        .is_file());
+
+    // The publish job: before any key, build or push.
+    let started = std::time::Instant::now();
+    let err = run.fails(
+        "build.sh",
+        &[("KUBESLOT_EPHEMERAL_KEY", "1"), ("KUBESLOT_PUSH", "0")],
+    );
+    assert!(
+        err.contains("has a package base but no lock")
+            && err.contains(".github/workflows/lock.yml")
+            && err.contains("lock package bases"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "not at once: {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !run.path().join("out").exists(),
+        "build.sh wrote its work dir"
+    );
+    // The lock job of a push (check mode) says the same.
+    let err = run.fails("lock.sh", &[]);
+    assert!(
+        err.contains(&format!("no lock committed for {}", recipe.display()))
+            && err.contains(".github/workflows/lock.yml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lock_workflow_opens_a_pull_request_with_the_new_lock_and_updates_it() {
+    tools();
+    require_tool("apt-get", "apt");
+    let reg = Registry::start();
+    let mut run = Run::new(&reg);
+    let d = run.path().to_path_buf();
+    git(&d, &["init", "--quiet", "--bare", "origin.git"]);
+    git(&d, &["clone", "--quiet", "origin.git", "work"]);
+    let work = d.join("work");
+    git(&work, &["checkout", "--quiet", "-b", "main"]);
+    base_recipe(&work);
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "--quiet", "-m", "a recipe, no lock yet"]);
+    git(&work, &["push", "--quiet", "origin", "main"]);
+
+    // gh as the workflow's runner has it, recording each call, its token
+    // and repository and the description it was given; `pr list` answers
+    // the number in gh-open (none at first).
+    let bin = d.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let gh = bin.join("gh");
+    std::fs::write(
+        &gh,
+        format!(
+            "#!/bin/sh\nd='{}'\nprintf '%s\\n' \"$*\" >>\"$d/gh-calls\"\nprintf 'token=%s repo=%s\\n' \"$GH_TOKEN\" \"$GH_REPO\" >>\"$d/gh-env\"\n\
+             prev=\nfor a in \"$@\"; do [ \"$prev\" = --body-file ] && cp \"$a\" \"$d/gh-body.md\"; prev=$a; done\n\
+             case \"$1 $2\" in\n  'pr list') cat \"$d/gh-open\" 2>/dev/null || true ;;\n  'pr create') echo 7 >\"$d/gh-open\"; echo https://github.invalid/pull/7 ;;\nesac\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&gh, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    run.set("PATH", &path);
+    run.set("KUBESLOT_RECIPES", "recipes/base.toml");
+    run.set("KUBESLOT_LOCK_MIRROR", &debian_mirror());
+    let token = "ghs_kubeslot-lock-token";
+    let branch = "kubeslot/lock-refresh";
+    let lock_run = |run: &Run| {
+        let out = Command::new(workspace_root().join("ci/publish/lock.sh"))
+            .env_clear()
+            .envs(run.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs([
+                ("KUBESLOT_LOCK_MODE", "refresh"),
+                ("KUBESLOT_LOCK_PULL_REQUEST", branch),
+                ("GITHUB_REF_NAME", "main"),
+                ("GITHUB_TOKEN", token),
+            ])
+            .current_dir(&work)
+            .output()
+            .unwrap();
+        let (o, e) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert!(out.status.success(), "lock.sh:\n{o}\n{e}");
+        assert!(
+            !o.contains(token) && !e.contains(token),
+            "the token was printed"
+        );
+        (o, e)
+    };
+    let calls = || std::fs::read_to_string(d.join("gh-calls")).unwrap_or_default();
+    let origin = d.join("origin.git");
+    let back_to_main = || {
+        git(&work, &["checkout", "--quiet", "-f", "main"]);
+        git(&work, &["reset", "--quiet", "--hard", "origin/main"]);
+        git(&work, &["clean", "--quiet", "-fd"]);
+    };
+
+    // The first lock: a branch with it, and a pull request into main whose
+    // description is lock-diff.py's summary; main itself is untouched.
+    let (_, err) = lock_run(&run);
+    assert!(err.contains("opened a pull request"), "{err}");
+    let lock = std::fs::read_to_string(work.join("recipes/base.lock")).unwrap();
+    assert_eq!(
+        git(&origin, &["show", &format!("{branch}:recipes/base.lock")]),
+        lock
+    );
+    assert_eq!(
+        git(&origin, &["ls-tree", "--name-only", "main", "recipes/"]),
+        "recipes/base.toml\n"
+    );
+    let c = calls();
+    assert!(
+        c.contains(&format!("pr list --head {branch} --base main --state open"))
+            && c.contains(&format!(
+                "pr create --base main --head {branch} --title recipes: refresh package-base locks --body-file "
+            )),
+        "{c}"
+    );
+    let body = std::fs::read_to_string(d.join("gh-body.md")).unwrap();
+    for want in [
+        "### recipes/base.lock",
+        "A new lock (no earlier one).",
+        "amd64: 0 → ",
+        ".github/workflows/lock.yml",
+    ] {
+        assert!(body.contains(want), "{want:?} missing from:\n{body}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(d.join("gh-env"))
+            .unwrap()
+            .lines()
+            .last(),
+        Some("token=ghs_kubeslot-lock-token repo=Test-Owner/KubeSlot")
+    );
+    let config = std::fs::read_to_string(work.join(".git/config")).unwrap();
+    assert!(!config.contains(token), "the token is in .git/config");
+    let first = git(&origin, &["rev-parse", branch]);
+
+    // A week without new versions: the same lock, the branch left as it
+    // is, the open pull request's description updated.
+    back_to_main();
+    let (_, err) = lock_run(&run);
+    assert!(
+        err.contains("already has these locks: not pushed again"),
+        "{err}"
+    );
+    assert_eq!(git(&origin, &["rev-parse", branch]), first);
+    assert!(calls().contains("pr edit 7 --title recipes: refresh package-base locks --body-file "));
+    assert_eq!(calls().matches("pr create").count(), 1);
+
+    // The recipe changed on main: the branch is made again from main (force
+    // pushed over the old one) with the new lock, the same pull request.
+    back_to_main();
+    let text = std::fs::read_to_string(work.join("recipes/base.toml")).unwrap();
+    assert!(text.contains("packages = ["), "{text}");
+    std::fs::write(
+        work.join("recipes/base.toml"),
+        text.replacen("packages = [", "packages = [\"less\", ", 1),
+    )
+    .unwrap();
+    git(&work, &["commit", "--quiet", "-am", "less in the base"]);
+    git(&work, &["push", "--quiet", "origin", "main"]);
+    let (_, err) = lock_run(&run);
+    assert!(err.contains(&format!("to {branch}")), "{err}");
+    let second = git(&origin, &["rev-parse", branch]);
+    assert_ne!(second, first);
+    assert_eq!(
+        git(&origin, &["rev-parse", &format!("{branch}~1")]),
+        git(&origin, &["rev-parse", "main"]),
+        "the branch is not one commit on top of main"
+    );
+    assert!(
+        git(&origin, &["show", &format!("{branch}:recipes/base.lock")]).contains("name = \"less\"")
+    );
+    assert_eq!(calls().matches("pr edit 7").count(), 2);
+    assert_eq!(calls().matches("pr create").count(), 1);
 }

@@ -6,6 +6,13 @@
 #
 #   ci/bench/activator-size.sh
 #
+# The activator's figure is the file hosts get: /usr/bin/kubeslot-activator
+# taken out of the Debian package (ci/deb/build.sh, then dpkg-deb -x); the
+# binary as cargo built it is shown beside it, with whether it kept a symbol
+# table (the release profile strips it: both figures are then the same).
+# The builder (shipped as a plain binary) and the reference tools are
+# measured stripped of symbols.
+#
 # The release binaries by default (built first). KUBESLOT_BIN_DIR=DIR
 # measures the binaries in DIR instead (ci/bench/smoke.sh: target/debug,
 # built by the tests; a debug build is larger, so its figures are no
@@ -17,6 +24,8 @@ need() { command -v "$1" >/dev/null || { echo "activator-size.sh: $1 is missing:
 need skopeo skopeo
 need umoci umoci
 need strip binutils
+need readelf binutils
+need dpkg-deb dpkg
 
 if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
   bin=$KUBESLOT_BIN_DIR
@@ -39,7 +48,13 @@ crates() {
 }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
-act=$(size "$bin/kubeslot-activator")
+# The package of the binary measured, and the file it installs.
+deb=$(ci/deb/build.sh --binary "$bin/kubeslot-activator" --compress gzip --out "$work/activator.deb")
+dpkg-deb -x "$deb" "$work/deb"
+act=$(stat -c %s "$work/deb/usr/bin/kubeslot-activator")
+built=$(stat -c %s "$bin/kubeslot-activator")
+symtab=none
+if readelf -S -W "$bin/kubeslot-activator" | grep -q '] \.symtab '; then symtab=present; fi
 bld=$(size "$bin/kubeslot-builder")
 sko=$(size "$(command -v skopeo)")
 umo=$(size "$(command -v umoci)")
@@ -47,8 +62,9 @@ umo=$(size "$(command -v umoci)")
 act_crates=$(crates kubeslot-activator)
 bld_crates=$(crates kubeslot-builder)
 echo "kubeslot binaries from $bin"
-printf '%-34s %10s %8s\n' "binary (stripped)" size crates
-printf '%-34s %10s %8s\n' kubeslot-activator "$(mib "$act")" "$act_crates"
-printf '%-34s %10s %8s\n' kubeslot-builder "$(mib "$bld")" "$bld_crates"
-printf '%-34s %10s %8s\n' "skopeo + umoci (Debian)" "$(mib $((sko + umo)))" -
+echo "kubeslot-activator as built: $built bytes (symbol table: $symtab); in the .deb: $act bytes"
+printf '%-34s %10s %8s\n' "binary (as shipped)" size crates
+printf '%-34s %10s %8s\n' "kubeslot-activator (.deb)" "$(mib "$act")" "$act_crates"
+printf '%-34s %10s %8s\n' "kubeslot-builder (stripped)" "$(mib "$bld")" "$bld_crates"
+printf '%-34s %10s %8s\n' "skopeo + umoci (Debian, stripped)" "$(mib $((sko + umo)))" -
 awk -v a="$act" -v r="$((sko + umo))" 'BEGIN { printf "activator / (skopeo + umoci): %.2fx\n", a / r }'

@@ -7,7 +7,8 @@
 # `--packages base-files`, the minbase alone, Debian's floor).
 #
 # Locks testdata/recipes/bookworm-base.toml (amd64) against this machine's
-# Debian mirror (read from its apt sources), warms the builder's .deb cache
+# Debian mirror (ci/lib/debian-mirror.sh: its apt sources, or
+# KUBESLOT_DEBIAN_MIRROR), warms the builder's .deb cache
 # with one `base` run, then times, each once:
 #   ours: `kubeslot-builder base` from the warm cache (local repository,
 #         mmdebstrap, normalisation into a deterministic tar);
@@ -34,12 +35,7 @@ done
 for t in mmdebstrap apt-ftparchive; do
   command -v "$t" >/dev/null || { echo "bench: $t is not installed: apt-get install -y mmdebstrap apt-utils" >&2; exit 1; }
 done
-mirror=$(
-  { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
-    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\(http[^[:space:]]*\).*/\2/p' /etc/apt/sources.list 2>/dev/null || true
-  } | grep -v security | grep -E '^https?://.*/debian/?$' | head -n1 || true
-)
-[ -n "$mirror" ] || { echo "bench: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
+mirror=$(ci/lib/debian-mirror.sh)
 
 if [ -n "${KUBESLOT_BIN_DIR:-}" ]; then
   bin=$(cd "$KUBESLOT_BIN_DIR" && pwd)/kubeslot-builder profile=$KUBESLOT_BIN_DIR

@@ -8,6 +8,10 @@
 #   ci/deb/build.sh [--binary FILE] [--out FILE] [--compress xz|gzip]
 #
 # Without --binary it builds the release binary (cargo build --release).
+# The binary is packaged stripped of its symbol table and debug sections
+# (strip --strip-all, as Debian's dh_strip does): the release profile
+# already strips it, and a debug binary handed in (the e2e's) is stripped
+# here, so no package carries a .symtab (activator/tests/package.rs).
 # --compress gzip (xz by default) for a quick test package: xz takes 11 s
 # on an 18 MB debug binary here, gzip 1 s.
 # The version is the crate's, the architecture dpkg's; Depends names the
@@ -35,7 +39,7 @@ while [ $# -gt 0 ]; do
     *) echo "ci/deb/build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-for tool in dpkg-deb dpkg objdump; do
+for tool in dpkg-deb dpkg objdump strip; do
   command -v "$tool" >/dev/null ||
     { echo "ci/deb/build.sh: $tool is missing: apt-get install -y dpkg binutils" >&2; exit 1; }
 done
@@ -66,7 +70,9 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 pkg=$stage/pkg
 doc=$pkg/usr/share/doc/kubeslot-activator
-install -D -m 0755 "$binary" "$pkg/usr/bin/kubeslot-activator"
+install -d -m 0755 "$pkg/usr/bin"
+strip --strip-all -o "$pkg/usr/bin/kubeslot-activator" "$binary"
+chmod 0755 "$pkg/usr/bin/kubeslot-activator"
 for unit in kubeslot-activator.service kubeslot-activator.path; do
   install -D -m 0644 "$REPO/activator/units/$unit" "$pkg/usr/lib/systemd/system/$unit"
 done

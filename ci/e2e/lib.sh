@@ -54,8 +54,10 @@ work_init() {
 
 CGROUP_DIRS=()
 
+# (unified layout: none; outer_start asks systemd for a delegated scope)
 cgroup_init() {
   local line hier path ctrl dir
+  [ "${E2E_CGROUP_LAYOUT:-hybrid}" = hybrid ] || return 0
   while IFS= read -r line; do
     hier=${line%%:*}; line=${line#*:}
     ctrl=${line%%:*}; path=${line#*:}
@@ -133,12 +135,19 @@ outer_start() {
   local procs=()
   local dir
   for dir in "${CGROUP_DIRS[@]}"; do procs+=("$dir/cgroup.procs"); done
+  # On a unified host nspawn keeps the unit it starts in: a transient scope
+  # with Delegate=yes, whose cgroup gets the controllers (systemd-run --scope
+  # execs nspawn in the same process, so the PID below is still nspawn's).
+  local scope=()
+  if [ "${E2E_CGROUP_LAYOUT:-hybrid}" = unified ]; then
+    scope=(systemd-run --quiet --scope --collect -p Delegate=yes --description="kubeslot e2e outer host $OUTER_NAME" --)
+  fi
   OUTER_LEADER=""
   # The subshell moves itself into our private cgroups, then becomes nspawn.
   # shellcheck disable=SC2016
   setsid bash -c 'for f in "${@:2:$1}"; do echo $$ > "$f"; done; shift $(($1 + 1)); exec "$@"' \
     _ "${#procs[@]}" "${procs[@]}" \
-    systemd-nspawn -D "$OUTER" -M "$OUTER_NAME" --boot --register=no --keep-unit \
+    "${scope[@]}" systemd-nspawn -D "$OUTER" -M "$OUTER_NAME" --boot --register=no --keep-unit \
       --console=passive --capability=all --system-call-filter='@keyring bpf' \
       "${OUTER_ARGS[@]}" </dev/null >>"$OUTER_LOG" 2>&1 &
   OUTER_NSPAWN_PID=$!

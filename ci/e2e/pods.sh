@@ -123,8 +123,14 @@ pods_outer_up() {
 # hierarchy has no controllers on this hybrid-cgroup CI host (runc needs
 # them), and the stock command line plus SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1
 # for the machine's systemd 257 (it reads its argv as its kernel command
-# line and refuses a cgroup v1 layout without it).
+# line and refuses a cgroup v1 layout without it). On a unified host
+# (ci/e2e/cgroup.sh) nothing: the machines run as rendered.
 hybrid_cgroup_dropin() {
+  if [ "${E2E_CGROUP_LAYOUT:-hybrid}" = unified ]; then
+    log "  $1: the rendered cgroup2 layout (unified host: no test drop-in)"
+    return 0
+  fi
+  log "  $1: TEST-ONLY drop-in, nspawn's own cgroup layout (hybrid host)"
   local stock
   stock=$(outer systemctl cat systemd-nspawn@.service | sed -n 's/^ExecStart=//p' | head -n1)
   [ -n "$stock" ] || { fail "no ExecStart= in the outer's systemd-nspawn@.service"; return 1; }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the path of a cached Debian bookworm rootfs tarball made by
-# mmdebstrap from this machine's configured Debian mirror, building it first
+# mmdebstrap from this machine's Debian mirror (ci/lib/debian-mirror.sh:
+# its apt sources, or KUBESLOT_DEBIAN_MIRROR), building it first
 # when it is missing. Tests and benchmarks share it, so a rootfs is built once
 # per machine and package list.
 #
@@ -34,17 +35,22 @@ done
 pkgs=$(printf '%s' "${1:-}" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 
 command -v mmdebstrap >/dev/null || {
-  echo "debian-rootfs: mmdebstrap is not installed: apt-get install -y mmdebstrap (or run .ci/run)" >&2
+  echo "debian-rootfs: mmdebstrap is not installed: apt-get install -y mmdebstrap (or ci/setup.sh, as root)" >&2
   exit 1
 }
 
-# The machine's Debian mirror, read from its apt sources (never written in the repo).
-mirror=$(
-  { cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' | tr ' ' '\n'
-    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\(http[^[:space:]]*\).*/\2/p' /etc/apt/sources.list 2>/dev/null || true
-  } | grep -v security | grep -E '^https?://.*/debian/?$' | head -n1 || true
-)
-[ -n "$mirror" ] || { echo "debian-rootfs: no Debian mirror in /etc/apt/sources.list(.d)" >&2; exit 1; }
+# The machine's Debian mirror (its apt sources, or KUBESLOT_DEBIAN_MIRROR
+# where those name none: never written in the repo).
+mirror=$("$(dirname "$0")/debian-mirror.sh")
+# Every suite is checked against Debian's archive keys by name (signed-by),
+# not against whatever this machine's apt trusts: on an Ubuntu machine apt
+# trusts Ubuntu's keys only. The same path exists in the tree (apt depends
+# on debian-archive-keyring), so the tree's apt keeps checking them.
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+[ -s "$keyring" ] || {
+  echo "debian-rootfs: no $keyring: apt-get install -y debian-archive-keyring (or ci/setup.sh, as root)" >&2
+  exit 1
+}
 
 cache=${KUBESLOT_TEST_CACHE:-/var/cache/kubeslot-test}
 mkdir -p "$cache"
@@ -54,9 +60,9 @@ if [ ! -s "$out" ]; then
   tmp="$out.tmp.$$"
   trap 'rm -f "$tmp"' EXIT
   echo "debian-rootfs: building $out ($suite, $variant, ${pkgs:-no extra packages})" >&2
-  sources=("deb $mirror $suite main")
+  sources=("deb [signed-by=$keyring] $mirror $suite main")
   for extra in $(printf '%s' "$pkgs" | tr ',' '\n' | sed -n 's|^[^/]*/||p' | sort -u); do
-    sources+=("deb $mirror $extra main")
+    sources+=("deb [signed-by=$keyring] $mirror $extra main")
   done
   SOURCE_DATE_EPOCH=1700000000 mmdebstrap --quiet --variant="$variant" \
     --aptopt='Acquire::Check-Valid-Until "false"' --aptopt="APT::Default-Release \"$suite\"" \

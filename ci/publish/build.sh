@@ -44,6 +44,8 @@ set -euo pipefail
 . "$(dirname "$0")/env.sh"
 
 need_env KUBESLOT_RECIPE "the recipe to build, e.g. recipes/ubuntu2404.toml"
+# A package base without its lock cannot be built: say so before anything else.
+require_lock "$KUBESLOT_RECIPE"
 kubeslot_image "$KUBESLOT_RECIPE"
 push=${KUBESLOT_PUSH:-0}
 

@@ -48,7 +48,7 @@ log() { printf '%s: %s\n' "$SCRIPT" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 # need TOOL PACKAGE: fail with the install command when TOOL is missing.
 need() {
-  command -v "$1" >/dev/null 2>&1 || die "$1 is not installed: apt-get install -y $2 (.ci/run installs every tool)"
+  command -v "$1" >/dev/null 2>&1 || die "$1 is not installed: apt-get install -y $2 (ci/setup.sh installs every tool)"
 }
 # need_env NAME WHAT: fail naming the variable when it is empty.
 need_env() { [ -n "${!1:-}" ] || die "$1 is not set: $2"; }
@@ -164,6 +164,28 @@ trusted_key() {
   else
     die "KUBESLOT_PUBLIC_KEY is not set: the PEM public key hosts trust (\`kubeslot-builder keygen\` wrote it beside the signing key)"
   fi
+}
+
+# The workflow that makes and refreshes the package-base locks and opens a
+# pull request with them (weekly and on demand): what a run without a
+# committed lock is told to run.
+LOCK_WORKFLOW=".github/workflows/lock.yml"
+LOCK_WORKFLOW_HINT="run the \"lock package bases\" workflow ($LOCK_WORKFLOW: Actions, lock package bases, Run workflow) and merge the pull request it opens"
+
+# recipe_base RECIPE: the recipe's base as \`kubeslot-builder check\` says it
+# ("debian SUITE ..." for a package base, which needs a lock).
+recipe_base() { kb --json check "$1" | jq -r .base; }
+
+# require_lock RECIPE: fails, naming the lock workflow, when RECIPE has a
+# package base and no lock beside it (only a machine that reaches the
+# package archive can make one: the lock workflow's runner).
+require_lock() {
+  local recipe=$1 base
+  [ -f "$recipe" ] || die "recipe $recipe: no such file"
+  base=$(recipe_base "$recipe") || die "recipe $recipe does not validate"
+  case $base in debian\ *) ;; *) return 0 ;; esac
+  [ -f "${recipe%.toml}.lock" ] ||
+    die "recipe $recipe has a package base but no lock ${recipe%.toml}.lock committed: $LOCK_WORKFLOW_HINT"
 }
 
 # step_summary FILE: appends FILE to the job's summary page when there is one.

@@ -2,7 +2,7 @@
 # A GitHub-hosted runner's tools for one job, then the builder: the apt
 # packages the job's steps call and `cargo build --release --locked` of
 # kubeslot-builder with the pinned Rust toolchain. The only step the test
-# command does not run (it installs system packages); `.ci/run` installs the
+# command does not run (it installs system packages); ci/setup.sh installs the
 # same tools on the test machine.
 #
 # Inputs (environment):
@@ -13,8 +13,9 @@ cd "$(dirname "$0")/../.."
 log() { printf 'setup.sh: %s\n' "$*" >&2; }
 toolchain=${KUBESLOT_RUST_TOOLCHAIN:-1.95.0}
 case ${KUBESLOT_SETUP:-} in
-  # apt resolves the package sets; gpg checks NVIDIA's key.
-  lock) packages=(apt-utils ubuntu-keyring gpg curl jq python3 git) ;;
+  # apt resolves the package sets; gpg checks NVIDIA's key; git and gh
+  # push the new locks and open their pull request (lock.yml).
+  lock) packages=(apt-utils ubuntu-keyring gpg curl jq python3 git gh) ;;
   # mmdebstrap installs them (qemu-user for arm64 on amd64); skopeo reads
   # back what was pushed.
   publish) packages=(apt-utils ubuntu-keyring gpg curl jq mmdebstrap qemu-user-static binfmt-support skopeo) ;;

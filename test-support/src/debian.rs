@@ -1,50 +1,33 @@
 //! Real Debian artifacts for tests: the machine's Debian mirror, read from
-//! its apt sources at run time (no host name is written in the repository),
+//! its apt sources at run time or given by `KUBESLOT_DEBIAN_MIRROR` (no
+//! host name is written in the repository),
 //! and cached bookworm rootfs tars built by `ci/lib/debian-rootfs.sh`.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use crate::{require_tool, workspace_root};
 
-/// The machine's Debian mirror (the first `http(s)` URI of a `deb` source for
-/// the `debian` archive), read at run time so no host name is written in the
-/// repository.
+/// The machine's Debian mirror, as `ci/lib/debian-mirror.sh` prints it (the
+/// one place that reads it): `KUBESLOT_DEBIAN_MIRROR` when set, else the
+/// first `http(s)` URI of a `deb` source for the `debian` archive in the
+/// machine's apt sources, read at run time so no host name is written in
+/// the repository.
 pub fn debian_mirror() -> String {
-    let mut texts = Vec::new();
-    if let Ok(rd) = std::fs::read_dir("/etc/apt/sources.list.d") {
-        for e in rd.flatten() {
-            if let Ok(t) = std::fs::read_to_string(e.path()) {
-                texts.push(t);
-            }
-        }
-    }
-    if let Ok(t) = std::fs::read_to_string("/etc/apt/sources.list") {
-        texts.push(t);
-    }
-    for text in &texts {
-        for line in BufReader::new(text.as_bytes())
-            .lines()
-            .map_while(Result::ok)
-        {
-            let line = line.trim();
-            let url = if let Some(rest) = line.strip_prefix("URIs:") {
-                rest.split_whitespace().next()
-            } else if let Some(rest) = line.strip_prefix("deb ") {
-                rest.split_whitespace().find(|w| w.starts_with("http"))
-            } else {
-                None
-            };
-            if let Some(u) = url {
-                let u = u.trim_end_matches('/');
-                if u.starts_with("http") && !u.contains("security") && u.ends_with("/debian") {
-                    return u.to_string();
-                }
-            }
-        }
-    }
-    panic!("no Debian mirror found in /etc/apt/sources.list(.d): the tests need the machine's configured Debian archive");
+    let script = workspace_root().join("ci/lib/debian-mirror.sh");
+    let out = Command::new(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} found no Debian mirror (its message is above): the tests need a Debian archive",
+        script.display()
+    );
+    String::from_utf8(out.stdout)
+        .expect("the mirror is UTF-8")
+        .trim()
+        .to_string()
 }
 
 /// Path of a cached Debian bookworm rootfs tar (mmdebstrap, minbase plus

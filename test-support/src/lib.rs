@@ -39,7 +39,7 @@ pub fn require_tool(tool: &str, debian_package: &str) -> PathBuf {
     }
     panic!(
         "required tool `{tool}` is not installed: run `apt-get install -y {debian_package}` \
-         (or `.ci/run`, which installs every tool the tests need)"
+         (or `ci/setup.sh` as root, which installs every tool the tests need)"
     );
 }
 

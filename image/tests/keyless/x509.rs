@@ -40,7 +40,7 @@ fn require_openssl() {
             .arg("version")
             .output()
             .is_ok_and(|o| o.status.success()),
-        "required tool `openssl` is not installed: run `apt-get install -y openssl` (or `.ci/run`)"
+        "required tool `openssl` is not installed: run `apt-get install -y openssl` (or `ci/setup.sh`)"
     );
 }
 
