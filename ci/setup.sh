@@ -179,6 +179,23 @@ for v in "${VENVS[@]}"; do
 done
 record setup-python $((SECONDS - t0))
 
+# ---------------------------------------------------------------- Kubernetes clients
+
+# The real clients the fixture API server is proven with
+# (fixtures/fake-apiserver/tests/clients.rs): kubectl 1.36 from Debian
+# testing unpacked under /opt/kubeslot-ci/kubectl (another vendor's kubectl
+# may own /usr/bin/kubectl), the Python client `kubernetes` in a venv.
+t0=$SECONDS
+if ! ci/lib/kube-clients.sh --check >/dev/null 2>&1; then
+  if [ "$check_only" = 1 ] || ! is_root; then
+    stale+=("the Kubernetes clients (kubectl 1.36 under /opt/kubeslot-ci/kubectl, the Python client in /opt/kubeslot-ci/kube-client: ci/lib/kube-clients.sh)")
+  else
+    log "installing kubectl 1.36 and the Python client (ci/lib/kube-clients.sh)"
+    ci/lib/kube-clients.sh >&2
+  fi
+fi
+record setup-kube-clients $((SECONDS - t0))
+
 # ---------------------------------------------------------------- Rust
 
 rust_missing=()

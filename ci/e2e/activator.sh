@@ -39,9 +39,9 @@ E2E_PREFLIGHT_IGNORE='["cgroup-v2", "sysctl-*", "dev-kmsg"]'
 # public key, the content the config refers to.
 act_setup() {
   mkdir -p "$OUTER/etc/kubeslot/trust"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-    -subj /CN=kubeslot-e2e-ca -keyout "$WORK/keys-ca.key" -out "$WORK/ca.crt" 2>/dev/null ||
-    die "openssl could not make the test CA"
+  # the cluster CA: the fixture API server's (apiserver_start), which its
+  # kubelets must trust
+  cp "$WORK/apiserver/pki/ca.crt" "$WORK/ca.crt"
   install -m 0644 "$WORK/keys/e2e.pub" "$OUTER/etc/kubeslot/trust/e2e.pub"
   # the unbounded agent's KUBELET_EXTRA_ARGS convention, on the host side
   # (expect_rendered finds the flag on the kubelet's command line)
@@ -78,18 +78,19 @@ config_json() {
     oci:* | oci-archive:* | "$REGISTRY/$IMAGE_REPO":* | "$REGISTRY/$IMAGE_REPO"@*)
       trust=$(jq --arg id "$REGISTRY/$IMAGE_REPO" '.identity = $id' <<<"$trust") ;;
   esac
-  jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" \
+  jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" --arg api "$APISERVER" \
     --argjson ignore "${PREFLIGHT_IGNORE:-$E2E_PREFLIGHT_IGNORE}" \
     --arg network "${KUBESLOT_E2E_NETWORK:-host}" --arg slots "${KUBESLOT_E2E_SLOTS:-}" '{
     image: $image,
     trust: $trust,
     kubelet: {
-      api_server: "https://192.0.2.1:6443",
+      api_server: $api,
       ca_data: $ca,
       bootstrap_token: "abcdef.0123456789abcdef",
       cluster_dns: ["10.96.0.10"],
       node_name: "e2e-node",
-      labels: {"kubeslot.io/e2e": "true"}
+      labels: {"kubeslot.io/e2e": "true"},
+      taints: ["kubeslot.io/e2e=true:NoSchedule"]
     },
     gpu: "off",
     network: $network,
@@ -703,6 +704,8 @@ scenario_activate_v2_flip() {
     "$(jq -r '.downloads.blobs_fetched' "$(report_file)")" "$(registry_blob_gets "$mark" | grep -Fxf <(image_blobs "$REF_v2") | wc -l)" || return 1
   check "kube1 tree kept for rollback" cmp -s <(tree_cat kube1 usr/bin/kubelet) "$WORK/kubelet/v1/kubelet" || return 1
   print_downtime "$watch" kube2 "kubeslot-activator activate v1 -> v2"
+  # node_joins_api ran: the same Node, Ready with v2's kubelet
+  if [ -s "$WORK/node-uid" ]; then node_after_flip v1.35.1-e2e.2 || return 1; fi
 }
 
 # node_snapshot: what must not change when an image is refused: the running

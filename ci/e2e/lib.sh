@@ -324,6 +324,51 @@ registry_stop() {
   REGISTRY_PID=""
 }
 
+# ---------------------------------------------------------------- API server
+
+APISERVER_PID=""
+APISERVER=""
+
+# apiserver_start: the fixture API server (fixtures/fake-apiserver, the
+# binary build_binaries made) on a free 127.0.0.1 port, beside the
+# registry; the node machines share this network, so their kubelets reach
+# it there. Its test CA, serving and admin certificates go to
+# WORK/apiserver/pki (ca.crt is the cluster CA the e2e config carries);
+# it accepts the config's bootstrap token. Sets APISERVER (https://...).
+apiserver_start() {
+  local dir=$WORK/apiserver deadline
+  mkdir -p "$dir"
+  # remove_pods_after_grace off: only a kubelet's confirmation removes a
+  # deleted pod, as on a real API server
+  cat >"$dir/config.json" <<'EOF2'
+{"bootstrap_tokens": [{"id": "abcdef", "secret": "0123456789abcdef"}],
+ "client_certs": [{"name": "admin", "user": "kubeslot-e2e-admin", "groups": ["system:masters"]}],
+ "remove_pods_after_grace": false}
+EOF2
+  "$REPO/target/debug/fake-apiserver" --listen 127.0.0.1:0 --cert-dir "$dir/pki" --config "$dir/config.json" \
+    >"$dir/stdout" 2>>"$WORK/logs/apiserver.log" </dev/null &
+  APISERVER_PID=$!
+  deadline=$((SECONDS + 15))
+  until grep -q '^fake-apiserver: serving on ' "$dir/stdout" 2>/dev/null; do
+    kill -0 "$APISERVER_PID" 2>/dev/null || die "fake-apiserver exited (log: $WORK/logs/apiserver.log)"
+    [ $SECONDS -lt $deadline ] || die "fake-apiserver did not start in 15 s (log: $WORK/logs/apiserver.log)"
+    sleep 0.1
+  done
+  APISERVER=$(sed -n 's/^fake-apiserver: serving on //p' "$dir/stdout")
+  log "fixture API server on $APISERVER (pid $APISERVER_PID)"
+}
+
+# apiserver_stop: SIGTERM by PID while it is still our fake-apiserver (as
+# registry_stop: PIDs are reused in a long run).
+apiserver_stop() {
+  [ -n "$APISERVER_PID" ] || return 0
+  if [ "$(cat "/proc/$APISERVER_PID/comm" 2>/dev/null)" = fake-apiserver ]; then
+    kill "$APISERVER_PID" 2>/dev/null || true
+  fi
+  wait "$APISERVER_PID" 2>/dev/null || true
+  APISERVER_PID=""
+}
+
 # registry_blob_gets FROM_LINE: the digests of blobs fetched with GET since
 # line FROM_LINE of the registry log (HEAD requests are not downloads).
 registry_blob_gets() {
@@ -506,6 +551,7 @@ cleanup() {
   [ -n "${WORK:-}" ] && outer_reload
   outer_stop
   registry_stop
+  apiserver_stop
   cgroup_cleanup
   if [ -n "${WORK:-}" ] && [ -d "$WORK" ]; then
     # Nothing may still be mounted below WORK before it is removed.

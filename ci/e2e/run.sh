@@ -50,6 +50,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/keyless.sh"
 # shellcheck source=ci/e2e/security.sh
 . "$REPO/ci/e2e/security.sh"
+# shellcheck source=ci/e2e/api.sh
+. "$REPO/ci/e2e/api.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 # The node: Debian trixie (its systemd 257 still boots on this hybrid-cgroup
@@ -83,6 +85,9 @@ dpkg-deb dpkg
 objdump binutils
 umoci umoci
 EOF
+  # the cluster's view is read with the real kubectl (node_joins_api)
+  [ -x "$KUBECTL" ] ||
+    die "kubectl 1.36 is needed at $KUBECTL: ci/lib/kube-clients.sh (or run .ci/run)"
   # the pod scenarios' container images are made from it
   if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then
     die "a static /bin/busybox is needed for the test container images: apt-get install -y busybox-static (or ci/setup.sh, as root)"
@@ -265,6 +270,7 @@ SCENARIOS=(
   overlay_update_writes_changed_layer_only
   overlay_rollback_is_pristine
   activate_v1
+  node_joins_api
   local_user_cannot_touch_state
   activate_v2_flip
   reboot
@@ -303,6 +309,10 @@ SCENARIOS=(
 SLOT_INDEPENDENT=(
   # no slot touched: image checks, the package, a hand-written nspawn
   images deb_install nspawn_smoke design_files
+  # the kubelet's API side (its state is the node's, bound into either
+  # slot mode's machine the same way); activate_v2_flip checks the Node
+  # after the flip only when this ran
+  node_joins_api
   # `unpack` writes a plain tree whatever the config's slot mode
   unpack_and_boot unpack_killed openssl_signer
   # overlay slots whatever KUBESLOT_E2E_SLOTS says (empty host to empty host)
@@ -370,6 +380,7 @@ main() {
   build_binaries
   rootfs_tars
   registry_start
+  apiserver_start
   test_images_build
   images_build
   images_push

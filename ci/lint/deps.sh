@@ -6,7 +6,10 @@
 #     no async HTTP stack, no OCI client library, no TOML parser and no
 #     sigstore: tokio, reqwest, hyper, oci-client, toml, sigstore;
 #   * kubeslot-image (what both programs trust) links none of them either;
-#   * the builder never links the activator (host code), only kubeslot-image.
+#   * the builder never links the activator (host code), only kubeslot-image;
+#   * no test fixture (fake-apiserver, fake-kubelet) is linked by the
+#     activator, kubeslot-image or the builder: they are stand-ins for the
+#     cluster in tests, never shipped.
 #
 # Prints the activator's crate count; exits 1 naming the rule and the chain
 # that breaks it.
@@ -16,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 FORBIDDEN=(tokio reqwest hyper oci-client toml sigstore)
+FIXTURES=(fake-apiserver fake-kubelet)
 status=0
 
 # normal_tree PKG: "name version" per line, every crate PKG links in a
@@ -30,6 +34,17 @@ for pkg in kubeslot-activator kubeslot-image; do
     if grep -q "^$bad v" <<<"$tree"; then
       echo "ci/lint/deps.sh: $pkg links $bad (forbidden for code that runs on hosts); how:" >&2
       cargo tree --locked -q -p "$pkg" -e normal -i "$bad" >&2 || true
+      status=1
+    fi
+  done
+done
+
+for pkg in kubeslot-activator kubeslot-image kubeslot-builder; do
+  tree=$(cargo tree --locked -q -p "$pkg" -e normal,build --prefix none | sed 's/ (.*//' | sort -u)
+  for fixture in "${FIXTURES[@]}"; do
+    if grep -q "^$fixture v" <<<"$tree"; then
+      echo "ci/lint/deps.sh: $pkg links the test fixture $fixture (fixtures are never shipped); how:" >&2
+      cargo tree --locked -q -p "$pkg" -e normal,build -i "$fixture" >&2 || true
       status=1
     fi
   done
