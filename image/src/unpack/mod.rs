@@ -34,16 +34,18 @@ mod apply;
 mod entry;
 mod header;
 pub mod path;
+mod pipe;
 pub mod rules;
 pub mod whiteout;
 
-use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread;
 
 use apply::{Fail, Tree};
 use header::Ext;
@@ -157,20 +159,21 @@ pub enum Whiteouts {
 pub const OVERLAY_OPAQUE: &str = "trusted.overlay.opaque";
 
 /// A reader that counts uncompressed bytes and fails once they pass a
-/// budget; `tripped` tells the caller the failure was the budget.
-struct Budget<R> {
+/// budget; `tripped` tells the tar thread the failure was the budget (set
+/// before the failure is sent to it).
+struct Budget<'a, R> {
     inner: R,
     used: u64,
     limit: u64,
-    tripped: Rc<Cell<bool>>,
+    tripped: &'a AtomicBool,
 }
 
-impl<R: Read> Read for Budget<R> {
+impl<R: Read> Read for Budget<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.used += n as u64;
         if self.used > self.limit {
-            self.tripped.set(true);
+            self.tripped.store(true, Ordering::Release);
             return Err(io::Error::other("uncompressed size budget exceeded"));
         }
         Ok(n)
@@ -338,18 +341,15 @@ impl Unpacker {
         self.failed = true; // cleared on success
         let decoder = decompress(layer.compression, layer.reader)
             .map_err(|d| errs.at(Rule::MalformedArchive, d))?;
-        let budget = Budget {
+        let mut budget = Budget {
             inner: HashingReader::new(decoder),
             used: 0,
             limit: errs.limit,
-            tripped: errs.tripped.clone(),
+            tripped: &errs.tripped,
         };
-        let mut archive = tar::Archive::new(BufReader::with_capacity(BUF_BYTES, budget));
         let mut state = LayerState::new(layer.index);
-        self.entries(&mut archive, &mut state, &errs)?;
-        let mut rest = archive.into_inner();
-        only_padding(&mut rest, &errs)?;
-        let (actual, bytes) = rest.into_inner().inner.finish();
+        self.read_layer(&mut budget, &mut state, &errs)?;
+        let (actual, bytes) = budget.inner.finish();
         if actual != layer.diff_id {
             return Err(errs.at(
                 Rule::DiffIdMismatch,
@@ -364,6 +364,42 @@ impl Unpacker {
             .map_err(|(rule, detail)| errs.at(rule, detail))?;
         self.failed = false;
         Ok(stats)
+    }
+
+    /// Reads the whole uncompressed stream `src` on two threads: this one
+    /// decompresses and hashes (`src` is the budgeted, hashing reader), a
+    /// scoped thread parses the tar and applies the entries, then checks the
+    /// padding after the end marker (`pipe.rs`). The tar thread's result
+    /// decides: the stream's errors reach it in stream order, so whichever
+    /// failure comes first in the stream wins, as on one thread. On success
+    /// `src` has been read to its end.
+    fn read_layer(
+        &mut self,
+        src: &mut impl Read,
+        state: &mut LayerState,
+        errs: &LayerErrors,
+    ) -> Result<(), UnpackError> {
+        let (to_tar, from_reader) = mpsc::sync_channel(pipe::CHUNKS_IN_FLIGHT);
+        let (spare_tx, spare_rx) = mpsc::channel();
+        thread::scope(|s| {
+            let tar_side = thread::Builder::new()
+                .name("unpack-tar".into())
+                .spawn_scoped(s, move || {
+                    let mut archive = tar::Archive::new(pipe::Chunks::new(from_reader, spare_tx));
+                    self.entries(&mut archive, state, errs)?;
+                    only_padding(&mut archive.into_inner(), errs)
+                })
+                .map_err(|e| {
+                    errs.at(
+                        Rule::Io,
+                        format!("cannot start the unpacker's tar thread: {e}"),
+                    )
+                })?;
+            pipe::produce(src, to_tar, spare_rx);
+            tar_side
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// How this layer's errors are named, and its uncompressed budget: the
@@ -391,7 +427,7 @@ impl Unpacker {
         LayerErrors {
             index,
             digest,
-            tripped: Rc::new(Cell::new(false)),
+            tripped: AtomicBool::new(false),
             limit,
             limit_rule,
             limit_what,
@@ -608,7 +644,7 @@ fn only_padding(rest: &mut impl Read, errs: &LayerErrors) -> Result<(), UnpackEr
 struct LayerErrors {
     index: usize,
     digest: Digest,
-    tripped: Rc<Cell<bool>>,
+    tripped: AtomicBool,
     /// Uncompressed bytes this layer may have.
     limit: u64,
     limit_rule: Rule,
@@ -629,7 +665,7 @@ impl LayerErrors {
 
     /// A read error of the stream: the budget, or corruption.
     fn stream(&self, e: io::Error, what: &str) -> UnpackError {
-        if self.tripped.get() {
+        if self.tripped.load(Ordering::Acquire) {
             self.at(
                 self.limit_rule,
                 format!(
