@@ -14,8 +14,11 @@
 //! whiteout and opaque-directory semantics (`whiteout.rs`) and the name
 //! rules of `path.rs`. This file reads the stream: decompression, the
 //! uncompressed budget, the `diff_id`, padding after the end marker, and
-//! directory times once a layer is complete. Every refusal is an [`UnpackError`] naming layer, entry and
-//! [`Rule`]. In [`Whiteouts::Overlay`] mode (one layer per target, for an
+//! directory times once a layer is complete. A layer is read on three
+//! threads (`pipe.rs`): the caller's decompresses, one hashes the
+//! `diff_id`, one parses and writes; the errors and their order are those
+//! of one thread. Every refusal is an [`UnpackError`] naming layer, entry
+//! and [`Rule`]. In [`Whiteouts::Overlay`] mode (one layer per target, for an
 //! overlayfs lower directory) whiteouts are recorded as overlayfs ones
 //! instead of applied: `.wh.NAME` becomes a 0:0 character device `NAME`,
 //! `.wh..wh..opq` the `trusted.overlay.opaque=y` xattr on its directory.
@@ -54,12 +57,13 @@ pub use rules::{escape, Limits, Policy, Rule, UnpackError};
 use rustix::fs::{self as rfs, Mode, OFlags, ResolveFlags, Timespec};
 use rustix::io::Errno;
 
-use crate::digest::{Digest, HashingReader};
+use crate::digest::{Digest, Hasher};
 use crate::oci::Compression;
 
-/// Read buffer between the decompressor and the tar reader, and for file
-/// contents. Memory use does not depend on layer size beyond this (plus the
-/// per-layer path sets, bounded by `max_entries`).
+/// Bytes asked of the decompressor per read call, and the buffer for file
+/// contents. Memory use does not depend on layer size beyond these and the
+/// chunks between the threads (`pipe.rs`: 6 MiB at most), plus the
+/// per-layer path sets, bounded by `max_entries`.
 const BUF_BYTES: usize = 256 * 1024;
 
 /// Largest zstd window accepted (2^25 = 32 MiB): a frame asking for more is
@@ -342,14 +346,15 @@ impl Unpacker {
         let decoder = decompress(layer.compression, layer.reader)
             .map_err(|d| errs.at(Rule::MalformedArchive, d))?;
         let mut budget = Budget {
-            inner: HashingReader::new(decoder),
+            inner: decoder,
             used: 0,
             limit: errs.limit,
             tripped: &errs.tripped,
         };
         let mut state = LayerState::new(layer.index);
-        self.read_layer(&mut budget, &mut state, &errs)?;
-        let (actual, bytes) = budget.inner.finish();
+        let hasher = self.read_layer(&mut budget, &mut state, &errs)?;
+        let bytes = hasher.len();
+        let actual = hasher.finish();
         if actual != layer.diff_id {
             return Err(errs.at(
                 Rule::DiffIdMismatch,
@@ -366,39 +371,45 @@ impl Unpacker {
         Ok(stats)
     }
 
-    /// Reads the whole uncompressed stream `src` on two threads: this one
-    /// decompresses and hashes (`src` is the budgeted, hashing reader), a
-    /// scoped thread parses the tar and applies the entries, then checks the
-    /// padding after the end marker (`pipe.rs`). The tar thread's result
+    /// Reads the whole uncompressed stream `src` (the budgeted decoder) on
+    /// three threads (`pipe.rs`): this one decompresses, a scoped thread
+    /// hashes what it read, another parses the tar and applies the entries,
+    /// then checks the padding after the end marker. The tar thread's result
     /// decides: the stream's errors reach it in stream order, so whichever
     /// failure comes first in the stream wins, as on one thread. On success
-    /// `src` has been read to its end.
+    /// `src` has been read to its end and the hasher returned has seen every
+    /// byte of it.
     fn read_layer(
         &mut self,
         src: &mut impl Read,
         state: &mut LayerState,
         errs: &LayerErrors,
-    ) -> Result<(), UnpackError> {
+    ) -> Result<Hasher, UnpackError> {
         let (to_tar, from_reader) = mpsc::sync_channel(pipe::CHUNKS_IN_FLIGHT);
-        let (spare_tx, spare_rx) = mpsc::channel();
+        let (to_hash, hash_from_reader) = mpsc::sync_channel(pipe::CHUNKS_IN_FLIGHT);
+        let spawn_failed =
+            |e: io::Error| errs.at(Rule::Io, format!("cannot start an unpacker thread: {e}"));
         thread::scope(|s| {
+            let hash_side = thread::Builder::new()
+                .name("unpack-hash".into())
+                .spawn_scoped(s, move || pipe::hash(hash_from_reader))
+                .map_err(spawn_failed)?;
             let tar_side = thread::Builder::new()
                 .name("unpack-tar".into())
                 .spawn_scoped(s, move || {
-                    let mut archive = tar::Archive::new(pipe::Chunks::new(from_reader, spare_tx));
+                    let mut archive = tar::Archive::new(pipe::Chunks::new(from_reader));
                     self.entries(&mut archive, state, errs)?;
                     only_padding(&mut archive.into_inner(), errs)
                 })
-                .map_err(|e| {
-                    errs.at(
-                        Rule::Io,
-                        format!("cannot start the unpacker's tar thread: {e}"),
-                    )
-                })?;
-            pipe::produce(src, to_tar, spare_rx);
+                .map_err(spawn_failed)?;
+            pipe::produce(src, to_tar, to_hash);
+            // A panic on either thread is the caller's, as it was on one.
             tar_side
                 .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            Ok(hash_side
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)))
         })
     }
 
