@@ -4,3 +4,4 @@
 
 mod keyless;
 mod no_panics;
+mod unpack_order;

@@ -14,8 +14,11 @@
 //! whiteout and opaque-directory semantics (`whiteout.rs`) and the name
 //! rules of `path.rs`. This file reads the stream: decompression, the
 //! uncompressed budget, the `diff_id`, padding after the end marker, and
-//! directory times once a layer is complete. Every refusal is an [`UnpackError`] naming layer, entry and
-//! [`Rule`]. In [`Whiteouts::Overlay`] mode (one layer per target, for an
+//! directory times once a layer is complete. A layer is read on three
+//! threads (`pipe.rs`): the caller's decompresses, one hashes the
+//! `diff_id`, one parses and writes; the errors and their order are those
+//! of one thread. Every refusal is an [`UnpackError`] naming layer, entry
+//! and [`Rule`]. In [`Whiteouts::Overlay`] mode (one layer per target, for an
 //! overlayfs lower directory) whiteouts are recorded as overlayfs ones
 //! instead of applied: `.wh.NAME` becomes a 0:0 character device `NAME`,
 //! `.wh..wh..opq` the `trusted.overlay.opaque=y` xattr on its directory.
@@ -34,16 +37,18 @@ mod apply;
 mod entry;
 mod header;
 pub mod path;
+mod pipe;
 pub mod rules;
 pub mod whiteout;
 
-use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, BufReader, Read};
+use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread;
 
 use apply::{Fail, Tree};
 use header::Ext;
@@ -52,12 +57,13 @@ pub use rules::{escape, Limits, Policy, Rule, UnpackError};
 use rustix::fs::{self as rfs, Mode, OFlags, ResolveFlags, Timespec};
 use rustix::io::Errno;
 
-use crate::digest::{Digest, HashingReader};
+use crate::digest::{Digest, Hasher};
 use crate::oci::Compression;
 
-/// Read buffer between the decompressor and the tar reader, and for file
-/// contents. Memory use does not depend on layer size beyond this (plus the
-/// per-layer path sets, bounded by `max_entries`).
+/// Bytes asked of the decompressor per read call, and the buffer for file
+/// contents. Memory use does not depend on layer size beyond these and the
+/// chunks between the threads (`pipe.rs`: 6 MiB at most), plus the
+/// per-layer path sets, bounded by `max_entries`.
 const BUF_BYTES: usize = 256 * 1024;
 
 /// Largest zstd window accepted (2^25 = 32 MiB): a frame asking for more is
@@ -157,20 +163,21 @@ pub enum Whiteouts {
 pub const OVERLAY_OPAQUE: &str = "trusted.overlay.opaque";
 
 /// A reader that counts uncompressed bytes and fails once they pass a
-/// budget; `tripped` tells the caller the failure was the budget.
-struct Budget<R> {
+/// budget; `tripped` tells the tar thread the failure was the budget (set
+/// before the failure is sent to it).
+struct Budget<'a, R> {
     inner: R,
     used: u64,
     limit: u64,
-    tripped: Rc<Cell<bool>>,
+    tripped: &'a AtomicBool,
 }
 
-impl<R: Read> Read for Budget<R> {
+impl<R: Read> Read for Budget<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.used += n as u64;
         if self.used > self.limit {
-            self.tripped.set(true);
+            self.tripped.store(true, Ordering::Release);
             return Err(io::Error::other("uncompressed size budget exceeded"));
         }
         Ok(n)
@@ -338,18 +345,16 @@ impl Unpacker {
         self.failed = true; // cleared on success
         let decoder = decompress(layer.compression, layer.reader)
             .map_err(|d| errs.at(Rule::MalformedArchive, d))?;
-        let budget = Budget {
-            inner: HashingReader::new(decoder),
+        let mut budget = Budget {
+            inner: decoder,
             used: 0,
             limit: errs.limit,
-            tripped: errs.tripped.clone(),
+            tripped: &errs.tripped,
         };
-        let mut archive = tar::Archive::new(BufReader::with_capacity(BUF_BYTES, budget));
         let mut state = LayerState::new(layer.index);
-        self.entries(&mut archive, &mut state, &errs)?;
-        let mut rest = archive.into_inner();
-        only_padding(&mut rest, &errs)?;
-        let (actual, bytes) = rest.into_inner().inner.finish();
+        let hasher = self.read_layer(&mut budget, &mut state, &errs)?;
+        let bytes = hasher.len();
+        let actual = hasher.finish();
         if actual != layer.diff_id {
             return Err(errs.at(
                 Rule::DiffIdMismatch,
@@ -364,6 +369,48 @@ impl Unpacker {
             .map_err(|(rule, detail)| errs.at(rule, detail))?;
         self.failed = false;
         Ok(stats)
+    }
+
+    /// Reads the whole uncompressed stream `src` (the budgeted decoder) on
+    /// three threads (`pipe.rs`): this one decompresses, a scoped thread
+    /// hashes what it read, another parses the tar and applies the entries,
+    /// then checks the padding after the end marker. The tar thread's result
+    /// decides: the stream's errors reach it in stream order, so whichever
+    /// failure comes first in the stream wins, as on one thread. On success
+    /// `src` has been read to its end and the hasher returned has seen every
+    /// byte of it.
+    fn read_layer(
+        &mut self,
+        src: &mut impl Read,
+        state: &mut LayerState,
+        errs: &LayerErrors,
+    ) -> Result<Hasher, UnpackError> {
+        let (to_tar, from_reader) = mpsc::sync_channel(pipe::CHUNKS_IN_FLIGHT);
+        let (to_hash, hash_from_reader) = mpsc::sync_channel(pipe::CHUNKS_IN_FLIGHT);
+        let spawn_failed =
+            |e: io::Error| errs.at(Rule::Io, format!("cannot start an unpacker thread: {e}"));
+        thread::scope(|s| {
+            let hash_side = thread::Builder::new()
+                .name("unpack-hash".into())
+                .spawn_scoped(s, move || pipe::hash(hash_from_reader))
+                .map_err(spawn_failed)?;
+            let tar_side = thread::Builder::new()
+                .name("unpack-tar".into())
+                .spawn_scoped(s, move || {
+                    let mut archive = tar::Archive::new(pipe::Chunks::new(from_reader));
+                    self.entries(&mut archive, state, errs)?;
+                    only_padding(&mut archive.into_inner(), errs)
+                })
+                .map_err(spawn_failed)?;
+            pipe::produce(src, to_tar, to_hash);
+            // A panic on either thread is the caller's, as it was on one.
+            tar_side
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            Ok(hash_side
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        })
     }
 
     /// How this layer's errors are named, and its uncompressed budget: the
@@ -391,7 +438,7 @@ impl Unpacker {
         LayerErrors {
             index,
             digest,
-            tripped: Rc::new(Cell::new(false)),
+            tripped: AtomicBool::new(false),
             limit,
             limit_rule,
             limit_what,
@@ -608,7 +655,7 @@ fn only_padding(rest: &mut impl Read, errs: &LayerErrors) -> Result<(), UnpackEr
 struct LayerErrors {
     index: usize,
     digest: Digest,
-    tripped: Rc<Cell<bool>>,
+    tripped: AtomicBool,
     /// Uncompressed bytes this layer may have.
     limit: u64,
     limit_rule: Rule,
@@ -629,7 +676,7 @@ impl LayerErrors {
 
     /// A read error of the stream: the budget, or corruption.
     fn stream(&self, e: io::Error, what: &str) -> UnpackError {
-        if self.tripped.get() {
+        if self.tripped.load(Ordering::Acquire) {
             self.at(
                 self.limit_rule,
                 format!(
