@@ -13,7 +13,6 @@ mod host;
 mod identity;
 mod keyless;
 mod overlay;
-mod package;
 mod render;
 mod security;
 mod throttle;
