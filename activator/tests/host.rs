@@ -37,10 +37,10 @@ mod adopt;
 mod boot;
 mod fetch;
 mod package;
-mod stripped;
 mod preflight;
 mod rollback;
 mod status;
+mod stripped;
 mod uninstall;
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----\n";
