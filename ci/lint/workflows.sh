@@ -29,8 +29,9 @@ if [ ${#workflows[@]} = 0 ]; then
   [ ${#workflows[@]} -gt 0 ] || fail "no workflow in .github/workflows"
 fi
 
-check-jsonschema --builtin-schema vendor.github-workflows "${workflows[@]}"
-zizmor --offline --quiet "${workflows[@]}"
+check-jsonschema --color never --builtin-schema vendor.github-workflows "${workflows[@]}"
+# plain text whatever the terminal or CI says (FORCE_COLOR, CLICOLOR_FORCE): errors are read by people and tests
+zizmor --offline --quiet --color never "${workflows[@]}"
 
 bad=0
 for workflow in "${workflows[@]}"; do
