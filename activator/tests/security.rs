@@ -310,6 +310,113 @@ fn another_user_can_neither_read_nor_lock_the_state() {
     assert!(!elsewhere.exists(), "the lock followed a link");
 }
 
+/// Issue 40 item 5: a descriptor `nobody` opened while the lock file was
+/// 0644 (as an earlier version made it) kept working after the next run
+/// narrowed the file with a chmod: `nobody` could still `flock` it and
+/// keep every run out. The run replaces such a file (and one that is not
+/// root's), so the old descriptor locks a file nobody else opens.
+#[test]
+fn a_descriptor_opened_while_the_lock_was_wide_locks_nothing_after_a_run() {
+    use kubeslot_activator::lock::Lock;
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let root = Root::new(dir.path().join("root"));
+    let state = root.state_dir();
+    let lock = root.lock_file();
+    fs::create_dir_all(&state).unwrap();
+    for d in [dir.path().join("root"), state.clone()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::write(&lock, b"").unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+
+    let setpriv = require_tool("setpriv", "util-linux");
+    let flock = require_tool("flock", "util-linux");
+    let script = format!(
+        "exec 9<{lock} || exit 1; echo opened; read go; {flock} -n 9 || exit 2; echo held; sleep 30",
+        lock = lock.display(),
+        flock = flock.display()
+    );
+    let mut child = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "opened\n", "nobody could not open the 0644 lock");
+
+    // a run (activate, gc, fetch) takes the lock and lets it go
+    drop(Lock::try_exclusive(&root).unwrap());
+    assert_eq!(mode(&lock), 0o600);
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let held = line == "held\n";
+    let next = Lock::try_exclusive(&root);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(held, "nobody's flock on its old descriptor failed");
+    next.expect("nobody's old descriptor still holds the run lock");
+
+    // a 0600 lock file that is not root's is replaced too
+    chown(&lock, Some(NOBODY), Some(NOBODY)).unwrap();
+    drop(Lock::try_exclusive(&root).unwrap());
+    assert_eq!(fs::metadata(&lock).unwrap().uid(), 0);
+
+    // and a wide one `nobody` holds locked while the run starts (a root
+    // holder, an earlier version's run, is waited for instead: the
+    // prerm test below)
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut holder = Command::new(require_tool("setpriv", "util-linux"))
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&flock)
+        .arg(&lock)
+        .args(["sh", "-c", "echo held; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let run = Lock::try_exclusive(&root);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(line, "held\n");
+    run.expect("a lock file nobody holds keeps every run out");
+}
+
+/// Issue 40 item 5: `preflight` on a fresh root made `/var/lib/kubeslot`
+/// 0755 on the way to the layer store (only `layers/` was 0700): every
+/// directory kubeslot makes there is private from the start.
+#[test]
+fn preflight_on_a_fresh_root_makes_only_private_dirs() {
+    let n = Node::new("overlay");
+    let state = n.root.state_dir();
+    assert!(!state.exists());
+    let out = Command::new(BIN)
+        .args(["preflight", "--root"])
+        .arg(n.root.dir())
+        .arg("--config")
+        .arg(&n.config)
+        .output()
+        .unwrap();
+    assert!(
+        state.is_dir(),
+        "preflight made no state dir: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for d in [state.clone(), n.root.layers_dir()] {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+    }
+}
+
 /// Finding 2: the package's prerm waited for the run lock without a limit
 /// (with the lock open to every user, forever). It waits at most
 /// KUBESLOT_PRERM_WAIT_SECS, then fails saying why.
