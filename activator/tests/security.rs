@@ -891,6 +891,12 @@ fn cgroup2_mount() -> PathBuf {
 /// A loopback HTTP server answering 200 to everything, run by `nobody`:
 /// its process and the port it listens on.
 fn nobody_listener() -> (std::process::Child, u16) {
+    http_listener(true, "127.0.0.1", 0)
+}
+
+/// A loopback HTTP server answering 200 to everything on `host:port` (0:
+/// any free port), run by `nobody` or by root: its process and its port.
+fn http_listener(nobody: bool, host: &str, port: u16) -> (std::process::Child, u16) {
     use std::io::BufRead as _;
     let setpriv = require_tool("setpriv", "util-linux");
     // the system's, which nobody can run (not a shim under /root)
@@ -904,13 +910,18 @@ fn nobody_listener() -> (std::process::Child, u16) {
                   \x20   def do_GET(self):\n\
                   \x20       self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n\
                   \x20   def log_message(self, *a): pass\n\
-                  s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
+                  s = http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), H)\n\
                   print(s.server_address[1], flush=True)\n\
                   s.serve_forever()\n";
+    let who: &[&str] = if nobody {
+        &["--reuid=65534", "--regid=65534", "--clear-groups"]
+    } else {
+        &[]
+    };
     let mut child = Command::new(setpriv)
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(who)
         .arg(python)
-        .args(["-c", script])
+        .args(["-c", script, host, &port.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -969,6 +980,127 @@ fn a_users_listener_in_a_cgroup_named_like_the_machine_does_not_pass_the_gate() 
         e.detail.contains("outside machine kube2") && e.detail.contains("user.slice"),
         "{e}"
     );
+}
+
+/// Issue 40 item 4: any listener on the healthz port counted: `nobody`
+/// listening on `127.0.0.2:<port>` made a healthy flip fail (and the image
+/// was marked bad). Only the socket that answered the probe counts now:
+/// here the machine's kubelet (a real root process in a real cgroup where
+/// machined puts `kube2`) answers on `127.0.0.1:<port>` while `nobody`
+/// listens on `127.0.0.2:<port>`, and the gate, reading the real `/proc`,
+/// passes.
+#[test]
+fn a_users_listener_on_another_address_of_the_port_does_not_fail_the_gate() {
+    let base = cgroup2_mount().join("machine.slice");
+    let leaf = base.join("systemd-nspawn@kube2.service");
+    fs::create_dir_all(&leaf).unwrap();
+    let (mut kubelet, port) = http_listener(false, "127.0.0.1", 0);
+    fs::write(leaf.join("cgroup.procs"), kubelet.id().to_string()).unwrap();
+    let (mut other, _) = http_listener(true, "127.0.0.2", port);
+    let gate = Gate {
+        url: format!("http://127.0.0.1:{port}/healthz"),
+        successes: 2,
+        timeout: Duration::from_millis(3000),
+        interval: Duration::from_millis(100),
+        proc_dir: Some(PathBuf::from("/proc")),
+        require_owner: true,
+        runtime: false,
+    };
+    let fake = FakeSystemd::new(&Root::new("/nonexistent"));
+    use kubeslot_activator::systemd::Systemd as _;
+    fake.start(&Slot::Kube2.unit()).unwrap();
+    let verdict = health::wait_healthy(&fake, Slot::Kube2, &gate, &[]);
+    // and nobody's listener is what a probe of 127.0.0.2 reaches
+    let gate2 = Gate {
+        url: format!("http://127.0.0.2:{port}/healthz"),
+        ..gate.clone()
+    };
+    let verdict2 = health::wait_healthy(&fake, Slot::Kube2, &gate2, &[]);
+    for c in [&mut kubelet, &mut other] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = fs::remove_dir(&leaf);
+    let _ = fs::remove_dir(&base);
+    verdict.expect("a listener on another address of the port failed the gate");
+    let e = verdict2.expect_err("nobody's listener passed the gate");
+    assert!(e.detail.contains("outside machine kube2"), "{e}");
+}
+
+/// Issue 40 item 4: a flip that failed because someone else held the
+/// healthz port marked the image bad (the next `activate` refused it,
+/// exit 4). Who listens says nothing about the image: the flip is rolled
+/// back, the image is not marked bad and the next run tries it again.
+/// The root's `/proc` names the fake kubelet's socket as held by a
+/// process of `nobody`'s.
+#[test]
+fn a_flip_failed_by_a_foreign_listener_never_marks_the_image_bad() {
+    let n = Node::new("copy");
+    let port = n
+        .fake
+        .healthz_url
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.split('/').next()?.parse::<u16>().ok())
+        .unwrap();
+    let proc = n.root.dir().join("proc");
+    fs::create_dir_all(proc.join("net")).unwrap();
+    fs::write(
+        proc.join("net/tcp"),
+        format!(
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             \x20  0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 4242 1 0 100 0 0 10 0\n"
+        ),
+    )
+    .unwrap();
+    fs::create_dir_all(proc.join("100/fd")).unwrap();
+    std::os::unix::fs::symlink("socket:[4242]", proc.join("100/fd/3")).unwrap();
+    fs::write(proc.join("100/cgroup"), "0::/user.slice/user-65534.slice\n").unwrap();
+
+    let v1 = n.version("v1");
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{r:?}");
+    let e = r.error.clone().unwrap();
+    assert!(
+        e.contains("kubelet-listener") && e.contains("outside machine kube1"),
+        "{e}"
+    );
+    let s = kubeslot_activator::state::State::load(&n.root).unwrap();
+    assert!(
+        s.bad.is_empty(),
+        "marked bad for a foreign listener: {:?}",
+        s.bad
+    );
+
+    // a root that cannot tell (a test root) again: the same image commits
+    fs::remove_dir_all(proc.join("100")).unwrap();
+    fs::remove_file(proc.join("net/tcp")).unwrap();
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    assert_eq!(r.digest, Some(v1), "{r:?}");
+}
+
+/// Issue 40 item 4: a healthz URL whose host is not a literal loopback
+/// address (`127.1`, `0.0.0.0`, a name) skipped the ownership check
+/// silently; the config is refused now, naming the field.
+#[test]
+fn a_healthz_url_that_is_no_literal_loopback_address_is_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    for host in ["127.1", "0.0.0.0", "localhost", "[::]", "10.0.0.5"] {
+        n.set(
+            "/health/kubelet_healthz_url",
+            format!("http://{host}:10248/healthz").into(),
+        );
+        let r = n.activate();
+        let e = r.error.clone().unwrap_or_default();
+        assert!(
+            r.exit_code != exit::OK
+                && e.contains("health.kubelet_healthz_url")
+                && e.contains("literal loopback address"),
+            "{host}: {r:?}"
+        );
+    }
+    assert!(n.running().is_empty());
 }
 
 // ------------------------------------------------------------ mirrors
