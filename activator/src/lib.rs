@@ -55,4 +55,5 @@ pub mod state;
 pub mod systemd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trusted;
 pub mod walk;

@@ -262,6 +262,13 @@ impl Node {
     }
 }
 
+/// A run refused before any machine changed: its error.
+fn not_run(r: &Report) -> String {
+    assert_ne!(r.exit_code, exit::OK, "{r:?}");
+    assert!(r.slot.is_none(), "{r:?}");
+    r.error.clone().unwrap()
+}
+
 fn refused(r: &Report) -> String {
     assert_eq!(r.exit_code, exit::FAILED, "{r:?}");
     r.error.clone().unwrap()
@@ -1101,6 +1108,131 @@ fn a_healthz_url_that_is_no_literal_loopback_address_is_refused() {
         );
     }
     assert!(n.running().is_empty());
+}
+
+// ------------------------------------------------------------ paths and files we trust
+
+/// Issue 40 item 6: `extra_mounts` and `images.bundle_dir` were checked as
+/// strings: `/srv/models` as a link to `../var/lib/kubeslot` was accepted
+/// (nspawn follows it; the node would see kubeslot's state). A bind source
+/// is walked without following links, and every directory on its way must
+/// be root's and not writable by others.
+#[test]
+fn a_bind_source_through_a_link_or_another_users_dir_is_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let srv = n.root.dir().join("srv");
+    fs::create_dir_all(&srv).unwrap();
+    std::os::unix::fs::symlink("../var/lib/kubeslot", srv.join("models")).unwrap();
+    n.set(
+        "/extra_mounts",
+        serde_json::json!([{"host_path": "/srv/models", "machine_path": "/models"}]),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/models") && e.contains("symbolic link") && e.contains("extra_mounts"),
+        "{e}"
+    );
+    assert!(n.running().is_empty());
+
+    // a real directory below a directory another user owns (who could
+    // swap it for a link at any time)
+    fs::remove_file(srv.join("models")).unwrap();
+    fs::create_dir_all(srv.join("data/models")).unwrap();
+    chown(srv.join("data"), Some(NOBODY), Some(NOBODY)).unwrap();
+    n.set(
+        "/extra_mounts",
+        serde_json::json!([{"host_path": "/srv/data/models", "machine_path": "/models"}]),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/data") && e.contains("uid 65534") && e.contains("chown root:root"),
+        "{e}"
+    );
+
+    // the bundle's directory the same way
+    n.set("/extra_mounts", serde_json::json!([]));
+    std::os::unix::fs::symlink("../var/lib/kubeslot", srv.join("bundle")).unwrap();
+    let digest = format!("sha256:{}", "a".repeat(64));
+    n.set(
+        "/images",
+        serde_json::json!({"bundle_dir": "/srv/bundle",
+                           "bundle": [{"file": "pause.tar", "name": "registry.example/pause:3.10", "digest": digest}]}),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/bundle") && e.contains("symbolic link") && e.contains("images.bundle_dir"),
+        "{e}"
+    );
+    assert!(n.running().is_empty());
+}
+
+/// Issue 40 item 6: a 0666, `nobody`-owned `activator.json`,
+/// `default-kubelet` and trusted key were all used. Files that decide what
+/// runs as root must be root's and writable by nobody else, and so must
+/// their directories; the error names the file and the fix.
+#[test]
+fn config_key_and_kubelet_args_another_user_may_write_are_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let check = |what: &str, path: &Path, fix: &str| {
+        let r = n.activate();
+        let e = r.error.clone().unwrap_or_default();
+        assert!(
+            r.exit_code != exit::OK && e.contains(&path.display().to_string()) && e.contains(fix),
+            "{what}: {r:?}"
+        );
+        assert!(n.running().is_empty(), "{what}: a machine runs");
+    };
+    // the config: world-writable, then another user's, then in a
+    // group-writable directory
+    fs::set_permissions(&n.config, fs::Permissions::from_mode(0o666)).unwrap();
+    check("a 0666 config", &n.config, "chmod go-w");
+    fs::set_permissions(&n.config, fs::Permissions::from_mode(0o644)).unwrap();
+    chown(&n.config, Some(NOBODY), Some(NOBODY)).unwrap();
+    check("nobody's config", &n.config, "chown root:root");
+    chown(&n.config, Some(0), Some(0)).unwrap();
+    fs::set_permissions(n.dir.path(), fs::Permissions::from_mode(0o775)).unwrap();
+    check(
+        "a config in a group-writable dir",
+        n.dir.path(),
+        "chmod go-w",
+    );
+    fs::set_permissions(n.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+
+    // the kubelet's extra arguments
+    let args = n.root.kubelet_extra_args();
+    fs::create_dir_all(args.parent().unwrap()).unwrap();
+    fs::write(&args, "KUBELET_EXTRA_ARGS=\"--v=2\"\n").unwrap();
+    fs::set_permissions(&args, fs::Permissions::from_mode(0o666)).unwrap();
+    check("a 0666 default-kubelet", &args, "chmod go-w");
+    chown(&args, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::set_permissions(&args, fs::Permissions::from_mode(0o644)).unwrap();
+    check("nobody's default-kubelet", &args, "chown root:root");
+    fs::remove_file(&args).unwrap();
+
+    // a trusted key
+    let key = n.root.dir().join("etc/kubeslot/keys/k.pem");
+    fs::create_dir_all(key.parent().unwrap()).unwrap();
+    fs::write(&key, image::public_pem(&image::key(7))).unwrap();
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o666)).unwrap();
+    n.set(
+        "/trust/public_keys",
+        serde_json::json!(["/etc/kubeslot/keys/k.pem"]),
+    );
+    check("a 0666 key", &key, "chmod go-w");
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+    chown(key.parent().unwrap(), Some(NOBODY), Some(NOBODY)).unwrap();
+    check(
+        "a key in nobody's dir",
+        key.parent().unwrap(),
+        "chown root:root",
+    );
+    chown(key.parent().unwrap(), Some(0), Some(0)).unwrap();
+
+    // all root's and narrow: the same config commits
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
 }
 
 // ------------------------------------------------------------ mirrors

@@ -441,12 +441,16 @@ pub enum ConfigError {
         field: &'static str,
         reason: String,
     },
+    #[error("config {0}")]
+    Untrusted(#[from] crate::trusted::Untrusted),
 }
 
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         use std::io::Read as _;
+        // whoever may write it decides what runs as root
+        crate::trusted::check_file(path, "the config")?;
         let f = std::fs::File::open(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,

@@ -100,8 +100,17 @@ pub fn gather_with(
                 reason: e.to_string(),
             });
         }
+        crate::trusted::check_bind_source(root.dir(), &m.host_path, "extra_mounts")?;
     }
     let kubelet_extra_args = extra_args::read(root)?;
+    if let Some(dir) = config
+        .images
+        .bundle_dir
+        .as_ref()
+        .filter(|_| !config.images.bundle.is_empty())
+    {
+        crate::trusted::check_bind_source(root.dir(), dir, "images.bundle_dir")?;
+    }
     bundle::verify(root, &config.images)?;
     Ok(HostFacts {
         hostname,
@@ -123,6 +132,7 @@ fn read_registry_cas(
     for (registry, m) in registry_mirrors(config) {
         let Some(file) = &m.ca_file else { continue };
         let path = root.join(&file.to_string_lossy());
+        crate::trusted::check_file(&path, "a registry's CA")?;
         let pem = std::fs::read_to_string(&path).map_err(|source| RenderError::RegistryCaRead {
             registry: registry.clone(),
             path: file.clone(),
@@ -167,6 +177,7 @@ fn read_ca(root: &Root, config: &Config) -> Result<String, RenderError> {
         (Some(pem), _) => (pem.clone(), "kubelet.ca_data".to_string()),
         (None, Some(file)) => {
             let path = root.join(&file.to_string_lossy());
+            crate::trusted::check_file(&path, "the cluster CA")?;
             let pem = std::fs::read_to_string(&path)
                 .map_err(|source| RenderError::CaRead { path, source })?;
             (pem, file.display().to_string())
