@@ -1235,6 +1235,34 @@ fn config_key_and_kubelet_args_another_user_may_write_are_refused() {
     assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
 }
 
+/// Issue 40 item 7: a CA file holding a private key beside the certificate
+/// was copied verbatim into the node's CA bundle. Only its `CERTIFICATE`
+/// blocks reach the node.
+#[test]
+fn only_certificates_of_a_ca_file_reach_the_node() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let ca = n.root.dir().join("etc/kubeslot/ca.pem");
+    fs::create_dir_all(ca.parent().unwrap()).unwrap();
+    let key = "-----BEGIN PRIVATE KEY-----\nTUlJRXZRSUJBREFOQmdrcWhraUc5dzBC\n-----END PRIVATE KEY-----\n";
+    let cert = "-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHHIG\n-----END CERTIFICATE-----\n";
+    fs::write(&ca, format!("# the site's CA\n{key}{cert}")).unwrap();
+    n.set("/kubelet/ca_data", serde_json::Value::Null);
+    n.set("/kubelet/ca_file", "/etc/kubeslot/ca.pem".into());
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    let dir = n.root.host_files(Slot::Kube1.machine());
+    let bundle = fs::read_to_string(dir.join("apiserver-client-ca.crt")).unwrap();
+    assert_eq!(bundle, cert);
+    for e in fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            assert!(!text.contains("PRIVATE KEY"), "{}: {text}", p.display());
+        }
+    }
+}
+
 // ------------------------------------------------------------ mirrors
 
 /// Finding 7: `unpack --config` accepted a mirror URL with user info (only
