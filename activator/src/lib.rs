@@ -24,6 +24,7 @@
 //! * The ground floor every folder stands on: [`paths`] (the root handle),
 //!   [`state`], [`lock`], [`slot`], [`systemd`] (the one boundary to the
 //!   service manager), [`walk`] and [`remove`] (trees a node wrote),
+//!   [`trusted`] (the host files and bind sources kubeslot trusts),
 //!   [`progress`], [`failpoint`] and, for tests, `testing`.
 //!
 //! Arrows run down: ground floor and config < fetch < slots < render <
@@ -55,4 +56,5 @@ pub mod state;
 pub mod systemd;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod trusted;
 pub mod walk;

@@ -286,8 +286,10 @@ impl Root {
     }
 }
 
-/// Makes `dir` a directory only root enters: created 0700 (missing
-/// parents 0755), an existing one narrowed to 0700 (an earlier version
+/// Makes `dir` a directory only root enters: created 0700, and so is
+/// every missing parent it needs (a fresh root's `/var/lib/kubeslot`, made
+/// on the way to the layer store, is private from the start, never 0755
+/// for a moment), an existing one narrowed to 0700 (an earlier version
 /// made the state dir, the layer store and the slot dirs 0755, and
 /// `create_dir` leaves what exists as it is). A symlink there is refused,
 /// not followed.
@@ -297,6 +299,11 @@ pub fn private_dir(dir: &Path) -> Result<(), kubeslot_image::atomic::AtomicError
         path: dir.to_path_buf(),
         source,
     };
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if std::fs::symlink_metadata(parent).is_err() {
+            private_dir(parent)?;
+        }
+    }
     kubeslot_image::atomic::create_dir(dir, 0o700)?;
     let fd = rustix::fs::open(
         dir,

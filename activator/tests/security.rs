@@ -262,6 +262,13 @@ impl Node {
     }
 }
 
+/// A run refused before any machine changed: its error.
+fn not_run(r: &Report) -> String {
+    assert_ne!(r.exit_code, exit::OK, "{r:?}");
+    assert!(r.slot.is_none(), "{r:?}");
+    r.error.clone().unwrap()
+}
+
 fn refused(r: &Report) -> String {
     assert_eq!(r.exit_code, exit::FAILED, "{r:?}");
     r.error.clone().unwrap()
@@ -308,6 +315,113 @@ fn another_user_can_neither_read_nor_lock_the_state() {
     let r = n.activate();
     assert_eq!(r.exit_code, exit::FAILED, "{r:?}");
     assert!(!elsewhere.exists(), "the lock followed a link");
+}
+
+/// Issue 40 item 5: a descriptor `nobody` opened while the lock file was
+/// 0644 (as an earlier version made it) kept working after the next run
+/// narrowed the file with a chmod: `nobody` could still `flock` it and
+/// keep every run out. The run replaces such a file (and one that is not
+/// root's), so the old descriptor locks a file nobody else opens.
+#[test]
+fn a_descriptor_opened_while_the_lock_was_wide_locks_nothing_after_a_run() {
+    use kubeslot_activator::lock::Lock;
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let root = Root::new(dir.path().join("root"));
+    let state = root.state_dir();
+    let lock = root.lock_file();
+    fs::create_dir_all(&state).unwrap();
+    for d in [dir.path().join("root"), state.clone()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::write(&lock, b"").unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+
+    let setpriv = require_tool("setpriv", "util-linux");
+    let flock = require_tool("flock", "util-linux");
+    let script = format!(
+        "exec 9<{lock} || exit 1; echo opened; read go; {flock} -n 9 || exit 2; echo held; sleep 30",
+        lock = lock.display(),
+        flock = flock.display()
+    );
+    let mut child = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "opened\n", "nobody could not open the 0644 lock");
+
+    // a run (activate, gc, fetch) takes the lock and lets it go
+    drop(Lock::try_exclusive(&root).unwrap());
+    assert_eq!(mode(&lock), 0o600);
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let held = line == "held\n";
+    let next = Lock::try_exclusive(&root);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(held, "nobody's flock on its old descriptor failed");
+    next.expect("nobody's old descriptor still holds the run lock");
+
+    // a 0600 lock file that is not root's is replaced too
+    chown(&lock, Some(NOBODY), Some(NOBODY)).unwrap();
+    drop(Lock::try_exclusive(&root).unwrap());
+    assert_eq!(fs::metadata(&lock).unwrap().uid(), 0);
+
+    // and a wide one `nobody` holds locked while the run starts (a root
+    // holder, an earlier version's run, is waited for instead: the
+    // prerm test below)
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut holder = Command::new(require_tool("setpriv", "util-linux"))
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&flock)
+        .arg(&lock)
+        .args(["sh", "-c", "echo held; sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let run = Lock::try_exclusive(&root);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(line, "held\n");
+    run.expect("a lock file nobody holds keeps every run out");
+}
+
+/// Issue 40 item 5: `preflight` on a fresh root made `/var/lib/kubeslot`
+/// 0755 on the way to the layer store (only `layers/` was 0700): every
+/// directory kubeslot makes there is private from the start.
+#[test]
+fn preflight_on_a_fresh_root_makes_only_private_dirs() {
+    let n = Node::new("overlay");
+    let state = n.root.state_dir();
+    assert!(!state.exists());
+    let out = Command::new(BIN)
+        .args(["preflight", "--root"])
+        .arg(n.root.dir())
+        .arg("--config")
+        .arg(&n.config)
+        .output()
+        .unwrap();
+    assert!(
+        state.is_dir(),
+        "preflight made no state dir: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for d in [state.clone(), n.root.layers_dir()] {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+    }
 }
 
 /// Finding 2: the package's prerm waited for the run lock without a limit
@@ -784,6 +898,12 @@ fn cgroup2_mount() -> PathBuf {
 /// A loopback HTTP server answering 200 to everything, run by `nobody`:
 /// its process and the port it listens on.
 fn nobody_listener() -> (std::process::Child, u16) {
+    http_listener(true, "127.0.0.1", 0)
+}
+
+/// A loopback HTTP server answering 200 to everything on `host:port` (0:
+/// any free port), run by `nobody` or by root: its process and its port.
+fn http_listener(nobody: bool, host: &str, port: u16) -> (std::process::Child, u16) {
     use std::io::BufRead as _;
     let setpriv = require_tool("setpriv", "util-linux");
     // the system's, which nobody can run (not a shim under /root)
@@ -797,13 +917,18 @@ fn nobody_listener() -> (std::process::Child, u16) {
                   \x20   def do_GET(self):\n\
                   \x20       self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n\
                   \x20   def log_message(self, *a): pass\n\
-                  s = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
+                  s = http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), H)\n\
                   print(s.server_address[1], flush=True)\n\
                   s.serve_forever()\n";
+    let who: &[&str] = if nobody {
+        &["--reuid=65534", "--regid=65534", "--clear-groups"]
+    } else {
+        &[]
+    };
     let mut child = Command::new(setpriv)
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(who)
         .arg(python)
-        .args(["-c", script])
+        .args(["-c", script, host, &port.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -862,6 +987,280 @@ fn a_users_listener_in_a_cgroup_named_like_the_machine_does_not_pass_the_gate() 
         e.detail.contains("outside machine kube2") && e.detail.contains("user.slice"),
         "{e}"
     );
+}
+
+/// Issue 40 item 4: any listener on the healthz port counted: `nobody`
+/// listening on `127.0.0.2:<port>` made a healthy flip fail (and the image
+/// was marked bad). Only the socket that answered the probe counts now:
+/// here the machine's kubelet (a real root process in a real cgroup where
+/// machined puts `kube2`) answers on `127.0.0.1:<port>` while `nobody`
+/// listens on `127.0.0.2:<port>`, and the gate, reading the real `/proc`,
+/// passes.
+#[test]
+fn a_users_listener_on_another_address_of_the_port_does_not_fail_the_gate() {
+    let base = cgroup2_mount().join("machine.slice");
+    let leaf = base.join("systemd-nspawn@kube2.service");
+    fs::create_dir_all(&leaf).unwrap();
+    let (mut kubelet, port) = http_listener(false, "127.0.0.1", 0);
+    fs::write(leaf.join("cgroup.procs"), kubelet.id().to_string()).unwrap();
+    let (mut other, _) = http_listener(true, "127.0.0.2", port);
+    let gate = Gate {
+        url: format!("http://127.0.0.1:{port}/healthz"),
+        successes: 2,
+        timeout: Duration::from_millis(3000),
+        interval: Duration::from_millis(100),
+        proc_dir: Some(PathBuf::from("/proc")),
+        require_owner: true,
+        runtime: false,
+    };
+    let fake = FakeSystemd::new(&Root::new("/nonexistent"));
+    use kubeslot_activator::systemd::Systemd as _;
+    fake.start(&Slot::Kube2.unit()).unwrap();
+    let verdict = health::wait_healthy(&fake, Slot::Kube2, &gate, &[]);
+    // and nobody's listener is what a probe of 127.0.0.2 reaches
+    let gate2 = Gate {
+        url: format!("http://127.0.0.2:{port}/healthz"),
+        ..gate.clone()
+    };
+    let verdict2 = health::wait_healthy(&fake, Slot::Kube2, &gate2, &[]);
+    for c in [&mut kubelet, &mut other] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = fs::remove_dir(&leaf);
+    let _ = fs::remove_dir(&base);
+    verdict.expect("a listener on another address of the port failed the gate");
+    let e = verdict2.expect_err("nobody's listener passed the gate");
+    assert!(e.detail.contains("outside machine kube2"), "{e}");
+}
+
+/// Issue 40 item 4: a flip that failed because someone else held the
+/// healthz port marked the image bad (the next `activate` refused it,
+/// exit 4). Who listens says nothing about the image: the flip is rolled
+/// back, the image is not marked bad and the next run tries it again.
+/// The root's `/proc` names the fake kubelet's socket as held by a
+/// process of `nobody`'s.
+#[test]
+fn a_flip_failed_by_a_foreign_listener_never_marks_the_image_bad() {
+    let n = Node::new("copy");
+    let port = n
+        .fake
+        .healthz_url
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.split('/').next()?.parse::<u16>().ok())
+        .unwrap();
+    let proc = n.root.dir().join("proc");
+    fs::create_dir_all(proc.join("net")).unwrap();
+    fs::write(
+        proc.join("net/tcp"),
+        format!(
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             \x20  0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 4242 1 0 100 0 0 10 0\n"
+        ),
+    )
+    .unwrap();
+    fs::create_dir_all(proc.join("100/fd")).unwrap();
+    std::os::unix::fs::symlink("socket:[4242]", proc.join("100/fd/3")).unwrap();
+    fs::write(proc.join("100/cgroup"), "0::/user.slice/user-65534.slice\n").unwrap();
+
+    let v1 = n.version("v1");
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{r:?}");
+    let e = r.error.clone().unwrap();
+    assert!(
+        e.contains("kubelet-listener") && e.contains("outside machine kube1"),
+        "{e}"
+    );
+    let s = kubeslot_activator::state::State::load(&n.root).unwrap();
+    assert!(
+        s.bad.is_empty(),
+        "marked bad for a foreign listener: {:?}",
+        s.bad
+    );
+
+    // a root that cannot tell (a test root) again: the same image commits
+    fs::remove_dir_all(proc.join("100")).unwrap();
+    fs::remove_file(proc.join("net/tcp")).unwrap();
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    assert_eq!(r.digest, Some(v1), "{r:?}");
+}
+
+/// Issue 40 item 4: a healthz URL whose host is not a literal loopback
+/// address (`127.1`, `0.0.0.0`, a name) skipped the ownership check
+/// silently; the config is refused now, naming the field.
+#[test]
+fn a_healthz_url_that_is_no_literal_loopback_address_is_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    for host in ["127.1", "0.0.0.0", "localhost", "[::]", "10.0.0.5"] {
+        n.set(
+            "/health/kubelet_healthz_url",
+            format!("http://{host}:10248/healthz").into(),
+        );
+        let r = n.activate();
+        let e = r.error.clone().unwrap_or_default();
+        assert!(
+            r.exit_code != exit::OK
+                && e.contains("health.kubelet_healthz_url")
+                && e.contains("literal loopback address"),
+            "{host}: {r:?}"
+        );
+    }
+    assert!(n.running().is_empty());
+}
+
+// ------------------------------------------------------------ paths and files we trust
+
+/// Issue 40 item 6: `extra_mounts` and `images.bundle_dir` were checked as
+/// strings: `/srv/models` as a link to `../var/lib/kubeslot` was accepted
+/// (nspawn follows it; the node would see kubeslot's state). A bind source
+/// is walked without following links, and every directory on its way must
+/// be root's and not writable by others.
+#[test]
+fn a_bind_source_through_a_link_or_another_users_dir_is_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let srv = n.root.dir().join("srv");
+    fs::create_dir_all(&srv).unwrap();
+    std::os::unix::fs::symlink("../var/lib/kubeslot", srv.join("models")).unwrap();
+    n.set(
+        "/extra_mounts",
+        serde_json::json!([{"host_path": "/srv/models", "machine_path": "/models"}]),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/models") && e.contains("symbolic link") && e.contains("extra_mounts"),
+        "{e}"
+    );
+    assert!(n.running().is_empty());
+
+    // a real directory below a directory another user owns (who could
+    // swap it for a link at any time)
+    fs::remove_file(srv.join("models")).unwrap();
+    fs::create_dir_all(srv.join("data/models")).unwrap();
+    chown(srv.join("data"), Some(NOBODY), Some(NOBODY)).unwrap();
+    n.set(
+        "/extra_mounts",
+        serde_json::json!([{"host_path": "/srv/data/models", "machine_path": "/models"}]),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/data") && e.contains("uid 65534") && e.contains("chown root:root"),
+        "{e}"
+    );
+
+    // the bundle's directory the same way
+    n.set("/extra_mounts", serde_json::json!([]));
+    std::os::unix::fs::symlink("../var/lib/kubeslot", srv.join("bundle")).unwrap();
+    let digest = format!("sha256:{}", "a".repeat(64));
+    n.set(
+        "/images",
+        serde_json::json!({"bundle_dir": "/srv/bundle",
+                           "bundle": [{"file": "pause.tar", "name": "registry.example/pause:3.10", "digest": digest}]}),
+    );
+    let e = not_run(&n.activate());
+    assert!(
+        e.contains("/srv/bundle") && e.contains("symbolic link") && e.contains("images.bundle_dir"),
+        "{e}"
+    );
+    assert!(n.running().is_empty());
+}
+
+/// Issue 40 item 6: a 0666, `nobody`-owned `activator.json`,
+/// `default-kubelet` and trusted key were all used. Files that decide what
+/// runs as root must be root's and writable by nobody else, and so must
+/// their directories; the error names the file and the fix.
+#[test]
+fn config_key_and_kubelet_args_another_user_may_write_are_refused() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let check = |what: &str, path: &Path, fix: &str| {
+        let r = n.activate();
+        let e = r.error.clone().unwrap_or_default();
+        assert!(
+            r.exit_code != exit::OK && e.contains(&path.display().to_string()) && e.contains(fix),
+            "{what}: {r:?}"
+        );
+        assert!(n.running().is_empty(), "{what}: a machine runs");
+    };
+    // the config: world-writable, then another user's, then in a
+    // group-writable directory
+    fs::set_permissions(&n.config, fs::Permissions::from_mode(0o666)).unwrap();
+    check("a 0666 config", &n.config, "chmod go-w");
+    fs::set_permissions(&n.config, fs::Permissions::from_mode(0o644)).unwrap();
+    chown(&n.config, Some(NOBODY), Some(NOBODY)).unwrap();
+    check("nobody's config", &n.config, "chown root:root");
+    chown(&n.config, Some(0), Some(0)).unwrap();
+    fs::set_permissions(n.dir.path(), fs::Permissions::from_mode(0o775)).unwrap();
+    check(
+        "a config in a group-writable dir",
+        n.dir.path(),
+        "chmod go-w",
+    );
+    fs::set_permissions(n.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+
+    // the kubelet's extra arguments
+    let args = n.root.kubelet_extra_args();
+    fs::create_dir_all(args.parent().unwrap()).unwrap();
+    fs::write(&args, "KUBELET_EXTRA_ARGS=\"--v=2\"\n").unwrap();
+    fs::set_permissions(&args, fs::Permissions::from_mode(0o666)).unwrap();
+    check("a 0666 default-kubelet", &args, "chmod go-w");
+    chown(&args, Some(NOBODY), Some(NOBODY)).unwrap();
+    fs::set_permissions(&args, fs::Permissions::from_mode(0o644)).unwrap();
+    check("nobody's default-kubelet", &args, "chown root:root");
+    fs::remove_file(&args).unwrap();
+
+    // a trusted key
+    let key = n.root.dir().join("etc/kubeslot/keys/k.pem");
+    fs::create_dir_all(key.parent().unwrap()).unwrap();
+    fs::write(&key, image::public_pem(&image::key(7))).unwrap();
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o666)).unwrap();
+    n.set(
+        "/trust/public_keys",
+        serde_json::json!(["/etc/kubeslot/keys/k.pem"]),
+    );
+    check("a 0666 key", &key, "chmod go-w");
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+    chown(key.parent().unwrap(), Some(NOBODY), Some(NOBODY)).unwrap();
+    check(
+        "a key in nobody's dir",
+        key.parent().unwrap(),
+        "chown root:root",
+    );
+    chown(key.parent().unwrap(), Some(0), Some(0)).unwrap();
+
+    // all root's and narrow: the same config commits
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+}
+
+/// Issue 40 item 7: a CA file holding a private key beside the certificate
+/// was copied verbatim into the node's CA bundle. Only its `CERTIFICATE`
+/// blocks reach the node.
+#[test]
+fn only_certificates_of_a_ca_file_reach_the_node() {
+    let n = Node::new("copy");
+    n.version("v1");
+    let ca = n.root.dir().join("etc/kubeslot/ca.pem");
+    fs::create_dir_all(ca.parent().unwrap()).unwrap();
+    let key = "-----BEGIN PRIVATE KEY-----\nTUlJRXZRSUJBREFOQmdrcWhraUc5dzBC\n-----END PRIVATE KEY-----\n";
+    let cert = "-----BEGIN CERTIFICATE-----\nMIIBkTCB+wIJAKHHIG\n-----END CERTIFICATE-----\n";
+    fs::write(&ca, format!("# the site's CA\n{key}{cert}")).unwrap();
+    n.set("/kubelet/ca_data", serde_json::Value::Null);
+    n.set("/kubelet/ca_file", "/etc/kubeslot/ca.pem".into());
+    let r = n.activate();
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    let dir = n.root.host_files(Slot::Kube1.machine());
+    let bundle = fs::read_to_string(dir.join("apiserver-client-ca.crt")).unwrap();
+    assert_eq!(bundle, cert);
+    for e in fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            assert!(!text.contains("PRIVATE KEY"), "{}: {text}", p.display());
+        }
+    }
 }
 
 // ------------------------------------------------------------ mirrors

@@ -47,6 +47,7 @@ LAYERS = {
                 "progress",
                 "failpoint",
                 "testing",
+                "trusted",
             },
         ),
         ("fetch", {"fetch"}),

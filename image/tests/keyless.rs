@@ -31,6 +31,7 @@ fn rules(issuer: &str, identity: IdentityRule) -> Rules {
         github: GithubRule::default(),
         require_sct: true,
         accept_deprecated_issuer: false,
+        allow_unnamed_subject: false,
     }
 }
 
@@ -771,11 +772,19 @@ fn bundles_among_referrers() {
             |_, _| Ok(bundle.clone()),
         )
     };
-    run(
+    // everything checks out, but the statement is an attestation (`cosign
+    // attest`'s predicate), not cosign's signature: it does not count
+    let e = run(
         Some(&Identity::repository("127.0.0.1:60943/repo").unwrap()),
         image,
     )
-    .unwrap();
+    .unwrap_err()
+    .join("; ");
+    assert!(
+        e.contains("predicate type \"https://cosign.sigstore.dev/attestation/v1\"")
+            && e.contains("not cosign's signature"),
+        "{e}"
+    );
     // the statement names its repository: another one does not count
     let e = run(
         Some(&Identity::repository("ghcr.io/org/node").unwrap()),

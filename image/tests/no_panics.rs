@@ -128,6 +128,7 @@ proptest! {
                 github: GithubRule::default(),
                 require_sct: true,
                 accept_deprecated_issuer: false,
+                allow_unnamed_subject: false,
             },
         };
         let mut bundle = std::fs::read(data.join("cosign/oci-attestation.sigstore.json")).unwrap();

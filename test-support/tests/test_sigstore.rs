@@ -120,6 +120,7 @@ fn policy(root: &Path) -> Policy {
             },
             require_sct: true,
             accept_deprecated_issuer: false,
+            allow_unnamed_subject: false,
         },
     };
     Policy::usable_with(Default::default(), Some(keyless), false)

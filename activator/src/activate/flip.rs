@@ -189,6 +189,11 @@ impl Run<'_> {
             };
         }
         match p.kind {
+            // Who held the healthz port says nothing about the image (any
+            // user can listen there): the try is not used up.
+            FlipKind::Activate if failure.check == Check::KubeletListener => {
+                state.slot_mut(p.to).status = SlotStatus::Staged;
+            }
             FlipKind::Activate => {
                 if let Some(d) = p.digest {
                     state.mark_bad(

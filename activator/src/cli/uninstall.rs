@@ -35,12 +35,14 @@ use super::{Failed, HostArgs};
 /// kubeslot-activator.service` turns them on again. Safe to run again
 /// after an interruption. --config is ignored.
 ///
-/// It also removes what the node's pod network left in the host's network
-/// namespace (the machine shares it): links named cni0, cbr0, flannel.*,
-/// cilium_*, vxlan0, geneve0 or wg*, and the policy routing rules and
-/// routes of tables 51820-51899, except those the host had at kubeslot's
-/// first activation (recorded in /var/lib/kubeslot/host-network.json;
-/// without that record none is removed).
+/// With --network it also removes what the node's pod network left in the
+/// host's network namespace (the machine shares it): links named cni0,
+/// cbr0, flannel.*, cilium_*, vxlan0, geneve0 or wg*, and the policy
+/// routing rules and routes of tables 51820-51899, except those the host
+/// had at kubeslot's first activation (recorded in
+/// /var/lib/kubeslot/host-network.json; without that record none is
+/// removed). Without --network it only lists them: a link or rule the host
+/// made itself after the first activation looks the same.
 ///
 /// --dry-run lists the units it would stop and the paths, links and
 /// routing tables it would remove, and changes nothing.
@@ -67,6 +69,10 @@ pub struct Args {
     /// Say what would be stopped and removed; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Also remove the node's network leftovers (links, WireGuard routing
+    /// tables) the host did not have at the first activation.
+    #[arg(long)]
+    pub network: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -75,6 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         remove_adopted: args.remove_adopted,
         remove_unmanaged: args.remove_unmanaged,
         dry_run: args.dry_run,
+        network: args.network,
     };
     let done = uninstall::uninstall(&args.host.root(), &SystemCtl, &opts).map_err(|e| {
         let code = match e {
@@ -102,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for n in &done.network {
             println!("would remove the node's {n}");
         }
+        print_network_left(&done);
         if let Some(why) = &done.network_note {
             println!("network: {why}");
         }
@@ -117,6 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for n in &done.network {
         println!("removed the node's {n}");
     }
+    print_network_left(&done);
     if let Some(why) = &done.network_note {
         println!("network: {why}");
     }
@@ -146,4 +155,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What the node's network may have left, kept without `--network`.
+fn print_network_left(done: &uninstall::Uninstalled) {
+    for n in &done.network_left {
+        println!(
+            "left {n}: the node's pod network may have made it, or the host after the first activation (--network removes it)"
+        );
+    }
 }

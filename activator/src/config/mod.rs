@@ -441,12 +441,16 @@ pub enum ConfigError {
         field: &'static str,
         reason: String,
     },
+    #[error("config {0}")]
+    Untrusted(#[from] crate::trusted::Untrusted),
 }
 
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         use std::io::Read as _;
+        // whoever may write it decides what runs as root
+        crate::trusted::check_file(path, "the config")?;
         let f = std::fs::File::open(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
@@ -557,6 +561,13 @@ impl Config {
                 ));
             }
         }
+        if let Err(reason) = literal_loopback(&self.health.kubelet_healthz_url) {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field: "health.kubelet_healthz_url",
+                reason,
+            });
+        }
         if self.health.successes == 0 || self.health.timeout_secs == 0 {
             return Err(invalid(
                 "health",
@@ -663,6 +674,38 @@ fn has_user_info(url: &str) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     authority.contains('@')
+}
+
+/// The address of a loopback `http://` URL whose host is a literal
+/// loopback IP (`127.0.0.1`, `[::1]`); `None` for anything else: a name
+/// (`localhost`), a short form (`127.1`), a wildcard (`0.0.0.0`) or another
+/// host, which nothing on this host can be tied to (the config refuses
+/// them: [`literal_loopback`]).
+pub fn loopback_addr(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.strip_prefix("http://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !authority.ends_with(']') => (h, p.parse().ok()?),
+        _ => (authority, 80),
+    };
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => std::net::IpAddr::V6(v6.parse().ok()?),
+        None => std::net::IpAddr::V4(host.parse().ok()?),
+    };
+    ip.is_loopback()
+        .then_some(std::net::SocketAddr::new(ip, port))
+}
+
+/// Why `url` is no health URL the gate can tie to a machine: it must be
+/// `http://` to a literal loopback address (`http://127.0.0.1:10248/healthz`
+/// or `http://[::1]:10248/healthz`). Checked when the config is read.
+pub fn literal_loopback(url: &str) -> Result<(), String> {
+    if loopback_addr(url).is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "{url:?} is not http:// to a literal loopback address (127.0.0.1 or [::1], written out in full; not a name, a short form like 127.1 or a wildcard like 0.0.0.0): only a loopback answer can be tied to the machine's own kubelet"
+    ))
 }
 
 #[cfg(test)]

@@ -86,6 +86,13 @@ pub struct Keyless {
     /// Require an SCT from a CT log of the trusted root (default true).
     #[serde(default = "default_true")]
     pub require_sct: bool,
+    /// Accept a Sigstore bundle that names no repository (cosign 3's
+    /// `sign` writes none): the certificate identity alone must then tell
+    /// the images apart, e.g. one workflow per variant. Off: such a bundle
+    /// does not count (the `.sig` layer's payload or a named statement
+    /// must name `trust.identity`).
+    #[serde(default)]
+    pub allow_unnamed_subject: bool,
     /// Accept a certificate that names its issuer only in the deprecated
     /// 1.3.6.1.4.1.57264.1.1 extension (Fulcio before late 2022).
     #[serde(default)]
@@ -134,6 +141,7 @@ impl Keyless {
             },
             require_sct: self.require_sct,
             accept_deprecated_issuer: self.accept_deprecated_issuer_extension,
+            allow_unnamed_subject: self.allow_unnamed_subject,
         })
     }
 }

@@ -34,6 +34,14 @@ pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy,
         .iter()
         .map(|p| root.join(&p.to_string_lossy()))
         .collect();
+    for p in &paths {
+        crate::trusted::check_file(p, "a signing key (trust.public_keys)").map_err(|e| {
+            VerifyError::Key(kubeslot_image::signature::SignatureError::Key {
+                path: e.path,
+                reason: e.reason,
+            })
+        })?;
+    }
     let keys = TrustedKeys::from_pem_files(&paths).map_err(VerifyError::Key)?;
     let keyless = match &trust.keyless {
         Some(k) => Some(keyless(k, root)?),
@@ -59,6 +67,11 @@ pub fn policy(trust: &Trust, image: &ImageSource, root: &Root) -> Result<Policy,
 fn keyless(k: &Keyless, root: &Root) -> Result<KeylessPolicy, VerifyError> {
     let rules = k.rules().map_err(VerifyError::Keyless)?;
     let path = root.join(&k.trusted_root.to_string_lossy());
+    crate::trusted::check_file(
+        &path,
+        "the keyless trusted root (trust.keyless.trusted_root)",
+    )
+    .map_err(|e| VerifyError::Keyless(e.to_string()))?;
     let bytes = std::fs::read(&path)
         .map_err(|e| VerifyError::Keyless(format!("trusted_root {}: {e}", path.display())))?;
     let root = TrustedRoot::parse(&bytes)

@@ -41,7 +41,10 @@ pub struct Diagnostics {
 }
 
 /// The secret values of a config: the bootstrap token (and its secret
-/// half alone), the exec credential's environment values.
+/// half alone), the exec credential's environment values and its
+/// arguments' values (`--client-secret X`'s `X`, `--token=X`'s `X`, a bare
+/// `X`; flag names alone are not secret): a plugin's command line is where
+/// a client secret or a token is passed.
 pub fn secrets(config: &Config) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(t) = &config.kubelet.bootstrap_token {
@@ -52,6 +55,13 @@ pub fn secrets(config: &Config) -> Vec<String> {
     }
     if let Some(e) = &config.kubelet.exec_credential {
         out.extend(e.env.values().cloned());
+        for a in &e.args {
+            match a.split_once('=') {
+                Some((flag, value)) if flag.starts_with('-') => out.push(value.to_string()),
+                _ if a.starts_with('-') => {}
+                _ => out.push(a.clone()),
+            }
+        }
     }
     // the longest first: a token is replaced whole, not around its half
     out.retain(|s| s.len() >= 4);
@@ -184,5 +194,25 @@ mod tests {
             redact("nothing secret here", &secrets),
             "nothing secret here"
         );
+    }
+
+    /// Issue 40 item 7: the exec credential's arguments were shown as the
+    /// plugin's failing command line printed them.
+    #[test]
+    fn exec_credential_arguments_are_redacted() {
+        let json = r#"{"image":"registry.example/node:v1","kubelet":{"api_server":"https://10.0.0.1:6443","ca_data":"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n","exec_credential":{"command":"/usr/local/bin/kubelogin","args":["get-token","--client-secret","s3cr3t-client-value","--token=tok3n-value-1234","-v"]}}}"#;
+        let c = Config::parse(
+            std::path::Path::new("/etc/kubeslot/activator.json"),
+            json.as_bytes(),
+        )
+        .unwrap();
+        let secrets = secrets(&c);
+        let line = "exec: /usr/local/bin/kubelogin get-token --client-secret s3cr3t-client-value --token=tok3n-value-1234 failed";
+        let shown = redact(line, &secrets);
+        assert!(
+            !shown.contains("s3cr3t-client-value") && !shown.contains("tok3n-value-1234"),
+            "{shown}"
+        );
+        assert!(shown.contains("--client-secret <redacted>"), "{shown}");
     }
 }

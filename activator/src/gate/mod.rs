@@ -9,4 +9,5 @@
 
 pub mod diagnostics;
 pub mod health;
+pub mod listener;
 pub mod preflight;

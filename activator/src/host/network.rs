@@ -271,10 +271,15 @@ pub fn remove(root: &Root, l: &Leftovers) -> Result<Vec<String>, NetworkError> {
                 ip_family(family, &["rule", "del", "table", &t])?;
                 left -= 1;
             }
-            if !ip_family(family, &["route", "show", "table", &t])?
-                .trim()
-                .is_empty()
-            {
+            // a table only a rule named has no routes: `ip` says it does
+            // not exist
+            let routes = match ip_family(family, &["route", "show", "table", &t]) {
+                Err(NetworkError::Ip { reason, .. }) if reason.contains("does not exist") => {
+                    String::new()
+                }
+                other => other?,
+            };
+            if !routes.trim().is_empty() {
                 ip_family(family, &["route", "flush", "table", &t])?;
             }
         }

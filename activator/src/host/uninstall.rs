@@ -91,6 +91,10 @@ pub struct Options {
     pub remove_unmanaged: bool,
     /// Change nothing; say what would be stopped and removed.
     pub dry_run: bool,
+    /// Also remove the node's network leftovers. Off by default: a link or
+    /// rule of the node's patterns the host made itself after the first
+    /// activation cannot be told from the node's.
+    pub network: bool,
 }
 
 /// What `uninstall` did, for the operator.
@@ -111,6 +115,9 @@ pub struct Uninstalled {
     pub dry_run: bool,
     /// The node's network leftovers removed (links, routing tables).
     pub network: Vec<String>,
+    /// The node's network leftovers left in place (without
+    /// [`Options::network`]).
+    pub network_left: Vec<String>,
     /// Why no network leftover is removed (the host's network was never
     /// recorded), when so.
     pub network_note: Option<String>,
@@ -358,12 +365,17 @@ pub fn uninstall(
     let mut done = Uninstalled::default();
     let removal = removal(root, systemd, opts, &mut done)?;
     done.network_note = removal.network.unrecorded.clone();
+    if !opts.network {
+        done.network_left = described(&removal.network);
+    }
     if opts.dry_run {
         done.dry_run = true;
         done.units = removal.units(root);
         done.removed = removal.paths();
         done.kept = removal.kept.clone();
-        done.network = described(&removal.network);
+        if opts.network {
+            done.network = described(&removal.network);
+        }
         return Ok(done);
     }
 
@@ -378,8 +390,12 @@ pub fn uninstall(
         remove(p, shown.clone(), &mut done.removed)?;
     }
     // The node's network leftovers, once no node runs to make them again;
-    // before the state (and the record of what the host had) goes.
-    done.network = network::remove(root, &removal.network)?;
+    // before the state (and the record of what the host had) goes. Only
+    // when asked: what the host made itself after the first activation
+    // matches the same names.
+    if opts.network {
+        done.network = network::remove(root, &removal.network)?;
+    }
     systemd.daemon_reload()?;
 
     // The state last: an interrupted uninstall is run again.

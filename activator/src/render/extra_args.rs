@@ -83,6 +83,8 @@ pub enum ExtraArgsError {
         line: usize,
         reason: String,
     },
+    #[error(transparent)]
+    Untrusted(#[from] crate::trusted::Untrusted),
 }
 
 /// Bytes allowed in an argument: no quotes, `$`, `%`, `\` or whitespace,
@@ -177,6 +179,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<String>, ExtraArgsError> {
 /// arguments.
 pub fn read(root: &Root) -> Result<Vec<String>, ExtraArgsError> {
     let path = root.kubelet_extra_args();
+    if std::fs::symlink_metadata(&path).is_ok() {
+        crate::trusted::check_file(&path, "the kubelet's extra arguments")?;
+    }
     match std::fs::read_to_string(&path) {
         Ok(text) => parse(&Root::host().kubelet_extra_args(), &text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),

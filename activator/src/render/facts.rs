@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use super::bundle;
 use super::extra_args;
 use super::gpu::{self, Discovery, GpuBinds, ToolBind};
-use super::{ensure_newline, registry_mirrors, RenderError};
+use super::{registry_mirrors, RenderError};
 use crate::config::node::{self, check_node_name};
 use crate::config::Config;
 use crate::paths::Root;
@@ -100,8 +100,17 @@ pub fn gather_with(
                 reason: e.to_string(),
             });
         }
+        crate::trusted::check_bind_source(root.dir(), &m.host_path, "extra_mounts")?;
     }
     let kubelet_extra_args = extra_args::read(root)?;
+    if let Some(dir) = config
+        .images
+        .bundle_dir
+        .as_ref()
+        .filter(|_| !config.images.bundle.is_empty())
+    {
+        crate::trusted::check_bind_source(root.dir(), dir, "images.bundle_dir")?;
+    }
     bundle::verify(root, &config.images)?;
     Ok(HostFacts {
         hostname,
@@ -123,18 +132,20 @@ fn read_registry_cas(
     for (registry, m) in registry_mirrors(config) {
         let Some(file) = &m.ca_file else { continue };
         let path = root.join(&file.to_string_lossy());
+        crate::trusted::check_file(&path, "a registry's CA")?;
         let pem = std::fs::read_to_string(&path).map_err(|source| RenderError::RegistryCaRead {
             registry: registry.clone(),
             path: file.clone(),
             source,
         })?;
-        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        let pem = certificates_only(&pem);
+        if pem.is_empty() {
             return Err(RenderError::RegistryCaNotPem {
                 registry,
                 path: file.clone(),
             });
         }
-        out.insert(registry, ensure_newline(pem));
+        out.insert(registry, pem);
     }
     Ok(out)
 }
@@ -167,6 +178,7 @@ fn read_ca(root: &Root, config: &Config) -> Result<String, RenderError> {
         (Some(pem), _) => (pem.clone(), "kubelet.ca_data".to_string()),
         (None, Some(file)) => {
             let path = root.join(&file.to_string_lossy());
+            crate::trusted::check_file(&path, "the cluster CA")?;
             let pem = std::fs::read_to_string(&path)
                 .map_err(|source| RenderError::CaRead { path, source })?;
             (pem, file.display().to_string())
@@ -174,10 +186,43 @@ fn read_ca(root: &Root, config: &Config) -> Result<String, RenderError> {
         // Config::validate refuses this; render an empty CA rather than panic.
         (None, None) => (String::new(), "kubelet.ca_data".to_string()),
     };
-    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+    let pem = certificates_only(&pem);
+    if pem.is_empty() {
         return Err(RenderError::CaNotPem { origin });
     }
-    Ok(ensure_newline(pem))
+    Ok(pem)
+}
+
+/// The `CERTIFICATE` blocks of a PEM text, each whole, one after the other:
+/// what goes into the node's CA files. Anything else (a private key put in
+/// the same file, comments, other block types) stays on the host. Empty
+/// when there is no complete certificate block.
+pub fn certificates_only(pem: &str) -> String {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = String::new();
+    let mut block: Option<String> = None;
+    for line in pem.lines().map(str::trim_end) {
+        match &mut block {
+            None if line == BEGIN => block = Some(format!("{line}\n")),
+            None => {}
+            Some(b) if line == END => {
+                out.push_str(b);
+                out.push_str(line);
+                out.push('\n');
+                block = None;
+            }
+            // another block begins inside this one: this one is broken
+            Some(_) if line.starts_with("-----") => {
+                block = (line == BEGIN).then(|| format!("{line}\n"));
+            }
+            Some(b) => {
+                b.push_str(line);
+                b.push('\n');
+            }
+        }
+    }
+    out
 }
 
 fn is_loopback(ip: &str) -> bool {

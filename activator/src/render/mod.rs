@@ -139,6 +139,8 @@ pub enum RenderError {
     ExtraArgs(#[from] ExtraArgsError),
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Untrusted(#[from] crate::trusted::Untrusted),
     #[error("extra_mounts: host path {path} (for {machine_path}): {reason}: nspawn refuses a bind whose source is missing")]
     MountSource {
         path: PathBuf,

@@ -311,7 +311,7 @@ fn uninstall_removes_the_network_a_node_left_but_never_the_hosts_own() {
         ns.inside(add);
     }
     let before = ns.links();
-    let out = h.run_in(Some(&ns.0), &["uninstall", "--dry-run"], None);
+    let out = h.run_in(Some(&ns.0), &["uninstall", "--dry-run", "--network"], None);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -339,7 +339,7 @@ fn uninstall_removes_the_network_a_node_left_but_never_the_hosts_own() {
     assert_eq!(ns.links(), before);
     assert!(h.root().join("var/lib/machines/kube1").exists());
 
-    let out = h.run_in(Some(&ns.0), &["uninstall"], None);
+    let out = h.run_in(Some(&ns.0), &["uninstall", "--network"], None);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -358,4 +358,43 @@ fn uninstall_removes_the_network_a_node_left_but_never_the_hosts_own() {
         "{rules}"
     );
     assert!(ns.inside("route show table 51820").trim().is_empty());
+}
+
+/// Issue 40 item 7: `uninstall` removed a WireGuard link and a routing
+/// rule the host made itself after the first activation (they match the
+/// node's names, and the record only knows what the host had before).
+/// Without `--network` it removes no link and no rule, and says what it
+/// left.
+#[test]
+fn uninstall_leaves_the_network_alone_unless_asked() {
+    let img = images();
+    let h = Host::new(&img);
+    let ns = NetNs::new();
+    fs::create_dir_all(h.root().join("sys/class")).unwrap();
+    std::os::unix::fs::symlink("/sys/class/net", h.root().join("sys/class/net")).unwrap();
+    let out = h.run_in(Some(&ns.0), &["activate", "--json"], None);
+    let r = json(
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    // the host's own VPN, set up after the node first ran
+    ns.inside("link add wg0 type bridge");
+    ns.inside("rule add table 51821 pref 300");
+    ns.inside("route add unreachable 10.8.0.0/24 table 51821");
+    let before = (ns.links(), ns.inside("rule show"));
+    let out = h.run_in(Some(&ns.0), &["uninstall"], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!((ns.links(), ns.inside("rule show")), before, "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("left link wg0: ") && l.contains("--network removes it")),
+        "{text}"
+    );
+    assert!(!text.contains("removed the node's"), "{text}");
 }

@@ -71,6 +71,9 @@ pub struct Verified {
     /// For a DSSE statement: the `name` of the subject that matched, when
     /// it has one.
     pub subject_name: Option<String>,
+    /// For a DSSE statement: its predicate type (a signature is
+    /// [`COSIGN_SIGN_PREDICATE`]; [`oci`] refuses anything else).
+    pub predicate_type: Option<String>,
 }
 
 /// Why keyless material was refused.
@@ -213,6 +216,7 @@ impl KeylessPolicy {
             integrated_time: t,
             log_index: entry.log_index,
             subject_name: None,
+            predicate_type: None,
         })
     }
 
@@ -275,8 +279,10 @@ impl KeylessPolicy {
                         ),
                     ));
                 }
-                verified.subject_name =
+                let (name, predicate) =
                     statement_subject(payload, target).map_err(|why| self.refused(&b.leaf, why))?;
+                verified.subject_name = name;
+                verified.predicate_type = Some(predicate);
                 Ok(verified)
             }
         }
@@ -346,11 +352,19 @@ impl KeylessPolicy {
     }
 }
 
+/// cosign's signature predicate: what `cosign sign` (v3, bundle format)
+/// puts in its statement. An attestation (provenance, an SBOM, `cosign
+/// attest`'s predicates) by the same identity names the digest too, but it
+/// is no signature: it is refused.
+pub const COSIGN_SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
+
 #[derive(Deserialize)]
 struct Statement {
     #[serde(rename = "_type")]
     kind: String,
     subject: Vec<Subject>,
+    #[serde(rename = "predicateType", default)]
+    predicate_type: String,
 }
 
 #[derive(Deserialize)]
@@ -361,8 +375,9 @@ struct Subject {
     digest: std::collections::BTreeMap<String, String>,
 }
 
-/// The in-toto statement's subject for `target`: its name, when it has one.
-fn statement_subject(payload: &[u8], target: Target) -> Result<Option<String>, String> {
+/// The in-toto statement's subject for `target`: its name, when it has one,
+/// and the statement's predicate type.
+fn statement_subject(payload: &[u8], target: Target) -> Result<(Option<String>, String), String> {
     let s: Statement = serde_json::from_slice(payload)
         .map_err(|e| format!("the DSSE payload is not an in-toto statement ({e})"))?;
     if !s.kind.starts_with("https://in-toto.io/Statement/") {
@@ -375,7 +390,10 @@ fn statement_subject(payload: &[u8], target: Target) -> Result<Option<String>, S
             .is_some_and(|d| d.eq_ignore_ascii_case(&want))
     });
     match found {
-        Some(sub) => Ok((!sub.name.is_empty()).then(|| sub.name.clone())),
+        Some(sub) => Ok((
+            (!sub.name.is_empty()).then(|| sub.name.clone()),
+            s.predicate_type,
+        )),
         None => Err(format!(
             "the statement's subjects ({}) do not include sha256:{want}",
             s.subject

@@ -232,14 +232,37 @@ pub fn check_referrers(
                 continue;
             }
         };
-        if let Some(name) = &verified.subject_name {
-            if let Err(why) = repository_check(identity, name) {
+        match (&verified.subject_name, identity) {
+            (Some(name), _) => {
+                if let Err(why) = repository_check(identity, name) {
+                    reasons.push(format!(
+                        "{at}: certificate {} (issuer {}): the statement's subject {why}",
+                        verified.san, verified.issuer
+                    ));
+                    continue;
+                }
+            }
+            (None, Some(expected)) if !policy.rules.allow_unnamed_subject => {
                 reasons.push(format!(
-                    "{at}: certificate {} (issuer {}): the statement's subject {why}",
+                    "{at}: certificate {} (issuer {}): the bundle names no repository, so nothing binds it to {expected} (trust.identity): one identity may sign several images (ubuntu2404, ubuntu2404-nvidia); set trust.keyless.allow_unnamed_subject only where the certificate identity alone tells them apart",
                     verified.san, verified.issuer
                 ));
                 continue;
             }
+            (None, _) => {}
+        }
+        if let Some(p) = verified
+            .predicate_type
+            .as_deref()
+            .filter(|p| *p != super::COSIGN_SIGN_PREDICATE)
+        {
+            reasons.push(format!(
+                "{at}: certificate {} (issuer {}): the statement's predicate type {p:?} is not cosign's signature ({}): an attestation of the same identity is not a signature",
+                verified.san,
+                verified.issuer,
+                super::COSIGN_SIGN_PREDICATE
+            ));
+            continue;
         }
         return Ok(verified);
     }

@@ -73,6 +73,13 @@ pub struct Rules {
     pub require_sct: bool,
     /// Accept the issuer from the deprecated 1.3.6.1.4.1.57264.1.1 alone.
     pub accept_deprecated_issuer: bool,
+    /// Accept a bundle that names no repository (a message signature, or
+    /// cosign 3's `sign` statement, whose subject has no name): then the
+    /// certificate identity alone says which image it is, and one identity
+    /// that signs several images (`ubuntu2404`, `ubuntu2404-nvidia`) vouches
+    /// for each as any other. Off: such a bundle does not count where
+    /// `trust.identity` is to be checked.
+    pub allow_unnamed_subject: bool,
 }
 
 /// The certificate's identity as errors show it.

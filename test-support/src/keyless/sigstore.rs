@@ -166,6 +166,12 @@ pub struct SignSpec {
     pub repository: String,
     pub legacy: bool,
     pub bundle: bool,
+    /// The bundle statement's predicate type (cosign's signature:
+    /// `https://sigstore.dev/cosign/sign/v1`; an attestation's otherwise).
+    pub predicate_type: String,
+    /// Whether the bundle statement's subject names `repository` (cosign
+    /// 3's `sign` names none).
+    pub subject_named: bool,
 }
 
 impl SignSpec {
@@ -176,9 +182,14 @@ impl SignSpec {
             repository: repository.into(),
             legacy: true,
             bundle: true,
+            predicate_type: COSIGN_SIGN_PREDICATE.into(),
+            subject_named: true,
         }
     }
 }
+
+/// cosign's signature predicate type (what `cosign sign` writes).
+pub const COSIGN_SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
 
 /// A change of the signature material a host must refuse, and what its
 /// refusal says (every text, for the material both ways).
@@ -677,10 +688,33 @@ impl TestSigstore {
         repository: &str,
         integrated_time: i64,
     ) -> Value {
+        self.bundle_of(
+            leaf,
+            signed,
+            Some(repository),
+            COSIGN_SIGN_PREDICATE,
+            integrated_time,
+        )
+    }
+
+    /// [`TestSigstore::bundle`] with the statement's subject `name` (none:
+    /// as cosign 3's `sign` writes it) and `predicate_type` chosen.
+    pub fn bundle_of(
+        &self,
+        leaf: &Leaf,
+        signed: Digest,
+        name: Option<&str>,
+        predicate_type: &str,
+        integrated_time: i64,
+    ) -> Value {
+        let mut subject = json!({"digest": {"sha256": signed.hex()}});
+        if let Some(n) = name {
+            subject["name"] = n.into();
+        }
         let statement = serde_json::to_vec(&json!({
             "_type": "https://in-toto.io/Statement/v1",
-            "subject": [{"name": repository, "digest": {"sha256": signed.hex()}}],
-            "predicateType": "https://sigstore.dev/cosign/sign/v1",
+            "subject": [subject],
+            "predicateType": predicate_type,
             "predicate": {},
         }))
         .unwrap();
@@ -763,7 +797,13 @@ impl TestSigstore {
             if spec.bundle {
                 m.bundles.push((
                     s.clone(),
-                    self.bundle(leaf, what, &spec.repository, integrated_time),
+                    self.bundle_of(
+                        leaf,
+                        what,
+                        spec.subject_named.then_some(spec.repository.as_str()),
+                        &spec.predicate_type,
+                        integrated_time,
+                    ),
                 ));
             }
         }
