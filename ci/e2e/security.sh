@@ -103,3 +103,54 @@ scenario_rollback_refuses_tampered_image() {
     check "$prev's kubelet is v1's again" cmp -s "$kubelet" "$WORK/kubelet/v1/kubelet" || return 1
   fi
 }
+
+# Issue 40, item 2, on the unbounded-agent host unmanaged_machine_refused
+# left (kube1 running, no kubeslot state): the adopted tree is the node's,
+# so `adopt --write-config` refuses (exit 3) the kubelet flags in its
+# /etc/default/kubelet that open the kubelet (anonymous auth, AlwaysAllow,
+# a static-pod path; `_` spelled as the kubelet reads it), and plain ones
+# without --force, naming them in full; nothing is recorded or written.
+# The host's own /etc/kubeslot/default-kubelet with an underscored owned
+# flag or a security flag is refused by `render` (exit 3) before anything
+# is written. Leaves kube1 as it found it for adopt_unbounded.
+scenario_adopt_refuses_untrusted_kubelet_flags() {
+  [ "$(active_machines)" = kube1 ] || unbounded_kube1 || return 1
+  local defaults=$OUTER/var/lib/machines/kube1/etc/default host_args=$OUTER/etc/kubeslot/default-kubelet
+  local written=/etc/kubeslot/adopt-e2e.json saved="" rc args name
+  local adopt=(adopt --config "$written" --write-config --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub)
+  mkdir -p "$defaults"
+  [ ! -e "$host_args" ] || saved=$(cat "$host_args")
+  rm -f "$host_args"
+  while read -r args; do
+    printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$defaults/kubelet"
+    rc=0
+    act "${adopt[@]}" || rc=$?
+    log "  adopt with $args: exit $rc: $(act_error)"
+    check_eq "adopt's exit code with $args" "$rc" 3 || { show_log; return 1; }
+    check "no state recorded" test ! -e "$OUTER/var/lib/kubeslot/state.json" || return 1
+    check "no config written" test ! -e "$OUTER$written" || return 1
+    check "no default-kubelet written" test ! -e "$host_args" || return 1
+  done <<'EOF2'
+--max-pods=60 --anonymous_auth=true --authorization-mode=AlwaysAllow --pod-manifest-path=/etc/kubernetes/evil
+--authorization_mode=AlwaysAllow
+--max-pods=60 --v=2
+EOF2
+  check "the security flag named as the kubelet reads it" grep -q -- "--authorization-mode turns off part of the node's security" <<<"$(act_error)" || return 1
+  # (the last one: plain flags, shown in full, need --force)
+  act "${adopt[@]}" --dry-run --force || { show_log; fail "adopt --dry-run --force exited non-zero"; return 1; }
+  check "adopt --dry-run shows the adopted flags in full" grep -qF 'KUBELET_EXTRA_ARGS="--max-pods=60 --v=2"' "$ACT_LOG" || { show_log; return 1; }
+  rm -f "$defaults/kubelet"
+  for args in "--bootstrap_kubeconfig=/var/lib/kubelet/evil.conf" "--anonymous_auth=true" "--read-only-port=10255"; do
+    printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$host_args"
+    rc=0
+    act render kube2 || rc=$?
+    log "  render with $args: exit $rc: $(act_error)"
+    check_eq "render's exit code with $args in the host's default-kubelet" "$rc" 3 || { show_log; return 1; }
+    name=${args%%=*}
+    check "render names the flag as the kubelet reads it" grep -qF -- "${name//_/-} " <<<"$(act_error)" || return 1
+    check "render wrote no kube2 files" test ! -e "$OUTER/etc/systemd/nspawn/kube2.nspawn" || return 1
+  done
+  rm -f "$host_args"
+  [ -z "$saved" ] || printf '%s\n' "$saved" >"$host_args"
+  check_eq "machines running after the refusals" "$(active_machines)" kube1
+}

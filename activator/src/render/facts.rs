@@ -101,7 +101,7 @@ pub fn gather_with(
             });
         }
     }
-    let kubelet_extra_args = extra_args::read(root)?;
+    let kubelet_extra_args = extra_args::read(root, &config.kubelet.allow_security_flags)?;
     bundle::verify(root, &config.images)?;
     Ok(HostFacts {
         hostname,
