@@ -277,6 +277,7 @@ SCENARIOS=(
   reboot
   unsigned_refused
   preflight_fails
+  rollback_refuses_changed_cni_plugin
   rollback_refuses_tampered_image
   rollback
   activate_v3_rolls_back

@@ -154,3 +154,54 @@ EOF2
   [ -z "$saved" ] || printf '%s\n' "$saved" >"$host_args"
   check_eq "machines running after the refusals" "$(active_machines)" kube1
 }
+
+# Issue 40, item 1, before `rollback` (the previous slot holds v1): the
+# image's CNI `bridge` plugin, which containerd runs as root for every pod
+# sandbox, replaced as its node could have left it (same size, made
+# setuid; overlay: a copied-up file in its upper, written with the slot
+# unmounted; copy: in the tree). /opt/cni/bin is the node's to add to, not
+# to change the image's files in: `rollback` exits 1 naming the plugin and
+# `--force`, the running machine unchanged. The change is then undone,
+# exactly, for `rollback`.
+scenario_rollback_refuses_changed_cni_plugin() {
+  local run prev upper bridge mode added=() d rc=0 overlay=0
+  run=$(running_machine) || return 1
+  prev=$(other_machine "$run")
+  upper=$OUTER/var/lib/kubeslot/slots/$prev/upper
+  if outer test -f "/etc/systemd/system/var-lib-machines-$prev.mount"; then
+    overlay=1
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    for d in opt opt/cni opt/cni/bin; do
+      if [ ! -d "$upper/$d" ]; then
+        mkdir -m 0755 "$upper/$d"
+        added=("$d" "${added[@]}")
+      fi
+    done
+    bridge=$upper/opt/cni/bin/bridge
+    [ ! -e "$bridge" ] || { fail "$prev's upper already holds opt/cni/bin/bridge"; return 1; }
+    cp "$WORK/images/test/cni/bridge" "$bridge"
+    mode=0755
+  else
+    bridge=$OUTER/var/lib/machines/$prev/opt/cni/bin/bridge
+    mode=$(stat -c %a "$bridge")
+  fi
+  tamper_file "$bridge"
+  chmod 4755 "$bridge"
+  act rollback || rc=$?
+  log "  rollback exited $rc: $(act_error)"
+  check_eq "rollback's exit code" "$rc" 1 || { show_log; return 1; }
+  check "the refusal names the CNI plugin" grep -q '/opt/cni/bin/bridge' <<<"$(act_error)" || return 1
+  check "the refusal says how to override" grep -q -- '--force' <<<"$(act_error)" || return 1
+  check_eq "machine running after the refusal" "$(active_machines)" "$run" || return 1
+
+  # undone: the next scenarios roll back to the image as it was installed
+  if [ $overlay = 1 ]; then
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    rm "$bridge"
+    for d in "${added[@]}"; do rmdir "$upper/$d"; done
+  else
+    tamper_file "$bridge"
+    chmod "$mode" "$bridge"
+    check "$prev's bridge is the image's again" cmp -s "$bridge" "$WORK/images/test/cni/bridge" || return 1
+  fi
+}
