@@ -62,12 +62,44 @@ pub fn verify(root: &Root, images: &Images) -> Result<(), BundleError> {
     };
     for b in &images.bundle {
         let shown = dir.join(&b.file);
-        verify_one(&root.join(&shown.to_string_lossy()), &shown, b)?;
+        // what else the config lists in the same archive
+        let listed: Vec<&BundleImage> = images.bundle.iter().filter(|o| o.file == b.file).collect();
+        verify_one(&root.join(&shown.to_string_lossy()), &shown, b, &listed)?;
     }
     Ok(())
 }
 
-fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleError> {
+/// Refuses an index entry of the archive that the config does not list
+/// (for this file) by its name and digest: the import unit imports every
+/// named entry, so a second name in the archive (`registry.k8s.io/pause`)
+/// would replace an image containerd already has.
+fn only_listed(index: &Index, listed: &[&BundleImage]) -> Result<(), String> {
+    for d in &index.manifests {
+        let ns = names(d);
+        let ok = listed
+            .iter()
+            .any(|b| b.digest == d.digest && ns.iter().all(|n| *n == b.name));
+        if !ok {
+            return Err(format!(
+                "index.json also holds {} {}, which the config does not list for this archive with that digest; containerd would import it too (every entry must be listed in images.bundle with its name and digest)",
+                if ns.is_empty() {
+                    "an unnamed image".to_string()
+                } else {
+                    ns.join("/")
+                },
+                d.digest
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn verify_one(
+    path: &Path,
+    shown: &Path,
+    b: &BundleImage,
+    listed: &[&BundleImage],
+) -> Result<(), BundleError> {
     let refuse = |reason: String| BundleError::Image {
         file: shown.to_path_buf(),
         name: b.name.clone(),
@@ -119,6 +151,7 @@ fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleEr
             b.name
         )));
     }
+    only_listed(&index, listed).map_err(refuse)?;
     // every blob is what its name says: the node imports them all
     for (digest, at) in &members {
         let mut r = HashingReader::new(ReadAt::new(file.clone(), at.0, at.1));
@@ -303,5 +336,40 @@ mod tests {
             msg.contains("the archive is damaged or was altered"),
             "{msg}"
         );
+    }
+
+    /// Issue 40, item 3: an archive with a second entry named like an image
+    /// containerd already has passed (only the configured entry was
+    /// checked), and the node's import unit imported it over that name.
+    #[test]
+    fn an_entry_the_config_does_not_list_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, digest) = host(dir.path());
+        let pause = "registry.k8s.io/pause:3.10.2";
+        let other = bundle_archive(
+            &dir.path().join("layout"),
+            pause,
+            b"PAYLOAD",
+            &root.join("srv/bundle/hello.tar"),
+        );
+        let msg = verify(&root, &images(NAME, digest))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("images.bundle /srv/bundle/hello.tar (registry.example/e2e/hello:1): index.json also holds registry.k8s.io/pause:3.10.2 ")
+                && msg.contains(&other.to_string()),
+            "{msg}"
+        );
+        // listed with its name and digest, for the same archive: both pass
+        let mut both = images(NAME, digest);
+        both.bundle.push(BundleImage {
+            file: "hello.tar".into(),
+            name: pause.into(),
+            digest: other,
+        });
+        verify(&root, &both).unwrap();
+        // listed at another digest: refused
+        both.bundle[1].digest = Digest::of(b"not it");
+        assert!(verify(&root, &both).is_err());
     }
 }
