@@ -656,6 +656,9 @@ fn cni_layer() -> Vec<u8> {
         E::File("opt/cni/bin/loopback", 0o755, b"loopback plugin\n"),
         E::Dir("root/", 0o700),
         E::File("root/.profile", 0o644, b"# root's profile\n"),
+        E::Dir("var/log/", 0o755),
+        E::File("var/log/wtmp", 0o644, b""),
+        E::File("var/lib/shells.state", 0o644, b"/bin/sh\n"),
     ])
 }
 
@@ -685,6 +688,10 @@ fn rollback_refuses_a_changed_cni_plugin_in_either_slot_mode() {
         fs::write(t.join("etc/cni/net.d/10-calico.conflist"), b"{}").unwrap();
         fs::remove_file(t.join("opt/cni/bin/loopback")).unwrap();
         fs::set_permissions(t.join("var/lib"), fs::Permissions::from_mode(0o711)).unwrap();
+        // data it rewrites: a log and a state file the image ships
+        fs::write(t.join("var/log/wtmp"), b"boot record").unwrap();
+        fs::set_permissions(t.join("var/log/wtmp"), fs::Permissions::from_mode(0o664)).unwrap();
+        fs::write(t.join("var/lib/shells.state"), b"/bin/sh\n/bin/bash\n").unwrap();
         if attack {
             // the image's plugin replaced by a setuid payload, and root's
             // profile (run by every root login shell) changed
@@ -692,6 +699,9 @@ fn rollback_refuses_a_changed_cni_plugin_in_either_slot_mode() {
             fs::write(&bridge, b"#!/bin/sh\nid >/x\n").unwrap();
             fs::set_permissions(&bridge, fs::Permissions::from_mode(0o4755)).unwrap();
             fs::write(t.join("root/.profile"), b"/evil &\n").unwrap();
+            // an image file in its data made setuid: its mode is the image's
+            let state = t.join("var/lib/shells.state");
+            fs::set_permissions(&state, fs::Permissions::from_mode(0o4755)).unwrap();
         }
         n.image("v2", &[base_layer(), kubelet_layer("v2"), cni_layer()]);
         assert_eq!(n.activate().slot, Some(Slot::Kube2), "{slots}");
@@ -709,10 +719,18 @@ fn rollback_refuses_a_changed_cni_plugin_in_either_slot_mode() {
         }
         let e = refused(&r);
         assert!(
-            e.contains("/opt/cni/bin/bridge (") && e.contains("/root/.profile ("),
+            e.contains("/opt/cni/bin/bridge (")
+                && e.contains("/root/.profile (")
+                && e.contains("/var/lib/shells.state ("),
             "{slots}: {e}"
         );
-        for allowed in ["calico", "loopback", "/var/lib", "/etc/cni/net.d/10-bridge"] {
+        for allowed in [
+            "calico",
+            "loopback",
+            "/var/lib (",
+            "wtmp",
+            "/etc/cni/net.d/10-bridge",
+        ] {
             assert!(!e.contains(allowed), "{slots}: {allowed}: {e}");
         }
         assert_eq!(n.running(), ["systemd-nspawn@kube2.service"], "{slots}");

@@ -115,30 +115,44 @@ scenario_rollback_refuses_tampered_image() {
 # is written. Leaves kube1 as it found it for adopt_unbounded.
 scenario_adopt_refuses_untrusted_kubelet_flags() {
   [ "$(active_machines)" = kube1 ] || unbounded_kube1 || return 1
-  local defaults=$OUTER/var/lib/machines/kube1/etc/default host_args=$OUTER/etc/kubeslot/default-kubelet
-  local written=/etc/kubeslot/adopt-e2e.json saved="" rc args name
-  local adopt=(adopt --config "$written" --write-config --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub)
-  mkdir -p "$defaults"
+  local host_args=$OUTER/etc/kubeslot/default-kubelet saved="" rc=0
   [ ! -e "$host_args" ] || saved=$(cat "$host_args")
   rm -f "$host_args"
-  while read -r args; do
+  untrusted_kubelet_flags_refused || rc=$?
+  # whatever happened: kube1's tree and the host's file as they were, for
+  # adopt_unbounded and activate_v1
+  rm -f "$host_args" "$OUTER/var/lib/machines/kube1/etc/default/kubelet"
+  [ -z "$saved" ] || printf '%s\n' "$saved" >"$host_args"
+  [ $rc = 0 ] || return $rc
+  check_eq "machines running after the refusals" "$(active_machines)" kube1
+}
+
+# untrusted_kubelet_flags_refused: adopt_refuses_untrusted_kubelet_flags's
+# checks (the caller restores the files they write).
+untrusted_kubelet_flags_refused() {
+  local defaults=$OUTER/var/lib/machines/kube1/etc/default host_args=$OUTER/etc/kubeslot/default-kubelet
+  local written=/etc/kubeslot/adopt-e2e.json rc args want name
+  local adopt=(adopt --config "$written" --write-config --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub)
+  mkdir -p "$defaults"
+  while IFS='|' read -r args want; do
     printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$defaults/kubelet"
     rc=0
     act "${adopt[@]}" || rc=$?
     log "  adopt with $args: exit $rc: $(act_error)"
     check_eq "adopt's exit code with $args" "$rc" 3 || { show_log; return 1; }
+    check "the refusal says: $want" grep -qF -- "$want" <<<"$(act_error)" || return 1
     check "no state recorded" test ! -e "$OUTER/var/lib/kubeslot/state.json" || return 1
     check "no config written" test ! -e "$OUTER$written" || return 1
     check "no default-kubelet written" test ! -e "$host_args" || return 1
   done <<'EOF2'
---max-pods=60 --anonymous_auth=true --authorization-mode=AlwaysAllow --pod-manifest-path=/etc/kubernetes/evil
---authorization_mode=AlwaysAllow
---max-pods=60 --v=2
+--max-pods=60 --anonymous_auth=true --authorization-mode=AlwaysAllow --pod-manifest-path=/etc/kubernetes/evil|--anonymous-auth turns off part of the node's security
+--authorization_mode=AlwaysAllow|--authorization-mode turns off part of the node's security
+--max-pods=60 --v=2|KUBELET_EXTRA_ARGS="--max-pods=60 --v=2"; check each and pass --force
 EOF2
-  check "the security flag named as the kubelet reads it" grep -q -- "--authorization-mode turns off part of the node's security" <<<"$(act_error)" || return 1
   # (the last one: plain flags, shown in full, need --force)
   act "${adopt[@]}" --dry-run --force || { show_log; fail "adopt --dry-run --force exited non-zero"; return 1; }
   check "adopt --dry-run shows the adopted flags in full" grep -qF 'KUBELET_EXTRA_ARGS="--max-pods=60 --v=2"' "$ACT_LOG" || { show_log; return 1; }
+  check "adopt --dry-run recorded nothing" test ! -e "$OUTER/var/lib/kubeslot/state.json" || return 1
   rm -f "$defaults/kubelet"
   for args in "--bootstrap_kubeconfig=/var/lib/kubelet/evil.conf" "--anonymous_auth=true" "--read-only-port=10255"; do
     printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$host_args"
@@ -150,9 +164,6 @@ EOF2
     check "render names the flag as the kubelet reads it" grep -qF -- "${name//_/-} " <<<"$(act_error)" || return 1
     check "render wrote no kube2 files" test ! -e "$OUTER/etc/systemd/nspawn/kube2.nspawn" || return 1
   done
-  rm -f "$host_args"
-  [ -z "$saved" ] || printf '%s\n' "$saved" >"$host_args"
-  check_eq "machines running after the refusals" "$(active_machines)" kube1
 }
 
 # Issue 40, item 1, before `rollback` (the previous slot holds v1): the

@@ -150,6 +150,11 @@ impl Mismatch {
         self.what == MISSING
     }
 
+    /// A regular file whose contents alone changed.
+    pub fn is_contents_only(&self) -> bool {
+        self.what == CONTENTS
+    }
+
     /// An entry of another type than the recorded one.
     pub fn is_retype(&self) -> bool {
         self.what.starts_with(RETYPED)
@@ -159,6 +164,7 @@ impl Mismatch {
 const ADDED: &str = "added";
 const MISSING: &str = "missing";
 const RETYPED: &str = "was a ";
+const CONTENTS: &str = "contents changed";
 
 /// Records the tree at `dir` (not following links), made under `policy`.
 pub fn record(dir: &Path, policy: Option<String>) -> io::Result<Record> {
@@ -425,7 +431,7 @@ pub fn difference(want: &Entry, got: &Entry) -> Option<String> {
     let mut what = Vec::new();
     match (&want.kind, &got.kind) {
         (a, b) if a == b => {}
-        (Kind::File { .. }, Kind::File { .. }) => what.push("contents changed".to_string()),
+        (Kind::File { .. }, Kind::File { .. }) => what.push(CONTENTS.to_string()),
         (Kind::Symlink { .. }, Kind::Symlink { .. }) => what.push("target changed".into()),
         (Kind::Char { .. }, Kind::Char { .. }) | (Kind::Block { .. }, Kind::Block { .. }) => {
             what.push("device number changed".into())

@@ -9,13 +9,16 @@
 //! The node's own are only:
 //!
 //! * the few files systemd writes at boot ([`NODE_FILES`]: the machine id,
-//!   `/etc/.updated`, `/etc/.pwd.lock`), whatever the image had there;
+//!   `/etc/.updated`, `/etc/.pwd.lock`, `/var/log/wtmp`, `btmp`,
+//!   `lastlog`), whatever the image had there;
 //! * below its state ([`NODE_STATE`]: `/var`, `/tmp`, `/run`, `/root`,
 //!   `/home`, the CNI dirs, `/opt/containerd`): what it added or removed,
 //!   and a directory's mode, owner and xattrs (systemd-tmpfiles adjusts
-//!   them at boot), never an image file's contents, type, mode or owner
-//!   (the image's `/opt/cni/bin/bridge`, which containerd runs as root for
-//!   every sandbox, or `/root/.profile`);
+//!   them at boot); in its data ([`NODE_DATA`]: `/var`, `/tmp`, `/run`,
+//!   `/home`) also an image file's contents; never an image file's type,
+//!   mode or owner, nor anywhere else its contents (the image's
+//!   `/opt/cni/bin/bridge`, which containerd runs as root for every
+//!   sandbox, or `/root/.profile`);
 //! * nspawn's mount points (the `Bind=` targets of the slot's `.nspawn`
 //!   file, resolved in the tree as nspawn resolves them, their parents,
 //!   and `/dev`, `/proc`, `/sys`).
@@ -58,7 +61,19 @@ pub const NODE_FILES: &[(&str, &str)] = &[
         "etc/.pwd.lock",
         "systemd-sysusers locks the user database at boot",
     ),
+    (
+        "var/log/wtmp",
+        "systemd-update-utmp records boots (tmpfiles sets its mode)",
+    ),
+    ("var/log/btmp", "failed logins (tmpfiles sets its mode)"),
+    ("var/log/lastlog", "logins (tmpfiles sets its mode)"),
 ];
+
+/// The parts of [`NODE_STATE`] that hold data the node rewrites (logs,
+/// databases, caches): there an image file's contents may change too,
+/// never its type, mode, owner or xattrs. Nothing below them is run by
+/// a machine's root the way `/opt/cni/bin` or `/root` is.
+pub const NODE_DATA: &[&str] = &["var", "tmp", "run", "home"];
 
 /// The node's state, below the tree's root (a path equal to one or below
 /// it), each with the reason: what it adds or removes there is its own,
@@ -130,6 +145,11 @@ impl NodePaths {
     pub fn skips(&self, path: &[u8]) -> bool {
         NODE_FILES.iter().any(|(p, _)| under(path, p.as_bytes()))
             || self.mounts.iter().any(|m| under(path, m))
+    }
+
+    /// Whether an image file's contents at `path` may change ([`NODE_DATA`]).
+    pub fn in_data(&self, path: &[u8]) -> bool {
+        NODE_DATA.iter().any(|p| under(path, p.as_bytes()))
     }
 
     /// Whether `path` is in the node's state ([`NODE_STATE`]).
@@ -226,11 +246,11 @@ fn copy_excused(node: &NodePaths, record: &Record, m: &Mismatch) -> bool {
     if !node.in_state(&m.bytes) {
         return false;
     }
-    m.is_removal()
-        || record
-            .entries
-            .get(&hex::encode(&m.bytes))
-            .is_some_and(|e| e.kind == Kind::Dir && !m.is_retype())
+    let dir = record
+        .entries
+        .get(&hex::encode(&m.bytes))
+        .is_some_and(|e| e.kind == Kind::Dir);
+    m.is_removal() || (dir && !m.is_retype()) || (node.in_data(&m.bytes) && m.is_contents_only())
 }
 
 /// Every lower `slot`'s mount unit names, checked against its record:
@@ -322,6 +342,14 @@ impl Visit for Upper<'_> {
             // written again exactly as the image has it (ldconfig.service
             // regenerating /etc/ld.so.cache at first boot): no change
             (_, Some(i)) if !absent && i.kind == got.kind && copied_up(i, &got).is_none() => None,
+            // data the node rewrites (a log the image ships)
+            (Kind::File { .. }, Some(i))
+                if matches!(i.kind, Kind::File { .. })
+                    && self.node.in_data(e.rel)
+                    && copied_up(i, &got).is_none() =>
+            {
+                None
+            }
             (_, Some(_)) if !absent => Some("changed by the node".into()),
             _ => Some("added by the node".into()),
         };
