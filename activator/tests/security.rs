@@ -751,6 +751,106 @@ fn copy_rollback_refuses_added_files_and_changed_modes_and_owners() {
     assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
 }
 
+/// The image's CNI plugins and configs, and root's profile: image files in
+/// the places a node also writes by design.
+fn cni_layer() -> Vec<u8> {
+    tar(&[
+        E::Dir("etc/", 0o755),
+        E::Dir("etc/cni/", 0o755),
+        E::Dir("etc/cni/net.d/", 0o755),
+        E::File(
+            "etc/cni/net.d/10-bridge.conflist",
+            0o644,
+            b"{\"type\":\"bridge\"}",
+        ),
+        E::Dir("opt/", 0o755),
+        E::Dir("opt/cni/", 0o755),
+        E::Dir("opt/cni/bin/", 0o755),
+        E::File("opt/cni/bin/bridge", 0o755, b"bridge plugin\n"),
+        E::File("opt/cni/bin/loopback", 0o755, b"loopback plugin\n"),
+        E::Dir("root/", 0o700),
+        E::File("root/.profile", 0o644, b"# root's profile\n"),
+        E::Dir("var/log/", 0o755),
+        E::File("var/log/wtmp", 0o644, b""),
+        E::File("var/lib/shells.state", 0o644, b"/bin/sh\n"),
+    ])
+}
+
+/// Issue 40, item 1: the CNI plugin dirs, `/var` and `/root` were excused
+/// wholesale, image files included: a node that replaced the image's
+/// `bridge` plugin (containerd runs it as root for every sandbox) with a
+/// setuid payload was started again by `rollback`. Every entry the
+/// image holds is compared wherever it lies now; under the node's own
+/// state only additions, removals and a directory's mode, owner and
+/// xattrs (systemd-tmpfiles adjusts them at boot) are the node's.
+#[test]
+fn rollback_refuses_a_changed_cni_plugin_in_either_slot_mode() {
+    for (slots, attack) in [
+        ("copy", true),
+        ("copy", false),
+        ("overlay", true),
+        ("overlay", false),
+    ] {
+        let n = Node::new(slots);
+        n.image("v1", &[base_layer(), kubelet_layer("v1"), cni_layer()]);
+        assert_eq!(n.activate().outcome, Some(Outcome::Committed), "{slots}");
+        let t = n.tree(Slot::Kube1);
+        n.node_writes_its_own_paths(Slot::Kube1);
+        // the node's own: a cluster CNI's plugin and config added, a
+        // plugin removed, a directory's mode adjusted
+        fs::write(t.join("opt/cni/bin/calico"), b"calico plugin\n").unwrap();
+        fs::write(t.join("etc/cni/net.d/10-calico.conflist"), b"{}").unwrap();
+        fs::remove_file(t.join("opt/cni/bin/loopback")).unwrap();
+        fs::set_permissions(t.join("var/lib"), fs::Permissions::from_mode(0o711)).unwrap();
+        // data it rewrites: a log and a state file the image ships
+        fs::write(t.join("var/log/wtmp"), b"boot record").unwrap();
+        fs::set_permissions(t.join("var/log/wtmp"), fs::Permissions::from_mode(0o664)).unwrap();
+        fs::write(t.join("var/lib/shells.state"), b"/bin/sh\n/bin/bash\n").unwrap();
+        if attack {
+            // the image's plugin replaced by a setuid payload, and root's
+            // profile (run by every root login shell) changed
+            let bridge = t.join("opt/cni/bin/bridge");
+            fs::write(&bridge, b"#!/bin/sh\nid >/x\n").unwrap();
+            fs::set_permissions(&bridge, fs::Permissions::from_mode(0o4755)).unwrap();
+            fs::write(t.join("root/.profile"), b"/evil &\n").unwrap();
+            // an image file in its data made setuid: its mode is the image's
+            let state = t.join("var/lib/shells.state");
+            fs::set_permissions(&state, fs::Permissions::from_mode(0o4755)).unwrap();
+        }
+        n.image("v2", &[base_layer(), kubelet_layer("v2"), cni_layer()]);
+        assert_eq!(n.activate().slot, Some(Slot::Kube2), "{slots}");
+
+        let r = n.rollback(false, false);
+        if !attack {
+            // the node's own changes pass
+            assert_eq!(
+                (r.outcome, r.slot),
+                (Some(Outcome::Committed), Some(Slot::Kube1)),
+                "{slots}: {r:?}"
+            );
+            assert!(t.join("opt/cni/bin/calico").exists());
+            continue;
+        }
+        let e = refused(&r);
+        assert!(
+            e.contains("/opt/cni/bin/bridge (")
+                && e.contains("/root/.profile (")
+                && e.contains("/var/lib/shells.state ("),
+            "{slots}: {e}"
+        );
+        for allowed in [
+            "calico",
+            "loopback",
+            "/var/lib (",
+            "wtmp",
+            "/etc/cni/net.d/10-bridge",
+        ] {
+            assert!(!e.contains(allowed), "{slots}: {allowed}: {e}");
+        }
+        assert_eq!(n.running(), ["systemd-nspawn@kube2.service"], "{slots}");
+    }
+}
+
 /// Finding 5: `verify-layers` reported "0 mismatches" for a layer's
 /// kubelet made setuid and given to nobody.
 #[test]

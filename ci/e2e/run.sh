@@ -266,6 +266,7 @@ SCENARIOS=(
   openssl_signer
   design_files
   unmanaged_machine_refused
+  adopt_refuses_untrusted_kubelet_flags
   adopt_unbounded
   overlay_update_writes_changed_layer_only
   overlay_rollback_is_pristine
@@ -276,6 +277,7 @@ SCENARIOS=(
   reboot
   unsigned_refused
   preflight_fails
+  rollback_refuses_changed_cni_plugin
   rollback_refuses_tampered_image
   rollback
   activate_v3_rolls_back
@@ -324,6 +326,8 @@ SLOT_INDEPENDENT=(
   offline_bundle_images
   # refused before any slot is touched; its flip is airgap_archive's
   keyless_verified_offline
+  # adopt's and render's refusals on an unmanaged host: no slot touched
+  adopt_refuses_untrusted_kubelet_flags
   # checks inside a running node
   cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
 )

@@ -103,3 +103,116 @@ scenario_rollback_refuses_tampered_image() {
     check "$prev's kubelet is v1's again" cmp -s "$kubelet" "$WORK/kubelet/v1/kubelet" || return 1
   fi
 }
+
+# Issue 40, item 2, on the unbounded-agent host unmanaged_machine_refused
+# left (kube1 running, no kubeslot state): the adopted tree is the node's,
+# so `adopt --write-config` refuses (exit 3) the kubelet flags in its
+# /etc/default/kubelet that open the kubelet (anonymous auth, AlwaysAllow,
+# a static-pod path; `_` spelled as the kubelet reads it), and plain ones
+# without --force, naming them in full; nothing is recorded or written.
+# The host's own /etc/kubeslot/default-kubelet with an underscored owned
+# flag or a security flag is refused by `render` (exit 3) before anything
+# is written. Leaves kube1 as it found it for adopt_unbounded.
+scenario_adopt_refuses_untrusted_kubelet_flags() {
+  [ "$(active_machines)" = kube1 ] || unbounded_kube1 || return 1
+  local host_args=$OUTER/etc/kubeslot/default-kubelet saved="" rc=0
+  [ ! -e "$host_args" ] || saved=$(cat "$host_args")
+  rm -f "$host_args"
+  untrusted_kubelet_flags_refused || rc=$?
+  # whatever happened: kube1's tree and the host's file as they were, for
+  # adopt_unbounded and activate_v1
+  rm -f "$host_args" "$OUTER/var/lib/machines/kube1/etc/default/kubelet"
+  [ -z "$saved" ] || printf '%s\n' "$saved" >"$host_args"
+  [ $rc = 0 ] || return $rc
+  check_eq "machines running after the refusals" "$(active_machines)" kube1
+}
+
+# untrusted_kubelet_flags_refused: adopt_refuses_untrusted_kubelet_flags's
+# checks (the caller restores the files they write).
+untrusted_kubelet_flags_refused() {
+  local defaults=$OUTER/var/lib/machines/kube1/etc/default host_args=$OUTER/etc/kubeslot/default-kubelet
+  local written=/etc/kubeslot/adopt-e2e.json rc args want name
+  local adopt=(adopt --config "$written" --write-config --image "$REF_v1" --public-key /etc/kubeslot/trust/e2e.pub)
+  mkdir -p "$defaults"
+  while IFS='|' read -r args want; do
+    printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$defaults/kubelet"
+    rc=0
+    act "${adopt[@]}" || rc=$?
+    log "  adopt with $args: exit $rc: $(act_error)"
+    check_eq "adopt's exit code with $args" "$rc" 3 || { show_log; return 1; }
+    check "the refusal says: $want" grep -qF -- "$want" <<<"$(act_error)" || return 1
+    check "no state recorded" test ! -e "$OUTER/var/lib/kubeslot/state.json" || return 1
+    check "no config written" test ! -e "$OUTER$written" || return 1
+    check "no default-kubelet written" test ! -e "$host_args" || return 1
+  done <<'EOF2'
+--max-pods=60 --anonymous_auth=true --authorization-mode=AlwaysAllow --pod-manifest-path=/etc/kubernetes/evil|--anonymous-auth turns off part of the node's security
+--authorization_mode=AlwaysAllow|--authorization-mode turns off part of the node's security
+--max-pods=60 --v=2|KUBELET_EXTRA_ARGS="--max-pods=60 --v=2"; check each and pass --force
+EOF2
+  # (the last one: plain flags, shown in full, need --force)
+  act "${adopt[@]}" --dry-run --force || { show_log; fail "adopt --dry-run --force exited non-zero"; return 1; }
+  check "adopt --dry-run shows the adopted flags in full" grep -qF 'KUBELET_EXTRA_ARGS="--max-pods=60 --v=2"' "$ACT_LOG" || { show_log; return 1; }
+  check "adopt --dry-run recorded nothing" test ! -e "$OUTER/var/lib/kubeslot/state.json" || return 1
+  rm -f "$defaults/kubelet"
+  for args in "--bootstrap_kubeconfig=/var/lib/kubelet/evil.conf" "--anonymous_auth=true" "--read-only-port=10255"; do
+    printf 'KUBELET_EXTRA_ARGS="%s"\n' "$args" >"$host_args"
+    rc=0
+    act render kube2 || rc=$?
+    log "  render with $args: exit $rc: $(act_error)"
+    check_eq "render's exit code with $args in the host's default-kubelet" "$rc" 3 || { show_log; return 1; }
+    name=${args%%=*}
+    check "render names the flag as the kubelet reads it" grep -qF -- "${name//_/-} " <<<"$(act_error)" || return 1
+    check "render wrote no kube2 files" test ! -e "$OUTER/etc/systemd/nspawn/kube2.nspawn" || return 1
+  done
+}
+
+# Issue 40, item 1, before `rollback` (the previous slot holds v1): the
+# image's CNI `bridge` plugin, which containerd runs as root for every pod
+# sandbox, replaced as its node could have left it (same size, made
+# setuid; overlay: a copied-up file in its upper, written with the slot
+# unmounted; copy: in the tree). /opt/cni/bin is the node's to add to, not
+# to change the image's files in: `rollback` exits 1 naming the plugin and
+# `--force`, the running machine unchanged. The change is then undone,
+# exactly, for `rollback`.
+scenario_rollback_refuses_changed_cni_plugin() {
+  local run prev upper bridge mode added=() d rc=0 overlay=0
+  run=$(running_machine) || return 1
+  prev=$(other_machine "$run")
+  upper=$OUTER/var/lib/kubeslot/slots/$prev/upper
+  if outer test -f "/etc/systemd/system/var-lib-machines-$prev.mount"; then
+    overlay=1
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    for d in opt opt/cni opt/cni/bin; do
+      if [ ! -d "$upper/$d" ]; then
+        mkdir -m 0755 "$upper/$d"
+        added=("$d" "${added[@]}")
+      fi
+    done
+    bridge=$upper/opt/cni/bin/bridge
+    [ ! -e "$bridge" ] || { fail "$prev's upper already holds opt/cni/bin/bridge"; return 1; }
+    cp "$WORK/images/test/cni/bridge" "$bridge"
+    mode=0755
+  else
+    bridge=$OUTER/var/lib/machines/$prev/opt/cni/bin/bridge
+    mode=$(stat -c %a "$bridge")
+  fi
+  tamper_file "$bridge"
+  chmod 4755 "$bridge"
+  act rollback || rc=$?
+  log "  rollback exited $rc: $(act_error)"
+  check_eq "rollback's exit code" "$rc" 1 || { show_log; return 1; }
+  check "the refusal names the CNI plugin" grep -q '/opt/cni/bin/bridge' <<<"$(act_error)" || return 1
+  check "the refusal says how to override" grep -q -- '--force' <<<"$(act_error)" || return 1
+  check_eq "machine running after the refusal" "$(active_machines)" "$run" || return 1
+
+  # undone: the next scenarios roll back to the image as it was installed
+  if [ $overlay = 1 ]; then
+    outer systemctl stop "var-lib-machines-$prev.mount"
+    rm "$bridge"
+    for d in "${added[@]}"; do rmdir "$upper/$d"; done
+  else
+    tamper_file "$bridge"
+    chmod "$mode" "$bridge"
+    check "$prev's bridge is the image's again" cmp -s "$bridge" "$WORK/images/test/cni/bridge" || return 1
+  fi
+}

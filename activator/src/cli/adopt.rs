@@ -43,7 +43,13 @@ use super::{Failed, HostArgs};
 /// activate and whom to trust. Every applied-config field not carried over
 /// is listed with the reason; when one of them changes how the node behaves
 /// (Kubelet.NodeIP, Kubelet.Configuration, an enabled LocalDNS, an unknown
-/// field, ...) the config is written only with --force. The config is
+/// field, ...) the config is written only with --force. The adopted
+/// tree's /etc/default/kubelet KUBELET_EXTRA_ARGS (the node's file, not a
+/// trusted source) is shown in full and carried over to
+/// /etc/kubeslot/default-kubelet only with --force; flags that turn off
+/// part of the node's security (--anonymous-auth, --authorization-mode,
+/// --read-only-port, --pod-manifest-path, TLS files, ...), in either
+/// spelling (`_` or `-`), are never carried over. The config is
 /// written after the adoption is recorded, so an enabled
 /// kubeslot-activator.path starts the flip at once. Nothing secret is
 /// printed, --dry-run included.
@@ -72,9 +78,9 @@ pub struct Args {
     /// Read this applied config instead of the adopted machine's.
     #[arg(long, value_name = "FILE")]
     pub applied_config: Option<PathBuf>,
-    /// Replace an existing activator config, and write one although
+    /// Replace an existing activator config, write one although
     /// applied-config fields that change the node's behaviour are not
-    /// carried over.
+    /// carried over, and carry over the adopted tree's kubelet flags.
     #[arg(long)]
     pub force: bool,
     /// Stop and disable unbounded-agent's host units
@@ -110,7 +116,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             | adopt::AdoptError::Field { .. }
             | adopt::AdoptError::Sidecar { .. }
             | adopt::AdoptError::Invalid(_)
-            | adopt::AdoptError::BehaviourDropped { .. } => exit::CONFIG,
+            | adopt::AdoptError::BehaviourDropped { .. }
+            | adopt::AdoptError::KubeletFlags { .. } => exit::CONFIG,
             _ => exit::FAILED,
         };
         Failed {
@@ -179,6 +186,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!(
                 "needs --force: the node behaves differently without {}",
                 changing.join(", ")
+            );
+        }
+        if args.dry_run && done.extra_args.is_some() && !args.force {
+            println!(
+                "needs --force: the kubelet flags above come from the adopted node's tree, not a trusted source"
             );
         }
         if args.dry_run {

@@ -265,6 +265,12 @@ pub struct Kubelet {
     /// drop-in (`--config-dir`); fields the activator renders are refused.
     #[serde(default)]
     pub config: serde_json::Map<String, serde_json::Value>,
+    /// Kubelet flags that turn off part of the node's security
+    /// (`--anonymous-auth`, `--read-only-port`, ...: the render's list)
+    /// that the host's `/etc/kubeslot/default-kubelet` may set, each by
+    /// name; none by default.
+    #[serde(default)]
+    pub allow_security_flags: Vec<String>,
 }
 
 fn default_cluster_domain() -> String {

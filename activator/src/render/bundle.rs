@@ -60,26 +60,112 @@ pub fn verify(root: &Root, images: &Images) -> Result<(), BundleError> {
     let Some(dir) = &images.bundle_dir else {
         return Ok(());
     };
+    trusted_dir(root, dir)?;
     for b in &images.bundle {
         let shown = dir.join(&b.file);
-        verify_one(&root.join(&shown.to_string_lossy()), &shown, b)?;
+        // what else the config lists in the same archive
+        let listed: Vec<&BundleImage> = images.bundle.iter().filter(|o| o.file == b.file).collect();
+        verify_one(&root.join(&shown.to_string_lossy()), &shown, b, &listed)?;
     }
     Ok(())
 }
 
-fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleError> {
+/// Why a path on the way to an archive cannot be trusted: not root's, or
+/// writable by its group or others (who could swap the archive after it
+/// was verified: the machine imports it from the bound directory later);
+/// `None` when it is fine.
+fn untrusted(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    if meta.uid() != 0 {
+        return Some(format!("owned by uid {}, not root", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Some(format!(
+            "mode {:04o}: writable by its group or others",
+            meta.mode() & 0o7777
+        ));
+    }
+    None
+}
+
+/// `bundle_dir` and each directory above it (below the root handle's
+/// top): root's, and writable by nobody else.
+fn trusted_dir(root: &Root, dir: &Path) -> Result<(), BundleError> {
+    let mut at = PathBuf::from("/");
+    for c in dir.components().skip(1) {
+        at.push(c);
+        let refuse = |reason: String| {
+            BundleError::Image {
+            file: dir.to_path_buf(),
+            name: "images.bundle_dir".into(),
+            reason: format!("{}: {reason}; make it root's and mode 0755 or narrower (chown root:root, chmod go-w)", at.display()),
+        }
+        };
+        let meta = std::fs::symlink_metadata(root.join(&at.to_string_lossy()))
+            .map_err(|e| refuse(format!("cannot read: {e}")))?;
+        if !meta.is_dir() {
+            return Err(refuse("not a directory".into()));
+        }
+        if let Some(why) = untrusted(&meta) {
+            return Err(refuse(why));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an index entry of the archive that the config does not list
+/// (for this file) by its name and digest: the import unit imports every
+/// named entry, so a second name in the archive (`registry.k8s.io/pause`)
+/// would replace an image containerd already has.
+fn only_listed(index: &Index, listed: &[&BundleImage]) -> Result<(), String> {
+    for d in &index.manifests {
+        let ns = names(d);
+        let ok = listed
+            .iter()
+            .any(|b| b.digest == d.digest && ns.iter().all(|n| *n == b.name));
+        if !ok {
+            return Err(format!(
+                "index.json also holds {} {}, which the config does not list for this archive with that digest; containerd would import it too (every entry must be listed in images.bundle with its name and digest)",
+                if ns.is_empty() {
+                    "an unnamed image".to_string()
+                } else {
+                    ns.join("/")
+                },
+                d.digest
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The archive itself: a regular file (a link could point anywhere on the
+/// host; the bind shows the node the file, so the file itself must be what
+/// is checked), root's and writable by nobody else.
+fn archive_file(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => match untrusted(&m) {
+            Some(why) => Err(format!(
+                "{why}; make it root's and mode 0644 or narrower (chown root:root, chmod go-w)"
+            )),
+            None => Ok(()),
+        },
+        Ok(_) => Err("not a regular file".into()),
+        Err(e) => Err(format!("cannot read: {e}")),
+    }
+}
+
+fn verify_one(
+    path: &Path,
+    shown: &Path,
+    b: &BundleImage,
+    listed: &[&BundleImage],
+) -> Result<(), BundleError> {
     let refuse = |reason: String| BundleError::Image {
         file: shown.to_path_buf(),
         name: b.name.clone(),
         reason,
     };
-    // a link could point anywhere on the host; the bind shows the node the
-    // file, so the file itself must be what is checked
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_file() => {}
-        Ok(_) => return Err(refuse("not a regular file".into())),
-        Err(e) => return Err(refuse(format!("cannot read: {e}"))),
-    }
+    archive_file(path).map_err(refuse)?;
     let scratch = tempfile::tempdir().map_err(|e| refuse(format!("scratch dir: {e}")))?;
     let (layout, members, file) =
         archive::scan(path, scratch.path()).map_err(|source| BundleError::Archive {
@@ -119,6 +205,7 @@ fn verify_one(path: &Path, shown: &Path, b: &BundleImage) -> Result<(), BundleEr
             b.name
         )));
     }
+    only_listed(&index, listed).map_err(refuse)?;
     // every blob is what its name says: the node imports them all
     for (digest, at) in &members {
         let mut r = HashingReader::new(ReadAt::new(file.clone(), at.0, at.1));
@@ -303,5 +390,73 @@ mod tests {
             msg.contains("the archive is damaged or was altered"),
             "{msg}"
         );
+    }
+
+    /// Issue 40, item 3: an archive with a second entry named like an image
+    /// containerd already has passed (only the configured entry was
+    /// checked), and the node's import unit imported it over that name.
+    #[test]
+    fn an_entry_the_config_does_not_list_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, digest) = host(dir.path());
+        let pause = "registry.k8s.io/pause:3.10.2";
+        let other = bundle_archive(
+            &dir.path().join("layout"),
+            pause,
+            b"PAYLOAD",
+            &root.join("srv/bundle/hello.tar"),
+        );
+        let msg = verify(&root, &images(NAME, digest))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("images.bundle /srv/bundle/hello.tar (registry.example/e2e/hello:1): index.json also holds registry.k8s.io/pause:3.10.2 ")
+                && msg.contains(&other.to_string()),
+            "{msg}"
+        );
+        // listed with its name and digest, for the same archive: both pass
+        let mut both = images(NAME, digest);
+        both.bundle.push(BundleImage {
+            file: "hello.tar".into(),
+            name: pause.into(),
+            digest: other,
+        });
+        verify(&root, &both).unwrap();
+        // listed at another digest: refused
+        both.bundle[1].digest = Digest::of(b"not it");
+        assert!(verify(&root, &both).is_err());
+    }
+
+    /// Issue 40, item 3: the archive is imported later from the bound
+    /// directory, so whoever may write it could swap it after it was
+    /// verified: the directory (and those above it) and the archive must
+    /// be root's and writable by nobody else.
+    #[test]
+    fn an_archive_others_could_swap_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let (root, digest) = host(dir.path());
+        let set = |p: &str, mode: u32| {
+            std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let e = || verify(&root, &images(NAME, digest)).map_err(|e| e.to_string());
+        set("srv/bundle", 0o755);
+        set("srv/bundle/hello.tar", 0o644);
+        e().unwrap();
+        set("srv/bundle/hello.tar", 0o666);
+        let msg = e().unwrap_err();
+        assert!(
+            msg.contains("hello.tar") && msg.contains("mode 0666: writable by its group or others"),
+            "{msg}"
+        );
+        set("srv/bundle/hello.tar", 0o644);
+        std::os::unix::fs::chown(root.join("srv/bundle/hello.tar"), Some(65534), None).unwrap();
+        assert!(e().unwrap_err().contains("owned by uid 65534, not root"));
+        std::os::unix::fs::chown(root.join("srv/bundle/hello.tar"), Some(0), None).unwrap();
+        set("srv", 0o777);
+        let msg = e().unwrap_err();
+        assert!(msg.contains("/srv: mode 0777"), "{msg}");
+        set("srv", 0o755);
+        e().unwrap();
     }
 }

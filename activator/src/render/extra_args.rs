@@ -8,8 +8,14 @@
 //! is the activator's, and any other variable would reach nothing), and
 //! refuses flags the activator or the image sets itself ([`OWNED_FLAGS`]:
 //! a later duplicate flag wins in the kubelet, so one would silently
-//! override the rendered one), positional words and characters that need
-//! quoting. [`read`] does it for a root's file; [`render`] writes the file
+//! override the rendered one), flags that turn off part of the node's
+//! security ([`SECURITY_FLAGS`], unless the host config allows each by
+//! name), positional words and characters that need quoting. Flag names
+//! are compared as the kubelet reads them: it turns `_` into `-`
+//! (`--bootstrap_kubeconfig` is `--bootstrap-kubeconfig`), and a value
+//! given as the next word (`--read-only-port 10255`) is refused as a
+//! positional word after the flag's own name was checked. [`read`] does it
+//! for a root's file; [`render`] writes the file
 //! the machine gets at `/etc/default/kubelet` (bound read-only, so nothing
 //! the node writes there can override the rendered arguments either).
 //! [`from_agent_file`] takes `KUBELET_EXTRA_ARGS` out of an adopted tree's
@@ -65,6 +71,65 @@ pub const OWNED_FLAGS: &[(&str, &str)] = &[
     ("rotate-certificates", "fixed by the image"),
 ];
 
+/// Flags that turn off part of the node's security (who may talk to the
+/// kubelet and what it runs), with what each opens. Refused unless the
+/// host config names the flag in `kubelet.allow_security_flags`; never
+/// carried over by `adopt` from an adopted tree.
+pub const SECURITY_FLAGS: &[(&str, &str)] = &[
+    ("anonymous-auth", "anonymous requests to the kubelet's API"),
+    (
+        "authorization-mode",
+        "who the kubelet's API lets do what (AlwaysAllow: anyone)",
+    ),
+    (
+        "authentication-token-webhook",
+        "how the kubelet's API authenticates bearer tokens",
+    ),
+    (
+        "read-only-port",
+        "an unauthenticated read-only kubelet port",
+    ),
+    (
+        "pod-manifest-path",
+        "static pods from a local path, outside the API server's control",
+    ),
+    (
+        "manifest-url",
+        "static pods from a URL, outside the API server's control",
+    ),
+    ("manifest-url-header", "static pods from a URL"),
+    (
+        "tls-cert-file",
+        "the kubelet's serving certificate (kubelet.server_tls_bootstrap)",
+    ),
+    ("tls-private-key-file", "the kubelet's serving key"),
+    ("tls-cipher-suites", "the kubelet's TLS ciphers"),
+    ("tls-min-version", "the kubelet's TLS version"),
+    (
+        "allowed-unsafe-sysctls",
+        "sysctls pods may set that reach beyond the pod",
+    ),
+    (
+        "protect-kernel-defaults",
+        "whether the kubelet may change kernel settings",
+    ),
+    (
+        "enable-debugging-handlers",
+        "the kubelet's exec, attach, port-forward and log endpoints",
+    ),
+    ("address", "where the kubelet's API listens"),
+    ("port", "where the kubelet's API listens"),
+];
+
+/// The config key that allows [`SECURITY_FLAGS`] by name.
+pub const ALLOW_KEY: &str = "kubelet.allow_security_flags";
+
+/// A flag's name as the kubelet reads it: `_` is `-` (its flag set's
+/// word-separator normalisation), and a leading `--` is dropped.
+pub fn normalised(name: &str) -> String {
+    name.trim_start_matches("--").replace('_', "-")
+}
+
 /// The only variable the file may set.
 pub const VARIABLE: &str = "KUBELET_EXTRA_ARGS";
 
@@ -101,23 +166,32 @@ fn is_arg_text(s: &str) -> bool {
 }
 
 /// Checks one argument: `--name` or `--name=value`, not a flag kubeslot
-/// owns.
-fn check_arg(arg: &str) -> Result<(), String> {
+/// owns, nor a security flag `allowed` (normalised names) does not name.
+fn check_arg(arg: &str, allowed: &[String]) -> Result<(), String> {
     let Some(body) = arg.strip_prefix("--") else {
         return Err(format!(
             "{arg:?} is not a --flag or --flag=value (write values with '=': --v=2, not -v 2)"
         ));
     };
-    let name = body.split_once('=').map_or(body, |(n, _)| n);
-    if name.is_empty() || !is_arg_text(arg) {
+    let raw = body.split_once('=').map_or(body, |(n, _)| n);
+    if raw.is_empty() || raw.starts_with('-') || !is_arg_text(arg) {
         return Err(format!(
-            "{arg:?}: only a-z, A-Z, 0-9 and - _ . , : / = @ + * are allowed (no quotes, spaces or $)"
+            "{arg:?}: not a --flag or --flag=value, or characters other than a-z, A-Z, 0-9 and - _ . , : / = @ + * (no quotes, spaces or $)"
         ));
     }
+    // the kubelet reads `--node_ip` as `--node-ip`
+    let name = normalised(raw);
     if let Some((_, why)) = OWNED_FLAGS.iter().find(|(f, _)| *f == name) {
         return Err(format!(
             "--{name} is set by kubeslot ({why}); a later duplicate would override it"
         ));
+    }
+    if let Some((_, opens)) = SECURITY_FLAGS.iter().find(|(f, _)| *f == name) {
+        if !allowed.iter().any(|a| normalised(a) == name) {
+            return Err(format!(
+                "--{name} turns off part of the node's security (it sets {opens}); refused unless the host config allows it by name in {ALLOW_KEY}"
+            ));
+        }
     }
     Ok(())
 }
@@ -133,8 +207,9 @@ fn unquote(v: &str) -> &str {
     v
 }
 
-/// Parses the file's text; `path` names it in errors.
-pub fn parse(path: &Path, text: &str) -> Result<Vec<String>, ExtraArgsError> {
+/// Parses the file's text; `path` names it in errors; `allowed`: the
+/// [`SECURITY_FLAGS`] the host config allows.
+pub fn parse(path: &Path, text: &str, allowed: &[String]) -> Result<Vec<String>, ExtraArgsError> {
     let invalid = |line: usize, reason: String| ExtraArgsError::Invalid {
         path: path.to_path_buf(),
         line,
@@ -168,22 +243,22 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<String>, ExtraArgsError> {
             .map(str::to_string)
             .collect();
         for a in &list {
-            check_arg(a).map_err(|reason| invalid(n, reason))?;
+            check_arg(a, allowed).map_err(|reason| invalid(n, reason))?;
         }
         args = Some(list);
     }
     Ok(args.unwrap_or_default())
 }
 
-/// The root's `/etc/kubeslot/default-kubelet`, parsed; no file, no extra
-/// arguments.
-pub fn read(root: &Root) -> Result<Vec<String>, ExtraArgsError> {
+/// The root's `/etc/kubeslot/default-kubelet`, parsed, with the security
+/// flags `allowed` by the host config; no file, no extra arguments.
+pub fn read(root: &Root, allowed: &[String]) -> Result<Vec<String>, ExtraArgsError> {
     let path = root.kubelet_extra_args();
     if std::fs::symlink_metadata(&path).is_ok() {
         crate::trusted::check_file(&path, "the kubelet's extra arguments")?;
     }
     match std::fs::read_to_string(&path) {
-        Ok(text) => parse(&Root::host().kubelet_extra_args(), &text),
+        Ok(text) => parse(&Root::host().kubelet_extra_args(), &text, allowed),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(source) => Err(ExtraArgsError::Read { path, source }),
     }
@@ -204,7 +279,8 @@ pub fn render(args: &[String]) -> String {
 
 /// `KUBELET_EXTRA_ARGS` of an unbounded agent node's `/etc/default/kubelet`
 /// (other variables are returned by name: the caller reports them as not
-/// carried over). The arguments are checked as [`parse`] checks them.
+/// carried over). The arguments are checked as [`parse`] checks them, with
+/// no security flag allowed: the tree is the node's, not a trusted source.
 pub fn from_agent_file(
     path: &Path,
     text: &str,
@@ -225,7 +301,7 @@ pub fn from_agent_file(
             }
         }
     }
-    Ok((parse(path, &kept)?, others))
+    Ok((parse(path, &kept, &[])?, others))
 }
 
 #[cfg(test)]
@@ -233,7 +309,7 @@ mod tests {
     use super::*;
 
     fn p(text: &str) -> Result<Vec<String>, String> {
-        parse(Path::new("/etc/kubeslot/default-kubelet"), text).map_err(|e| e.to_string())
+        parse(Path::new("/etc/kubeslot/default-kubelet"), text, &[]).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -269,12 +345,48 @@ mod tests {
         assert!(e.contains("\"2\" is not a --flag"), "{e}");
         let e = p("KUBELET_EXTRA_ARGS=\"--x=$HOME\"").unwrap_err();
         assert!(e.contains("no quotes, spaces or $"), "{e}");
+        let e = p("KUBELET_EXTRA_ARGS=\"---v=2\"").unwrap_err();
+        assert!(e.contains("not a --flag"), "{e}");
         let e = p("KUBELET_EXTRA_ARGS=--v=1\nKUBELET_EXTRA_ARGS=--v=2").unwrap_err();
         assert!(e.contains(":2: KUBELET_EXTRA_ARGS is set twice"), "{e}");
-        for (flag, _) in OWNED_FLAGS {
-            assert!(check_arg(&format!("--{flag}=x")).is_err(), "{flag}");
-            assert!(check_arg(&format!("--{flag}")).is_err(), "{flag}");
+        for (flag, _) in OWNED_FLAGS.iter().chain(SECURITY_FLAGS) {
+            let underscored = flag.replace('-', "_");
+            for arg in [
+                format!("--{flag}=x"),
+                format!("--{flag}"),
+                format!("--{underscored}=x"),
+                format!("--{underscored}"),
+            ] {
+                let e = check_arg(&arg, &[]).unwrap_err();
+                assert!(e.starts_with(&format!("--{flag} ")), "{arg}: {e}");
+            }
         }
+    }
+
+    #[test]
+    fn a_security_flag_is_allowed_by_its_name_only() {
+        let allowed = ["read_only_port".to_string(), "--tls-min-version".into()];
+        for arg in [
+            "--read-only-port=10255",
+            "--read_only_port=10255",
+            "--tls-min-version=VersionTLS13",
+        ] {
+            check_arg(arg, &allowed).unwrap();
+        }
+        // the value as the next word is a positional word, whatever the flag
+        let path = Path::new("/etc/kubeslot/default-kubelet");
+        let e = parse(
+            path,
+            "KUBELET_EXTRA_ARGS=\"--read-only-port 10255\"",
+            &allowed,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"10255\" is not a --flag"), "{e}");
+        let e = check_arg("--anonymous-auth=true", &allowed).unwrap_err();
+        assert!(e.contains("kubelet.allow_security_flags"), "{e}");
+        // an owned flag stays refused whatever the config allows
+        assert!(check_arg("--node-ip=10.0.0.1", &["node-ip".into()]).is_err());
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub fn gather_with(
         }
         crate::trusted::check_bind_source(root.dir(), &m.host_path, "extra_mounts")?;
     }
-    let kubelet_extra_args = extra_args::read(root)?;
+    let kubelet_extra_args = extra_args::read(root, &config.kubelet.allow_security_flags)?;
     if let Some(dir) = config
         .images
         .bundle_dir

@@ -144,9 +144,27 @@ impl Mismatch {
     pub fn is_addition(&self) -> bool {
         self.what == ADDED
     }
+
+    /// A recorded entry that is not there any more.
+    pub fn is_removal(&self) -> bool {
+        self.what == MISSING
+    }
+
+    /// A regular file whose contents alone changed.
+    pub fn is_contents_only(&self) -> bool {
+        self.what == CONTENTS
+    }
+
+    /// An entry of another type than the recorded one.
+    pub fn is_retype(&self) -> bool {
+        self.what.starts_with(RETYPED)
+    }
 }
 
 const ADDED: &str = "added";
+const MISSING: &str = "missing";
+const RETYPED: &str = "was a ";
+const CONTENTS: &str = "contents changed";
 
 /// Records the tree at `dir` (not following links), made under `policy`.
 pub fn record(dir: &Path, policy: Option<String>) -> io::Result<Record> {
@@ -393,7 +411,7 @@ pub fn compare(want: &BTreeMap<String, Entry>, got: &BTreeMap<String, Entry>) ->
     let mut out = Vec::new();
     for (p, w) in want {
         match got.get(p) {
-            None => out.push(Mismatch::new(p, "missing".into())),
+            None => out.push(Mismatch::new(p, MISSING.into())),
             Some(g) => {
                 if let Some(what) = difference(w, g) {
                     out.push(Mismatch::new(p, what));
@@ -413,12 +431,12 @@ pub fn difference(want: &Entry, got: &Entry) -> Option<String> {
     let mut what = Vec::new();
     match (&want.kind, &got.kind) {
         (a, b) if a == b => {}
-        (Kind::File { .. }, Kind::File { .. }) => what.push("contents changed".to_string()),
+        (Kind::File { .. }, Kind::File { .. }) => what.push(CONTENTS.to_string()),
         (Kind::Symlink { .. }, Kind::Symlink { .. }) => what.push("target changed".into()),
         (Kind::Char { .. }, Kind::Char { .. }) | (Kind::Block { .. }, Kind::Block { .. }) => {
             what.push("device number changed".into())
         }
-        (a, b) => what.push(format!("was a {}, is a {}", a.name(), b.name())),
+        (a, b) => what.push(format!("{RETYPED}{}, is a {}", a.name(), b.name())),
     }
     if want.mode != got.mode {
         what.push(format!("mode {:04o} -> {:04o}", want.mode, got.mode));

@@ -3,14 +3,25 @@
 //!
 //! The running node is not trusted: it is root in its machine, and a slot
 //! it ran is started again by `rollback` without anything being
-//! downloaded. So before that, every difference between the slot's tree
-//! and the image it was made from counts, wherever the node could have
-//! made it, except in the places a node writes by design ([`NODE_PATHS`]:
-//! `/var`, `/tmp`, `/run`, `/root`, `/home`, the files systemd and
-//! containerd write at boot) and nspawn's mount points (the `Bind=` targets
-//! of the slot's `.nspawn` file, resolved in the tree as nspawn resolves
-//! them, their parents, and `/dev`, `/proc`, `/sys`): a changed, added,
-//! removed, chmod-ed or chown-ed image file is a change.
+//! downloaded. So before that, every entry the image holds is compared
+//! with the slot's tree wherever it lies: a changed, retyped, chmod-ed or
+//! chown-ed image file is a change, and so is anything added or removed.
+//! The node's own are only:
+//!
+//! * the few files systemd writes at boot ([`NODE_FILES`]: the machine id,
+//!   `/etc/.updated`, `/etc/.pwd.lock`, `/var/log/wtmp`, `btmp`,
+//!   `lastlog`), whatever the image had there;
+//! * below its state ([`NODE_STATE`]: `/var`, `/tmp`, `/run`, `/root`,
+//!   `/home`, the CNI dirs, `/opt/containerd`): what it added or removed,
+//!   and a directory's mode, owner and xattrs (systemd-tmpfiles adjusts
+//!   them at boot); in its data ([`NODE_DATA`]: `/var`, `/tmp`, `/run`,
+//!   `/home`) also an image file's contents; never an image file's type,
+//!   mode or owner, nor anywhere else its contents (the image's
+//!   `/opt/cni/bin/bridge`, which containerd runs as root for every
+//!   sandbox, or `/root/.profile`);
+//! * nspawn's mount points (the `Bind=` targets of the slot's `.nspawn`
+//!   file, resolved in the tree as nspawn resolves them, their parents,
+//!   and `/dev`, `/proc`, `/sys`).
 //!
 //! * A copied slot ([`copy_slot`]) is checked against the record of its
 //!   tree taken when it was installed (`slots/<machine>.files`).
@@ -35,14 +46,9 @@ use crate::slots::overlay;
 use crate::slots::record::{self, Entry, Kind, Mismatch, Record};
 use crate::walk::{self, Visit};
 
-/// Where a node writes by design, below the tree's root: whole trees (a
-/// path equal to one or below it), each with the reason.
-pub const NODE_PATHS: &[(&str, &str)] = &[
-    ("var", "the node's state"),
-    ("tmp", "scratch"),
-    ("run", "runtime state"),
-    ("root", "root's home"),
-    ("home", "homes"),
+/// Files a booting node writes whatever the image had there (a path equal
+/// to one or below it), each with the reason.
+pub const NODE_FILES: &[(&str, &str)] = &[
     (
         "etc/machine-id",
         "systemd writes the machine id at first boot",
@@ -55,6 +61,30 @@ pub const NODE_PATHS: &[(&str, &str)] = &[
         "etc/.pwd.lock",
         "systemd-sysusers locks the user database at boot",
     ),
+    (
+        "var/log/wtmp",
+        "systemd-update-utmp records boots (tmpfiles sets its mode)",
+    ),
+    ("var/log/btmp", "failed logins (tmpfiles sets its mode)"),
+    ("var/log/lastlog", "logins (tmpfiles sets its mode)"),
+];
+
+/// The parts of [`NODE_STATE`] that hold data the node rewrites (logs,
+/// databases, caches): there an image file's contents may change too,
+/// never its type, mode, owner or xattrs. Nothing below them is run by
+/// a machine's root the way `/opt/cni/bin` or `/root` is.
+pub const NODE_DATA: &[&str] = &["var", "tmp", "run", "home"];
+
+/// The node's state, below the tree's root (a path equal to one or below
+/// it), each with the reason: what it adds or removes there is its own,
+/// as is a directory's mode, owner and xattrs; the image's files there
+/// are compared like any other.
+pub const NODE_STATE: &[(&str, &str)] = &[
+    ("var", "the node's state"),
+    ("tmp", "scratch"),
+    ("run", "runtime state"),
+    ("root", "root's home"),
+    ("home", "homes"),
     (
         "etc/cni/net.d",
         "the cluster's network plugin writes its config there",
@@ -109,21 +139,34 @@ impl NodePaths {
         NodePaths { mounts }
     }
 
-    /// Whether a difference at `path` is the node's: in its paths, at or
-    /// below a mount point, or (an entry the image lacks) a parent nspawn
-    /// made for a mount point.
-    pub fn excuses(&self, path: &[u8], added: bool) -> bool {
-        self.skips(path)
-            || (added
-                && (self.mounts.iter().any(|m| under(m, path))
-                    || NODE_PATHS.iter().any(|(p, _)| under(p.as_bytes(), path))))
+    /// Whether everything at and below `path` is the node's, the image's
+    /// entries included (the walk need not look there): a boot-written
+    /// file, a mount point.
+    pub fn skips(&self, path: &[u8]) -> bool {
+        NODE_FILES.iter().any(|(p, _)| under(path, p.as_bytes()))
+            || self.mounts.iter().any(|m| under(path, m))
     }
 
-    /// Whether everything at and below `path` is the node's (the walk
-    /// need not look there).
-    pub fn skips(&self, path: &[u8]) -> bool {
-        NODE_PATHS.iter().any(|(p, _)| under(path, p.as_bytes()))
-            || self.mounts.iter().any(|m| under(path, m))
+    /// Whether an image file's contents at `path` may change ([`NODE_DATA`]).
+    pub fn in_data(&self, path: &[u8]) -> bool {
+        NODE_DATA.iter().any(|p| under(path, p.as_bytes()))
+    }
+
+    /// Whether `path` is in the node's state ([`NODE_STATE`]).
+    pub fn in_state(&self, path: &[u8]) -> bool {
+        NODE_STATE.iter().any(|(p, _)| under(path, p.as_bytes()))
+    }
+
+    /// Whether an entry the image lacks at `path` is the node's: in its
+    /// state, or a parent nspawn made for a mount point (or one of the
+    /// node's paths the image lacks).
+    pub fn excuses_addition(&self, path: &[u8]) -> bool {
+        self.in_state(path)
+            || self.mounts.iter().any(|m| under(m, path))
+            || NODE_FILES
+                .iter()
+                .chain(NODE_STATE)
+                .any(|(p, _)| under(p.as_bytes(), path))
     }
 }
 
@@ -180,13 +223,34 @@ pub fn copy_slot(root: &Root, slot: Slot) -> io::Result<Option<Vec<Change>>> {
     };
     let node = NodePaths::of(root, slot);
     let tree = root.machine_tree(slot.machine());
+    // what the node added in its state is neither read nor walked (nothing
+    // below an entry the image lacks is the image's)
+    let skip = |p: &[u8]| {
+        node.skips(p) || (node.in_state(p) && !record.entries.contains_key(&hex::encode(p)))
+    };
     Ok(Some(
-        record::check_except(&tree, &record, &|p| node.skips(p))?
+        record::check_except(&tree, &record, &skip)?
             .iter()
-            .filter(|m| !node.excuses(&m.bytes, m.is_addition()))
+            .filter(|m| !copy_excused(&node, &record, m))
             .map(change)
             .collect(),
     ))
+}
+
+/// Whether a copied slot's difference is the node's: an addition it may
+/// make, a removal in its state, a directory's attributes in its state.
+fn copy_excused(node: &NodePaths, record: &Record, m: &Mismatch) -> bool {
+    if m.is_addition() {
+        return node.excuses_addition(&m.bytes);
+    }
+    if !node.in_state(&m.bytes) {
+        return false;
+    }
+    let dir = record
+        .entries
+        .get(&hex::encode(&m.bytes))
+        .is_some_and(|e| e.kind == Kind::Dir);
+    m.is_removal() || (dir && !m.is_retype()) || (node.in_data(&m.bytes) && m.is_contents_only())
 }
 
 /// Every lower `slot`'s mount unit names, checked against its record:
@@ -249,27 +313,43 @@ fn without_overlay(x: &BTreeMap<String, String>) -> BTreeMap<&String, &String> {
 
 impl Visit for Upper<'_> {
     fn entry(&mut self, e: &walk::Entry) -> io::Result<bool> {
+        if self.node.skips(e.rel) {
+            return Ok(false);
+        }
         let key = hex::encode(e.rel);
         let image = self.lowers.iter().find_map(|r| r.entries.get(&key));
         let absent = image.is_none_or(|i| i.kind == Kind::Char { rdev: 0 });
-        if self.node.excuses(e.rel, absent) {
-            return Ok(!self.node.skips(e.rel));
+        let state = self.node.in_state(e.rel);
+        if absent && self.node.excuses_addition(e.rel) {
+            // nothing below an entry the image lacks is the image's
+            return Ok(!state);
         }
         let got = record::entry_of(e)?;
+        let whiteout = got.kind == Kind::Char { rdev: 0 }
+            || got.xattrs.contains_key("trusted.overlay.whiteout");
+        let opaque = got.xattrs.get("trusted.overlay.opaque").map(String::as_str)
+            == Some(hex::encode("y").as_str());
         let what = match (&got.kind, image) {
-            (Kind::Char { rdev: 0 }, _) => Some("removed by the node".to_string()),
-            _ if got.xattrs.contains_key("trusted.overlay.whiteout") => {
-                Some("removed by the node".into())
-            }
-            _ if got.xattrs.get("trusted.overlay.opaque").map(String::as_str)
-                == Some(hex::encode("y").as_str()) =>
-            {
-                Some("replaced by the node (its image contents hidden)".into())
-            }
+            // what the node removes in its state is its own
+            _ if whiteout && state => None,
+            _ if whiteout => Some("removed by the node".to_string()),
+            // its image contents hidden: each is a removal, and what the
+            // node wrote there is compared below
+            _ if opaque && state => None,
+            _ if opaque => Some("replaced by the node (its image contents hidden)".into()),
+            (Kind::Dir, Some(i)) if i.kind == Kind::Dir && state => None,
             (Kind::Dir, Some(i)) if i.kind == Kind::Dir => copied_up(i, &got),
             // written again exactly as the image has it (ldconfig.service
             // regenerating /etc/ld.so.cache at first boot): no change
             (_, Some(i)) if !absent && i.kind == got.kind && copied_up(i, &got).is_none() => None,
+            // data the node rewrites (a log the image ships)
+            (Kind::File { .. }, Some(i))
+                if matches!(i.kind, Kind::File { .. })
+                    && self.node.in_data(e.rel)
+                    && copied_up(i, &got).is_none() =>
+            {
+                None
+            }
             (_, Some(_)) if !absent => Some("changed by the node".into()),
             _ => Some("added by the node".into()),
         };
@@ -336,15 +416,27 @@ mod tests {
         .unwrap();
         std::fs::create_dir_all(tree.join("usr/lib/modules")).unwrap();
         let n = NodePaths::of(&root, Slot::Kube1);
-        assert!(n.excuses(b"var/lib/x", false));
-        assert!(n.excuses(b"etc/machine-id", false));
-        assert!(!n.excuses(b"etc/machine-idx", true));
-        assert!(n.excuses(b"usr/lib/modules", true), "resolved through /lib");
-        assert!(n.excuses(b"etc/kubeslot/host/x", false));
-        // a parent nspawn made for a mount point, but not a change to it
-        assert!(n.excuses(b"etc/kubeslot", true));
-        assert!(!n.excuses(b"etc/kubeslot", false));
-        assert!(!n.excuses(b"usr/local/bin/kubelet", false));
-        assert!(!n.excuses(b"etc/systemd/system/persist.service", true));
+        // boot-written files and mount points: the node's, whatever is there
+        assert!(n.skips(b"etc/machine-id"));
+        assert!(!n.skips(b"etc/machine-idx"));
+        assert!(n.skips(b"usr/lib/modules"), "resolved through /lib");
+        assert!(n.skips(b"etc/kubeslot/host/x"));
+        // its state: additions (and parents of its paths) only
+        for state in [
+            "var/lib/x",
+            "opt/cni/bin/calico",
+            "etc/cni/net.d/10-x",
+            "root/.x",
+        ] {
+            assert!(n.in_state(state.as_bytes()), "{state}");
+            assert!(n.excuses_addition(state.as_bytes()), "{state}");
+            assert!(!n.skips(state.as_bytes()), "{state}");
+        }
+        assert!(n.excuses_addition(b"opt"), "a parent of opt/cni/bin");
+        assert!(n.excuses_addition(b"etc/kubeslot"), "a parent nspawn made");
+        assert!(!n.in_state(b"opt"));
+        assert!(!n.in_state(b"optx/cni/bin"));
+        assert!(!n.excuses_addition(b"usr/local/bin/kubelet"));
+        assert!(!n.excuses_addition(b"etc/systemd/system/persist.service"));
     }
 }

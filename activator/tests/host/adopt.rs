@@ -465,7 +465,7 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     );
     // what the render reads back
     assert_eq!(
-        kubeslot_activator::render::extra_args::read(&Root::new(h.root())).unwrap(),
+        kubeslot_activator::render::extra_args::read(&Root::new(h.root()), &[]).unwrap(),
         ["--max-pods=60", "--v=2"]
     );
     assert!(
@@ -485,4 +485,74 @@ fn adopt_writes_the_activator_config_from_the_applied_config() {
     // recorded now, so this is refused for that reason first)
     let (code, _, err) = h.cmd(&args);
     assert_eq!(code, 1, "{err}");
+}
+
+/// Issue 40, item 2: the adopted tree is the node's, not a trusted source,
+/// so the kubelet flags in its `/etc/default/kubelet` are shown in full
+/// and carried over only with `--force`; flags that turn off the node's
+/// security (in the kubelet's `_` spelling too) are never carried over.
+#[test]
+fn adopt_refuses_untrusted_kubelet_flags() {
+    let img = images();
+    let h = Host::new(&img);
+    unbounded_host(&h);
+    let root = Root::new(h.root());
+    let written = h.root().join("etc/kubeslot/adopted.json");
+    let defaults = root.machine_tree("kube1").join("etc/default");
+    fs::create_dir_all(&defaults).unwrap();
+    let args = [
+        "adopt",
+        "--write-config",
+        "--config",
+        written.to_str().unwrap(),
+        "--image",
+        "ghcr.io/example/kubeslot-node:v1.35.1",
+        "--public-key",
+        "/etc/kubeslot/trust/release.pub",
+    ];
+    let forced: Vec<&str> = args.iter().copied().chain(["--force"]).collect();
+
+    // flags that turn the node's kubelet open: never carried over, --force
+    // or not (the node could have written them)
+    fs::write(
+        defaults.join("kubelet"),
+        "KUBELET_EXTRA_ARGS=\"--max-pods=60 --anonymous_auth=true --authorization-mode=AlwaysAllow --pod-manifest-path=/etc/kubernetes/evil\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("--anonymous-auth"), "{err}");
+    assert!(!written.exists() && !root.state_file().exists());
+    assert!(!root.kubelet_extra_args().exists());
+    let (code, out, err) = h.cmd(&[&forced[..], &["--dry-run"]].concat());
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("--anonymous-auth turns off part of the node's security"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("would write /etc/kubeslot/default-kubelet"),
+        "{out}"
+    );
+
+    // plain tuning flags: shown in full, written only with --force
+    fs::write(
+        defaults.join("kubelet"),
+        "KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = h.cmd(&args);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\"") && err.contains("--force"),
+        "{err}"
+    );
+    assert!(!written.exists() && !root.state_file().exists());
+    assert!(!root.kubelet_extra_args().exists());
+    let (code, out, err) = h.cmd(&forced);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("wrote /etc/kubeslot/default-kubelet from the adopted node's /etc/default/kubelet: KUBELET_EXTRA_ARGS=\"--max-pods=60 --v=2\""),
+        "{out}"
+    );
 }

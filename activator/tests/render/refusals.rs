@@ -164,3 +164,79 @@ fn refusals_name_what_is_wrong() {
         "{e}"
     );
 }
+
+/// Issue 40, item 2: the host's kubelet flags are checked under the names
+/// the kubelet itself reads (it turns `_` into `-`), in both the
+/// `--flag=value` and `--flag value` forms, and the flags that turn off
+/// part of the node's security are refused unless the config allows each
+/// by name (`kubelet.allow_security_flags`).
+#[test]
+fn host_kubelet_flags_are_checked_under_the_kubelets_own_names() {
+    let host = Host::new();
+    let config = config_with("off");
+    let refused = |args: &str, config: &Config| {
+        fs::write(
+            host.path("etc/kubeslot/default-kubelet"),
+            format!("KUBELET_EXTRA_ARGS=\"{args}\"\n"),
+        )
+        .unwrap();
+        render::gather(&host.root, config)
+            .err()
+            .map(|e| e.to_string())
+    };
+    for (args, want) in [
+        (
+            "--bootstrap_kubeconfig=/var/lib/kubelet/evil.conf",
+            "--bootstrap-kubeconfig is set by kubeslot",
+        ),
+        ("--node_ip=10.9.9.9", "--node-ip is set by kubeslot"),
+        (
+            "--max-pods=60 --anonymous_auth=true",
+            "--anonymous-auth turns off part of the node's security",
+        ),
+        (
+            "--anonymous-auth true",
+            "--anonymous-auth turns off part of the node's security",
+        ),
+        (
+            "--authorization-mode=AlwaysAllow",
+            "--authorization-mode turns off part of the node's security",
+        ),
+        (
+            "--read_only_port 10255",
+            "--read-only-port turns off part of the node's security",
+        ),
+        (
+            "--pod-manifest-path=/etc/kubernetes/evil",
+            "--pod-manifest-path turns off part of the node's security",
+        ),
+        ("--tls_private_key_file=/x", "--tls-private-key-file"),
+        ("---node-ip=10.9.9.9", "not a --flag"),
+    ] {
+        let e = refused(args, &config).unwrap_or_else(|| panic!("{args}: accepted"));
+        assert!(
+            e.starts_with("/etc/kubeslot/default-kubelet:1: ") && e.contains(want),
+            "{args}: {e}"
+        );
+    }
+    let e = refused("--read-only-port=10255", &config).unwrap();
+    assert!(e.contains("kubelet.allow_security_flags"), "{e}");
+    // allowed by name in the host's config: that flag, in either spelling,
+    // and no other
+    let allowing = Config::parse(
+        Path::new("test.json"),
+        TOKEN_CONFIG
+            .replace("GPU", "off")
+            .replace(
+                r#""bootstrap_token""#,
+                r#""allow_security_flags":["read-only-port"],"bootstrap_token""#,
+            )
+            .as_bytes(),
+    )
+    .unwrap();
+    for args in ["--read-only-port=10255", "--read_only_port=10255 --v=2"] {
+        assert_eq!(refused(args, &allowing), None, "{args}");
+    }
+    assert!(refused("--anonymous-auth=true", &allowing).is_some());
+    assert_eq!(refused("--max-pods=60 --v=2", &config), None);
+}

@@ -19,6 +19,9 @@ use crate::slot::Slot;
 use super::identity::read_tree_file;
 use super::{AdoptError, Notes};
 
+/// How the adopted tree's file is named in notes.
+const FIELD: &str = "/etc/default/kubelet";
+
 /// `Kubelet.Configuration` fields the agent overwrites with its own value
 /// whatever the object says (its docs forbid them): dropping them changes
 /// nothing.
@@ -134,7 +137,6 @@ pub(super) fn carry_extra_args(
     machine: Slot,
     notes: &mut Notes,
 ) -> Result<Option<Vec<String>>, AdoptError> {
-    const FIELD: &str = "/etc/default/kubelet";
     let Some(bytes) = read_tree_file(root, machine, "etc/default/kubelet")? else {
         return Ok(None);
     };
@@ -168,6 +170,56 @@ pub(super) fn carry_extra_args(
             Ok(None)
         }
     }
+}
+
+/// The adopted tree's kubelet flags without `--force`: refused, shown in
+/// full. The tree is the node's (anything it ran could have written its
+/// `/etc/default/kubelet`), and what `adopt` writes to the host's
+/// `/etc/kubeslot/default-kubelet` reaches every later node's kubelet. So
+/// carried flags (`extra`) need `--force`, and flags the check refused
+/// (a flag kubeslot owns, one that turns off the node's security) are
+/// named with the rule they broke; with `--force` those are left behind.
+pub(super) fn refuse_unforced(
+    machine: Slot,
+    extra: Option<&[String]>,
+    notes: &Notes,
+) -> Result<(), AdoptError> {
+    let file = Path::new("/var/lib/machines")
+        .join(machine.machine())
+        .join("etc/default/kubelet");
+    let field = format!("{FIELD} {}", crate::render::extra_args::VARIABLE);
+    let also = |skip: &str| -> Vec<String> {
+        notes
+            .behaviour_changing()
+            .into_iter()
+            .filter(|f| *f != skip)
+            .map(str::to_string)
+            .collect()
+    };
+    if let Some(refused) = notes.dropped.iter().find(|d| d.field == field) {
+        return Err(AdoptError::KubeletFlags {
+            file,
+            detail: format!(
+                "{}; such flags are never carried over: pass --force to adopt without its {} (or remove them from the file)",
+                refused.why,
+                crate::render::extra_args::VARIABLE
+            ),
+            also: also(&field),
+        });
+    }
+    if let Some(args) = extra {
+        return Err(AdoptError::KubeletFlags {
+            file,
+            detail: format!(
+                "it sets kubelet flags that would reach every later node's kubelet: {}=\"{}\"; check each and pass --force to carry them over to {}",
+                crate::render::extra_args::VARIABLE,
+                args.join(" "),
+                Root::host().kubelet_extra_args().display()
+            ),
+            also: also(""),
+        });
+    }
+    Ok(())
 }
 
 /// Writes `/etc/kubeslot/default-kubelet` (0644; an existing one was

@@ -93,6 +93,13 @@ pub enum AdoptError {
     OtherRunning { machine: Slot, other: Slot },
     #[error("adopt: {applied} sets what kubeslot does not carry over, and the node would behave differently without it: {fields}; pass --force to write the config anyway (after checking the list above); nothing was changed")]
     BehaviourDropped { applied: PathBuf, fields: String },
+    #[error("adopt: {file} is the adopted node's, not a trusted source: {detail}; nothing was changed{}", also_dropped(.also))]
+    KubeletFlags {
+        file: PathBuf,
+        detail: String,
+        /// Other fields that need `--force`.
+        also: Vec<String>,
+    },
     #[error("adopt: the kubelet identity in {path}: {reason}; nothing was changed")]
     Identity { path: PathBuf, reason: String },
     #[error("applied config {path}: {reason}")]
@@ -618,6 +625,9 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
             });
         }
         let changing = notes.behaviour_changing();
+        if !w.force && !opts.dry_run {
+            kubelet::refuse_unforced(machine, extra.as_deref(), &notes)?;
+        }
         if !changing.is_empty() && !w.force && !opts.dry_run {
             return Err(AdoptError::BehaviourDropped {
                 applied,
@@ -684,6 +694,18 @@ pub fn adopt(root: &Root, systemd: &dyn Systemd, opts: &Options) -> Result<Adopt
         adopted.notes = notes;
     }
     Ok(adopted)
+}
+
+/// `; also needs --force: ...` for a refusal's other fields.
+fn also_dropped(also: &[String]) -> String {
+    if also.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (also not carried over, and needing --force: {})",
+            also.join(", ")
+        )
+    }
 }
 
 /// Refuses a host whose state records anything (kubeslot manages it).
