@@ -129,6 +129,8 @@ pub enum RenderError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: the resolver line {line:?} holds a word that cannot be copied into the machine's resolv.conf (a comment or control character)")]
+    ResolvWord { path: PathBuf, line: String },
     #[error("no upstream DNS server in {path} (found: {found}; loopback resolvers such as the 127.0.0.53 stub are unreachable from pods): set \"nameservers\" in the config")]
     OnlyStub { path: PathBuf, found: String },
     #[error("no upstream DNS server: neither {upstream} nor {etc} exists; set \"nameservers\" in the config")]
@@ -195,7 +197,7 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
         },
         RenderedFile {
             path: dir.join(host_files::RESOLV_CONF),
-            contents: resolv_conf(&facts.nameservers),
+            contents: resolv_conf(facts),
             mode: 0o644,
         },
         RenderedFile {
@@ -618,12 +620,21 @@ fn hosts_toml(config: &Config, registry: &str, m: &RegistryMirror, with_ca: bool
     s
 }
 
-fn resolv_conf(nameservers: &[String]) -> String {
+/// The host's upstream servers (never its local stub), then its search
+/// domains and resolver options, so short names resolve in the node and its
+/// `dnsPolicy: Default` pods as they do on the host.
+fn resolv_conf(facts: &HostFacts) -> String {
     let mut s = String::from(
         "# Rendered by kubeslot-activator: the host's upstream servers, not its local stub.\n",
     );
-    for ns in nameservers.iter().take(MAX_NAMESERVERS) {
+    for ns in facts.nameservers.iter().take(MAX_NAMESERVERS) {
         let _ = writeln!(s, "nameserver {ns}");
+    }
+    if !facts.dns_search.is_empty() {
+        let _ = writeln!(s, "search {}", facts.dns_search.join(" "));
+    }
+    if !facts.dns_options.is_empty() {
+        let _ = writeln!(s, "options {}", facts.dns_options.join(" "));
     }
     s
 }

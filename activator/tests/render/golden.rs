@@ -47,7 +47,52 @@ fn golden_no_gpu() {
             .collect::<Vec<_>>(),
         ["nameserver 192.0.2.1", "nameserver 192.0.2.2"]
     );
+    // systemd-resolved's upstream list carries the host's search domains
+    assert!(file(&files, "resolv.conf").contains("\nsearch example.internal\n"));
     check_golden("no-gpu", &files);
+}
+
+#[test]
+fn resolv_conf_keeps_search_and_options() {
+    let host = Host::new();
+    // a host without systemd-resolved: /etc/resolv.conf is the real list
+    fs::remove_file(host.path("run/systemd/resolve/resolv.conf")).unwrap();
+    fs::write(
+        host.path("etc/resolv.conf"),
+        "# a corporate host\ndomain old.example\nnameserver 192.0.2.9\n\
+         search corp.example lab.corp.example\noptions ndots:2\noptions timeout:1 rotate\n",
+    )
+    .unwrap();
+    let config = load_scenario("no-gpu");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    assert_eq!(
+        file(&files, "resolv.conf"),
+        "# Rendered by kubeslot-activator: the host's upstream servers, not its local stub.\n\
+         nameserver 192.0.2.9\nsearch corp.example lab.corp.example\n\
+         options ndots:2 timeout:1 rotate\n"
+    );
+    // configured servers still take the host's search domains and options
+    let mut configured = config.clone();
+    configured.nameservers = vec!["198.51.100.7".into()];
+    let facts = render::gather(&host.root, &configured).unwrap();
+    let text = file(
+        &render::render(&configured, Slot::Kube1, &facts),
+        "resolv.conf",
+    )
+    .to_string();
+    assert!(text.contains("nameserver 198.51.100.7\nsearch corp.example lab.corp.example\n"));
+    // a word that would turn into a comment in the machine's file is refused
+    fs::write(
+        host.path("etc/resolv.conf"),
+        "nameserver 192.0.2.9\nsearch a#b\n",
+    )
+    .unwrap();
+    let err = render::gather(&host.root, &config).unwrap_err().to_string();
+    assert!(
+        err.contains("etc/resolv.conf") && err.contains("search a#b"),
+        "{err}"
+    );
 }
 
 #[test]
