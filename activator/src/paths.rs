@@ -30,6 +30,13 @@ impl Root {
         self.0.join(rel.trim_start_matches('/'))
     }
 
+    /// `/etc/kubeslot`: the operator's config, trust keys and credentials
+    /// (and the rendered host files under `host/`); removed only by
+    /// `uninstall --purge` and the package's purge.
+    pub fn config_dir(&self) -> PathBuf {
+        self.join("etc/kubeslot")
+    }
+
     /// `/etc/kubeslot/activator.json`, the default config.
     pub fn default_config(&self) -> PathBuf {
         self.join(crate::config::DEFAULT_PATH)
