@@ -45,9 +45,13 @@ pub struct Config {
     /// "/run/nvidia/driver"}`).
     #[serde(default)]
     pub gpu: Gpu,
-    /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
+    /// Extra host devices bound into the machine (e.g. `/dev/fuse`).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
+    /// Bind the host's `/dev/kvm` when it is there (nodes that run VMs:
+    /// KubeVirt, Kata), as the seed did; `false` never binds it.
+    #[serde(default = "default_kvm", skip_serializing_if = "is_default_kvm")]
+    pub kvm: bool,
     /// Extra host directories or files bound into the machine (the
     /// unbounded agent's `AdditionalHostMounts`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -81,6 +85,14 @@ pub struct Config {
     /// How a slot's tree is made (overlay of shared layers, or a copy).
     #[serde(default)]
     pub slots: Slots,
+}
+
+fn default_kvm() -> bool {
+    true
+}
+
+fn is_default_kvm(kvm: &bool) -> bool {
+    *kvm
 }
 
 /// How slot trees are made.

@@ -31,7 +31,8 @@ pub struct HostFacts {
     /// The cluster CA (from `kubelet.ca_data` or the `ca_file`).
     pub ca_pem: String,
     pub gpu: GpuBinds,
-    /// Extra host devices from `config.devices` (all exist).
+    /// `/dev/kvm` when the host has it (unless `"kvm": false`), then the
+    /// extra host devices from `config.devices` (all exist).
     pub devices: Vec<String>,
     /// The host has `/lib/modules` (every real host does; a container used
     /// as a test host may not). nspawn refuses to start with a bind whose
@@ -77,7 +78,12 @@ pub fn gather_with(
     let (dns_search, dns_options) = search_and_options(root)?;
     let ca_pem = read_ca(root, config)?;
     let gpu = gpus.binds()?;
-    let devices = gpu::extra_devices(root, &config.devices)?;
+    let mut devices = gpu::extra_devices(root, &config.devices)?;
+    if let Some(kvm) = config.kvm.then(|| gpu::kvm_device(root)).flatten() {
+        if !devices.contains(&kvm) {
+            devices.insert(0, kvm);
+        }
+    }
     let registry_cas = read_registry_cas(root, config)?;
     for d in gpu.devices.iter().chain(&devices) {
         check_device_path(d)?;

@@ -21,7 +21,7 @@ fn no_golden_binds_a_system_program_directory() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 12);
+    assert_eq!(seen, 13);
     // the check itself finds what issue 25's host was given
     assert_eq!(
         system_bin_binds("BindReadOnly=/usr/bin:/run/host-nvidia-bin\nBind=/usr/local/bin/\nBindReadOnly=/run/nvidia/driver/usr/bin:/x\nBindReadOnly=/usr/local/nvidia/bin:/y\n"),
@@ -108,6 +108,43 @@ fn golden_extra_kvm() {
     assert!(file(&files, "override.conf").contains("DeviceAllow=/dev/kvm rwm\n"));
     assert!(file(&files, ".nspawn").contains("VirtualEthernet=yes\n"));
     check_golden("extra-kvm", &files);
+}
+
+/// The seed bound `/dev/kvm` whenever the host had it (nodes that run VMs:
+/// KubeVirt, Kata): so does the render, with its `DeviceAllow=`, unless the
+/// config says `"kvm": false`; a host without it binds nothing.
+#[test]
+fn golden_kvm_present() {
+    let host = Host::new();
+    let config = load_scenario("kvm-present");
+    assert!(config.kvm, "bound by default");
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert!(facts.devices.is_empty(), "no /dev/kvm on this host");
+    gpu::mknod_char(&host.path("dev/kvm"), 10, 232).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(facts.devices, ["/dev/kvm"]);
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    assert!(file(&files, ".nspawn").contains("\nBind=/dev/kvm\n"));
+    assert!(file(&files, "override.conf").contains("DeviceAllow=/dev/kvm rwm\n"));
+    check_golden("kvm-present", &files);
+    // "kvm": false: not bound, though the host has it
+    let mut off = config.clone();
+    off.kvm = false;
+    let facts = render::gather(&host.root, &off).unwrap();
+    assert!(facts.devices.is_empty());
+    let files = render::render(&off, Slot::Kube1, &facts);
+    assert!(!file(&files, ".nspawn").contains("/dev/kvm"));
+    assert!(!file(&files, "override.conf").contains("/dev/kvm"));
+    // named in "devices" as well: bound once
+    let mut both = config.clone();
+    both.devices = vec!["/dev/kvm".into()];
+    let facts = render::gather(&host.root, &both).unwrap();
+    assert_eq!(facts.devices, ["/dev/kvm"]);
+    // "kvm": false is written back (the default is not)
+    let text = serde_json::to_string(&off).unwrap();
+    assert!(text.contains("\"kvm\":false"), "{text}");
+    assert!(!serde_json::to_string(&config).unwrap().contains("kvm"));
 }
 
 #[test]
@@ -551,5 +588,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 12, "one check per golden scenario");
+    assert_eq!(checked, 13, "one check per golden scenario");
 }
