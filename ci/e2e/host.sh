@@ -52,6 +52,9 @@ scenario_deb_install() {
   holder=$!
   local deadline=$((SECONDS + 10))
   while [ $SECONDS -lt $deadline ] && outer flock --nonblock --shared /var/lib/kubeslot/lock true; do sleep 0.1; done
+  # an operator's file under /etc/kubeslot (a credential), which the remove keeps
+  outer install -d -m 0700 /etc/kubeslot
+  echo "e2e bootstrap token" >"$OUTER/etc/kubeslot/e2e-operator-credential"
   outer dpkg -r kubeslot-activator >"$WORK/logs/dpkg-remove.log" 2>&1 &
   dpkg_pid=$!
   sleep 3
@@ -65,11 +68,12 @@ scenario_deb_install() {
   rm -rf "$OUTER/var/lib/kubeslot"
   check "binary gone after dpkg -r" test ! -e "$OUTER/usr/bin/kubeslot-activator" || return 1
   check_unit_inactive kubeslot-activator.path || return 1
-  check "dpkg -r keeps /etc/kubeslot" test -d "$OUTER/etc/kubeslot/trust" || return 1
+  check "dpkg -r keeps /etc/kubeslot" test -f "$OUTER/etc/kubeslot/e2e-operator-credential" || return 1
   # the purge takes the operator's config, keys and credentials (saved
   # here and put back for the scenarios after this one)
   rm -rf "$WORK/etc-kubeslot-saved"
   cp -a "$OUTER/etc/kubeslot" "$WORK/etc-kubeslot-saved"
+  rm -f "$WORK/etc-kubeslot-saved/e2e-operator-credential"
   outer dpkg --purge kubeslot-activator >>"$WORK/logs/dpkg-remove.log" 2>&1 || { cp -a "$WORK/etc-kubeslot-saved" "$OUTER/etc/kubeslot"; cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg --purge"; return 1; }
   local purged=0
   test ! -e "$OUTER/etc/kubeslot" && grep -q "purged /etc/kubeslot" "$WORK/logs/dpkg-remove.log" || purged=1
