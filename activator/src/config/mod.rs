@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod node;
 mod pods;
+mod proxy;
 mod registries;
 
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
+pub use proxy::ProxyConfig;
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
 
 /// The default config path on a host (relative to the root handle).
@@ -85,6 +87,10 @@ pub struct Config {
     /// How a slot's tree is made (overlay of shared layers, or a copy).
     #[serde(default)]
     pub slots: Slots,
+    /// The egress proxy: the activator's registry requests go through it,
+    /// and the node's containerd and kubelet get it as their environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyConfig>,
 }
 
 fn default_kvm() -> bool {
@@ -497,6 +503,13 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(p) = &self.proxy {
+            p.check().map_err(|(field, reason)| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })?;
+        }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()
                 && root

@@ -41,6 +41,8 @@ pub struct HostFacts {
     /// The CA of each registry whose mirrors name a `ca_file`, by registry
     /// host (PEM text, read once).
     pub registry_cas: BTreeMap<String, String>,
+    /// The egress proxy's CA (`proxy.ca`, PEM text, read once).
+    pub proxy_ca: Option<String>,
     /// The kubelet's extra arguments from the host's
     /// `/etc/kubeslot/default-kubelet` (checked: no flag kubeslot owns).
     pub kubelet_extra_args: Vec<String>,
@@ -85,6 +87,7 @@ pub fn gather_with(
         }
     }
     let registry_cas = read_registry_cas(root, config)?;
+    let proxy_ca = read_proxy_ca(root, config)?;
     for d in gpu.devices.iter().chain(&devices) {
         check_device_path(d)?;
     }
@@ -125,8 +128,24 @@ pub fn gather_with(
         devices,
         lib_modules: root.lib_modules().is_dir(),
         registry_cas,
+        proxy_ca,
         kubelet_extra_args,
     })
+}
+
+fn read_proxy_ca(root: &Root, config: &Config) -> Result<Option<String>, RenderError> {
+    let Some(file) = config.proxy.as_ref().and_then(|p| p.ca.as_ref()) else {
+        return Ok(None);
+    };
+    let path = root.join(&file.to_string_lossy());
+    let pem = std::fs::read_to_string(&path).map_err(|source| RenderError::ProxyCaRead {
+        path: file.clone(),
+        source,
+    })?;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(RenderError::ProxyCaNotPem { path: file.clone() });
+    }
+    Ok(Some(ensure_newline(pem)))
 }
 
 fn read_registry_cas(

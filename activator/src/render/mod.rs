@@ -50,6 +50,7 @@ pub mod extra_args;
 mod facts;
 pub mod gpu;
 pub mod host_settings;
+pub mod proxy;
 mod write;
 
 pub use crate::config::node::registry_mirrors;
@@ -115,6 +116,14 @@ pub enum RenderError {
     },
     #[error("registry CA {path} (containerd.registry_mirrors.\"{registry}\".ca_file): not a PEM certificate")]
     RegistryCaNotPem { registry: String, path: PathBuf },
+    #[error("proxy CA {path} (proxy.ca): {source}")]
+    ProxyCaRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("proxy CA {path} (proxy.ca): not a PEM certificate")]
+    ProxyCaNotPem { path: PathBuf },
     #[error("node name: kubelet.node_name is unset and no host name was found in {tried}")]
     NoHostname { tried: String },
     #[error("{field}: {value:?} {reason}")]
@@ -223,6 +232,7 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
             mode: 0o644,
         });
     }
+    files.extend(proxy::files(config, facts, &dir, HEADER));
     if !config.images.bundle.is_empty() {
         files.push(RenderedFile {
             path: dir.join(host_files::BUNDLE_LIST),
@@ -403,6 +413,11 @@ fn host_binds(config: &Config, machine: &str, s: &mut String) {
     for (file, at, bound) in files {
         if bound {
             let _ = writeln!(s, "BindReadOnly={d}/{file}:{at}");
+        }
+    }
+    if config.proxy.is_some() {
+        for at in proxy::BOUND_AT {
+            let _ = writeln!(s, "BindReadOnly={d}/{}:{at}", host_files::PROXY_DROPIN);
         }
     }
     let _ = writeln!(s, "Bind={}:{}", host::NODE_KUBELET, inside::KUBELET_STATE);

@@ -21,7 +21,7 @@ fn no_golden_binds_a_system_program_directory() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 13);
+    assert_eq!(seen, 14);
     // the check itself finds what issue 25's host was given
     assert_eq!(
         system_bin_binds("BindReadOnly=/usr/bin:/run/host-nvidia-bin\nBind=/usr/local/bin/\nBindReadOnly=/run/nvidia/driver/usr/bin:/x\nBindReadOnly=/usr/local/nvidia/bin:/y\n"),
@@ -145,6 +145,51 @@ fn golden_kvm_present() {
     let text = serde_json::to_string(&off).unwrap();
     assert!(text.contains("\"kvm\":false"), "{text}");
     assert!(!serde_json::to_string(&config).unwrap().contains("kvm"));
+}
+
+/// The egress proxy (issue 42): one drop-in bound onto containerd.service
+/// and kubelet.service with the proxy variables (loopback and the API
+/// server in NO_PROXY), and the proxy's CA for SSL_CERT_DIR.
+#[test]
+fn golden_proxy() {
+    let host = Host::new();
+    let config = load_scenario("proxy");
+    // the CA is read from the host
+    let err = render::gather(&host.root, &config).unwrap_err().to_string();
+    assert!(err.contains("proxy.ca"), "{err}");
+    fs::write(host.path("etc/kubeslot/proxy-ca.pem"), CA).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    for at in [
+        "/etc/systemd/system/containerd.service.d/50-kubeslot-proxy.conf",
+        "/etc/systemd/system/kubelet.service.d/50-kubeslot-proxy.conf",
+    ] {
+        assert!(
+            nspawn.contains(&format!(
+                "BindReadOnly=/etc/kubeslot/host/kube1/proxy.conf:{at}\n"
+            )),
+            "{nspawn}"
+        );
+    }
+    let dropin = file(&files, "kube1/proxy.conf");
+    assert!(dropin.contains(
+        "Environment=\"HTTPS_PROXY=http://proxy.corp.example:3128\" \"https_proxy=http://proxy.corp.example:3128\"\n"
+    ));
+    assert!(
+        dropin.contains(
+            "Environment=\"NO_PROXY=localhost,127.0.0.1,::1,10.0.0.1,.corp.example,10.0.0.0/8\""
+        ),
+        "{dropin}"
+    );
+    assert!(dropin
+        .contains("Environment=\"SSL_CERT_DIR=/etc/ssl/certs:/etc/kubeslot/host/proxy-ca\"\n"));
+    assert_eq!(file(&files, "kube1/proxy-ca/ca.crt"), CA);
+    check_golden("proxy", &files);
+    // without a proxy, nothing of it
+    let files = render::render(&load_scenario("no-gpu"), Slot::Kube1, &facts);
+    assert!(!file(&files, ".nspawn").contains("proxy"));
 }
 
 #[test]
@@ -588,5 +633,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 13, "one check per golden scenario");
+    assert_eq!(checked, 14, "one check per golden scenario");
 }
