@@ -301,6 +301,7 @@ SCENARIOS=(
   keyless_verified_offline
   gpu_setup
   gpu_cdi_injection
+  gpu_setup_failure_rolls_back
 )
 
 # What the copy-mode pass of ci/test.sh leaves out: scenarios whose outcome
