@@ -38,6 +38,9 @@ PACKAGES=(
   # the tests' own registries (started by the harness on free ports) and
   # images: copy, unpack, compress
   docker-registry skopeo umoci zstd
+  # the egress proxy the registries are reached through (fetch::proxy, the
+  # e2e's egress_through_proxy)
+  tinyproxy
   # Debian root trees for tests, benchmarks and the e2e (ci/lib/debian-rootfs.sh),
   # checked against Debian's archive keys, on Ubuntu too
   mmdebstrap debian-archive-keyring apt-utils ca-certificates

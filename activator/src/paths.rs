@@ -30,6 +30,13 @@ impl Root {
         self.0.join(rel.trim_start_matches('/'))
     }
 
+    /// `/etc/kubeslot`: the operator's config, trust keys and credentials
+    /// (and the rendered host files under `host/`); removed only by
+    /// `uninstall --purge` and the package's purge.
+    pub fn config_dir(&self) -> PathBuf {
+        self.join("etc/kubeslot")
+    }
+
     /// `/etc/kubeslot/activator.json`, the default config.
     pub fn default_config(&self) -> PathBuf {
         self.join(crate::config::DEFAULT_PATH)
@@ -464,6 +471,11 @@ pub mod host_files {
     /// The offline bundle's images for the import unit: one
     /// `NAME DIGEST FILE` line each.
     pub const BUNDLE_LIST: &str = "bundle-images";
+    /// The egress proxy's environment, a drop-in for containerd.service and
+    /// kubelet.service (when the config names a proxy).
+    pub const PROXY_DROPIN: &str = "proxy.conf";
+    /// The proxy's CA (`ca.crt`), for `SSL_CERT_DIR` (when `proxy.ca`).
+    pub const PROXY_CA_DIR: &str = "proxy-ca";
 }
 
 /// Paths inside a node machine (the targets of binds).
@@ -495,6 +507,12 @@ pub mod machine {
     pub const KUBELET_DEFAULTS: &str = "/etc/default/kubelet";
     /// containerd's drop-in dir entry for the host's settings.
     pub const CONTAINERD_DROPIN: &str = "/etc/containerd/conf.d/50-kubeslot.toml";
+    /// The egress proxy's environment for containerd.service.
+    pub const CONTAINERD_PROXY_DROPIN: &str =
+        "/etc/systemd/system/containerd.service.d/50-kubeslot-proxy.conf";
+    /// The egress proxy's environment for kubelet.service.
+    pub const KUBELET_PROXY_DROPIN: &str =
+        "/etc/systemd/system/kubelet.service.d/50-kubeslot-proxy.conf";
     /// The offline bundle's archives (the host's `images.bundle_dir`).
     pub const BUNDLE_DIR: &str = "/etc/kubeslot/bundle";
     /// The machine's private BPF filesystem.

@@ -43,6 +43,9 @@ pub struct FakeSystemd {
     pub fail_start: bool,
     /// What a command run inside a machine answers (the GPU check).
     pub gpu_visible: bool,
+    /// What `systemctl is-failed` inside a machine answers (the NVIDIA
+    /// setup check); false unless a test sets it.
+    pub gpu_setup_failed: bool,
     /// Machines machined knows that no unit of ours started.
     pub foreign: RefCell<BTreeSet<String>>,
     /// What a command whose output is read inside a machine (the gate's
@@ -92,6 +95,7 @@ impl FakeSystemd {
             fail_stop: false,
             fail_start: false,
             gpu_visible: true,
+            gpu_setup_failed: false,
             foreign: RefCell::default(),
             machine_output: Vec::new(),
             outputs_read: std::cell::Cell::new(0),
@@ -244,6 +248,9 @@ impl Systemd for FakeSystemd {
 
     fn run_in_machine(&self, machine: &str, argv: &[&str]) -> Result<bool, SystemdError> {
         self.record(format!("run {machine} {}", argv.join(" ")));
+        if argv.first() == Some(&"systemctl") {
+            return Ok(self.gpu_setup_failed);
+        }
         Ok(self.gpu_visible)
     }
 

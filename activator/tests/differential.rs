@@ -7,7 +7,10 @@
 //! per-image metadata layer and the slot's real mount unit, mounted by the
 //! fake systemd with the unit's own options). Each tree is compared path
 //! by path: type, mode, owner, size, content hash, symlink target,
-//! hardlink group and xattrs; mtimes are reported, not compared.
+//! hardlink group and xattrs, and the mtime of every path the image gives
+//! one (a time the generator drew, before [`IMAGE_TIMES_END`]: it must be
+//! umoci's); a directory no layer lists (an implicit parent) has the time
+//! its unpack made it, on every side, and only that is not compared.
 //!
 //! A fixed seed set runs with the suite; `KUBESLOT_DIFF_SEED=S` and
 //! `KUBESLOT_DIFF_COUNT=N` run N images from seed S instead (longer runs).
@@ -38,6 +41,12 @@ use crate::overlay::fetched;
 
 /// The seeds every suite run checks (about 1 s each on 2 cores).
 const SEEDS: std::ops::Range<u64> = 1..13;
+
+/// Every mtime the generator writes is in `IMAGE_TIMES_START..IMAGE_TIMES_END`
+/// (2020-09-13 to 2023-11-14); a tree's time outside it is the time of its
+/// own unpack (or umoci's 0 for a root no layer lists).
+const IMAGE_TIMES_START: i64 = 1_600_000_000;
+const IMAGE_TIMES_END: i64 = 1_700_000_000;
 
 /// Names entries are drawn from: few, so paths collide across layers.
 const NAMES: [&str; 4] = ["a", "b", "c", "d"];
@@ -673,6 +682,7 @@ fn facts(root: &Path) -> BTreeMap<String, Facts> {
 fn differences(
     seed: u64,
     side: &str,
+    reference: &str,
     want: &BTreeMap<String, Facts>,
     got: &BTreeMap<String, Facts>,
 ) -> Vec<String> {
@@ -681,19 +691,28 @@ fn differences(
     for p in paths {
         match (want.get(p), got.get(p)) {
             (Some(_), None) => out.push(format!(
-                "image {seed}: {p}: missing in {side} (umoci has it)"
+                "image {seed}: {p}: missing in {side} ({reference} has it)"
             )),
             (None, Some(f)) => out.push(format!(
                 "image {seed}: {p}: only in {side} ({} {})",
                 f.attrs["type"], f.attrs["mode"]
             )),
             (Some(w), Some(g)) => {
+                // an image's time is kept; an unpack's own time is any
+                // such time, on either side
+                let image_time = |t: i64| (IMAGE_TIMES_START..IMAGE_TIMES_END).contains(&t);
+                if image_time(w.mtime) && w.mtime != g.mtime {
+                    out.push(format!(
+                        "image {seed}: {p}: mtime: {reference} {}, {side} {} ({})",
+                        w.mtime, g.mtime, w.attrs["type"]
+                    ));
+                }
                 let keys: BTreeSet<&&str> = w.attrs.keys().chain(g.attrs.keys()).collect();
                 for k in keys {
                     let (wv, gv) = (w.attrs.get(*k), g.attrs.get(*k));
                     if wv != gv {
                         out.push(format!(
-                            "image {seed}: {p}: {k}: umoci {:?}, {side} {:?} (mtimes: umoci {}, {side} {})",
+                            "image {seed}: {p}: {k}: {reference} {:?}, {side} {:?} (mtimes: {reference} {}, {side} {})",
                             wv.map(String::as_str).unwrap_or("-"),
                             gv.map(String::as_str).unwrap_or("-"),
                             w.mtime,
@@ -740,9 +759,11 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     // copy mode: the staging directory the activator makes (0755)
     let copy = tmp.path().join("copy");
     fs::create_dir(&copy).unwrap();
+    let mut copy_facts = BTreeMap::new();
     let mut diffs = match stage::unpack_layers(&store, &img, &copy, policy(), true) {
         Ok((_, hashes)) => {
-            let mut d = differences(seed, "copy", &want, &facts(&copy));
+            copy_facts = facts(&copy);
+            let mut d = differences(seed, "copy", "umoci", &want, &copy_facts);
             d.extend(record_differences(seed, "copy", &copy, None, &hashes));
             d
         }
@@ -795,12 +816,23 @@ fn check_image(seed: u64, umoci: &Path) -> Vec<String> {
     )
     .unwrap_or_else(|e| panic!("image {seed}: overlay install: {e}"));
     let merged = facts(&root.machine_tree("kube1"));
-    diffs.extend(differences(seed, "overlay", &want, &merged));
+    diffs.extend(differences(seed, "overlay", "umoci", &want, &merged));
+    // a directory's own time, which copy mode restores after a later
+    // layer's entries in it (umoci does not), is the overlay's too
+    if !copy_facts.is_empty() {
+        diffs.extend(differences(seed, "overlay", "copy", &copy_facts, &merged));
+    }
     // `rollback --clean` makes a fresh upper: the root keeps the image's.
     overlay::clean(&root, &sd, Slot::Kube1).unwrap();
     let cleaned = facts(&root.machine_tree("kube1"));
     overlay::remove(&root, &sd, Slot::Kube1).unwrap();
-    diffs.extend(differences(seed, "overlay after clean", &want, &cleaned));
+    diffs.extend(differences(
+        seed,
+        "overlay after clean",
+        "umoci",
+        &want,
+        &cleaned,
+    ));
     diffs
 }
 

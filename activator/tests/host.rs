@@ -144,6 +144,11 @@ echo "$m $unit[7]: /healthz answers as $mode"
 
 const OTHER: &str = r#"#!/bin/bash
 echo "$(basename "$0") $*" >> "$KUBESLOT_FAKE/calls.log"
+# `systemctl is-failed` inside a machine (the gate's GPU setup check): failed
+# only when a test made the NVIDIA setup fail
+case " $* " in
+  *" is-failed "*) [ -e "$KUBESLOT_FAKE/gpu-setup-failed" ]; exit $? ;;
+esac
 "#;
 
 const HEALTHZ: &str = r#"

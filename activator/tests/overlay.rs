@@ -619,7 +619,7 @@ fn the_metadata_layer_keeps_what_a_layer_does_not_list_and_is_reused() {
     .unwrap();
     assert_eq!(
         record.policy,
-        Some(layers::policy_hash(&other)),
+        Some(metalayer::policy_hash(&other)),
         "reused under another policy"
     );
 }

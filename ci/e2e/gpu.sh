@@ -390,3 +390,54 @@ EOF2
     grep -q ' unchanged$' <<<"$(gpu_runtime_said "$m" nogpu)" || return 1
   cri_timings "$m" gpu
 }
+
+# gpu_setup_failure_rolls_back (after gpu_setup, whose GPU image runs): the
+# GPU image into the idle slot (a config change: one more label) on a host
+# whose driver lost libnvidia-ml (the preflight check that sees it ignored,
+# as an operator may): the new machine's kubeslot-nvidia-setup fails, its
+# containerd (which requires the setup) stays down, and the health gate
+# fails with check gpu-setup naming the unit; the old machine runs again,
+# and the report's error says why. The driver comes back as soon as the new
+# machine's setup has failed, so that the old machine, started again by the
+# rollback, sets its GPU up.
+scenario_gpu_setup_failure_rolls_back() {
+  local archive=/var/tmp/node-gpu.tar before target rc=0 deadline error
+  [ -s "$OUTER$archive" ] || { fail "no GPU image in the outer host: gpu_setup runs first"; return 1; }
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  [ -e "$OUTER/dev/nvidia0" ] || gpu_devices add
+  gpu_install_driver "$GPU_DRIVER_NEW"
+  config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
+    jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .trust.identity = $id
+      | .preflight.ignore += ["gpu-driver", "gpu-libraries"]
+      | .kubelet.labels["kubeslot.io/e2e-gpu-try"] = "2"' >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+  rm -f "$OUTER$GPU_HOST_LIB64"/libnvidia-ml.so* "$OUTER$GPU_HOST_LIB32"/libnvidia-ml.so*
+  outer ldconfig
+  act_bg activate
+  deadline=$((SECONDS + 120))
+  until outer systemctl -M "$target" is-failed --quiet kubeslot-nvidia-setup.service 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ] || ! kill -0 "$ACT_PID" 2>/dev/null; then
+      gpu_install_driver "$GPU_DRIVER_NEW"
+      wait "$ACT_PID" || true
+      show_log
+      fail "the setup in $target never failed"
+      return 1
+    fi
+    sleep 0.2
+  done
+  gpu_install_driver "$GPU_DRIVER_NEW"
+  check "containerd in $target did not start without its setup" \
+    bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl -M $target is-active --quiet containerd" || return 1
+  wait "$ACT_PID" || rc=$?
+  log_report
+  check_eq "activate exit code (rolled back)" "$rc" 2 || { show_log; return 1; }
+  error=$(jq -r .error "$(report_file)")
+  check "the report names the gate's gpu-setup check and the unit" \
+    grep -q "machine $target: health check gpu-setup failed: kubeslot-nvidia-setup.service failed inside the machine" <<<"$error" ||
+    { echo "$error" >&2; return 1; }
+  check "$before runs again" unit_active "$before" || return 1
+  check "$target is stopped" bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl is-active --quiet systemd-nspawn@$target.service" || return 1
+  check_eq "kubeslot-nvidia-setup in $before after the rollback" "$(gpu_setup_result "$before")" "success active" ||
+    { gpu_setup_journal "$before" >&2; return 1; }
+}

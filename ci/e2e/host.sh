@@ -29,7 +29,8 @@ unit_enabled() { outer systemctl is-enabled --quiet "$1" 2>/dev/null; }
 
 # The package as an operator installs it: removed while a run holds the
 # lock (prerm waits for the run to end instead of killing it), then the
-# units stopped and the binary gone; purged (the units' enablement forgotten: an upgrade or a
+# units stopped and the binary gone, /etc/kubeslot kept; purged (/etc/kubeslot
+# removed, saying so; the units' enablement forgotten: an upgrade or a
 # reinstall after `dpkg -r` keeps what the administrator chose, and the
 # harness had disabled the path unit), then installed again with dpkg -i:
 # the binary and the shipped units appear, the path unit is enabled and
@@ -51,6 +52,9 @@ scenario_deb_install() {
   holder=$!
   local deadline=$((SECONDS + 10))
   while [ $SECONDS -lt $deadline ] && outer flock --nonblock --shared /var/lib/kubeslot/lock true; do sleep 0.1; done
+  # an operator's file under /etc/kubeslot (a credential), which the remove keeps
+  outer install -d -m 0700 /etc/kubeslot
+  echo "e2e bootstrap token" >"$OUTER/etc/kubeslot/e2e-operator-credential"
   outer dpkg -r kubeslot-activator >"$WORK/logs/dpkg-remove.log" 2>&1 &
   dpkg_pid=$!
   sleep 3
@@ -64,7 +68,18 @@ scenario_deb_install() {
   rm -rf "$OUTER/var/lib/kubeslot"
   check "binary gone after dpkg -r" test ! -e "$OUTER/usr/bin/kubeslot-activator" || return 1
   check_unit_inactive kubeslot-activator.path || return 1
-  outer dpkg --purge kubeslot-activator >>"$WORK/logs/dpkg-remove.log" 2>&1 || { cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg --purge"; return 1; }
+  check "dpkg -r keeps /etc/kubeslot" test -f "$OUTER/etc/kubeslot/e2e-operator-credential" || return 1
+  # the purge takes the operator's config, keys and credentials (saved
+  # here and put back for the scenarios after this one)
+  rm -rf "$WORK/etc-kubeslot-saved"
+  cp -a "$OUTER/etc/kubeslot" "$WORK/etc-kubeslot-saved"
+  rm -f "$WORK/etc-kubeslot-saved/e2e-operator-credential"
+  outer dpkg --purge kubeslot-activator >>"$WORK/logs/dpkg-remove.log" 2>&1 || { cp -a "$WORK/etc-kubeslot-saved" "$OUTER/etc/kubeslot"; cat "$WORK/logs/dpkg-remove.log" >&2; fail "dpkg --purge"; return 1; }
+  local purged=0
+  test ! -e "$OUTER/etc/kubeslot" && grep -q "purged /etc/kubeslot" "$WORK/logs/dpkg-remove.log" || purged=1
+  rm -rf "$OUTER/etc/kubeslot"
+  cp -a "$WORK/etc-kubeslot-saved" "$OUTER/etc/kubeslot"
+  check "dpkg --purge removed /etc/kubeslot and said so" test "$purged" = 0 || { cat "$WORK/logs/dpkg-remove.log" >&2; return 1; }
   check "boot link of the service gone after the purge" test ! -e "$OUTER/etc/systemd/system/multi-user.target.wants/kubeslot-activator.service" || return 1
   outer dpkg -i /var/tmp/kubeslot-activator.deb >"$WORK/logs/dpkg-reinstall.log" 2>&1 ||
     { cat "$WORK/logs/dpkg-reinstall.log" >&2; fail "dpkg -i"; return 1; }

@@ -46,6 +46,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/cri.sh"
 # shellcheck source=ci/e2e/bundle.sh
 . "$REPO/ci/e2e/bundle.sh"
+# shellcheck source=ci/e2e/proxy.sh
+. "$REPO/ci/e2e/proxy.sh"
 # shellcheck source=ci/e2e/keyless.sh
 . "$REPO/ci/e2e/keyless.sh"
 # shellcheck source=ci/e2e/security.sh
@@ -289,6 +291,7 @@ SCENARIOS=(
   reboot_mid_flip
   runtime_not_ready_fails_gate
   offline_bundle_images
+  egress_through_proxy
   pod_runs
   cri_static_pod
   cri_pull_through_mirror
@@ -300,6 +303,7 @@ SCENARIOS=(
   keyless_verified_offline
   gpu_setup
   gpu_cdi_injection
+  gpu_setup_failure_rolls_back
 )
 
 # What the copy-mode pass of ci/test.sh leaves out: scenarios whose outcome
@@ -324,6 +328,8 @@ SLOT_INDEPENDENT=(
   runtime_not_ready_fails_gate
   # the bundle import runs inside the node, at its boot
   offline_bundle_images
+  # the proxy carries the registry requests; the slot is made as ever
+  egress_through_proxy
   # refused before any slot is touched; its flip is airgap_archive's
   keyless_verified_offline
   # adopt's and render's refusals on an unmanaged host: no slot touched

@@ -37,7 +37,7 @@ use crate::oci::{
     MEDIA_TYPE_DOCKER_MANIFEST, MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST,
 };
 use crate::reference::{ImageRef, ImageSource};
-use crate::registry::{self, Client, Document, Registries, RegistryError};
+use crate::registry::{self, Client, Document, ProxySettings, Registries, RegistryError};
 use crate::retry::Pacing;
 
 /// Why an image could not be read; every variant names the source.
@@ -63,6 +63,8 @@ pub enum SourceError {
     },
     #[error("{source_name}: {reason}")]
     Tag { source_name: String, reason: String },
+    #[error("{source_name}: {reason}")]
+    Proxy { source_name: String, reason: String },
     #[error("{source_name}: {digest}: {reason}")]
     Document {
         source_name: String,
@@ -176,13 +178,34 @@ impl Source {
         scratch: &Path,
         pacing: Arc<Pacing>,
     ) -> Result<Source, SourceError> {
+        Source::open_proxied(src, registries, None, scratch, pacing)
+    }
+
+    /// [`Source::open_paced`] with the config's egress proxy (`None`: the
+    /// environment's, as ureq reads it).
+    pub fn open_proxied(
+        src: &ImageSource,
+        registries: &Registries,
+        proxy: Option<&ProxySettings>,
+        scratch: &Path,
+        pacing: Arc<Pacing>,
+    ) -> Result<Source, SourceError> {
         let name = src.to_string();
         match src {
-            ImageSource::Registry(image) => Ok(Source::Registry {
-                client: Client::new(registries).with_pacing(pacing),
-                image: image.clone(),
-                cache: Mutex::new(HashMap::new()),
-            }),
+            ImageSource::Registry(image) => {
+                let mut client = Client::new(registries).with_pacing(pacing);
+                if let Some(p) = proxy {
+                    client = client.with_proxy(p).map_err(|reason| SourceError::Proxy {
+                        source_name: name.clone(),
+                        reason,
+                    })?;
+                }
+                Ok(Source::Registry {
+                    client,
+                    image: image.clone(),
+                    cache: Mutex::new(HashMap::new()),
+                })
+            }
             ImageSource::Layout { dir, tag } => Ok(Source::Layout {
                 layout: Layout::open(dir).map_err(|error| SourceError::Layout {
                     source_name: name.clone(),

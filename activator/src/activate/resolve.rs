@@ -91,7 +91,9 @@ fn open_and_verify(
     let policy = crate::fetch::access::policy(&config.trust, &config.image, root)?;
     let scratch = root.machines_dir();
     let registries = crate::fetch::access::registries(&config.registries, root);
-    let source = Source::open_paced(&config.image, &registries, &scratch, pacing)?;
+    let proxy = crate::fetch::access::proxy(config.proxy.as_ref(), root);
+    let source =
+        Source::open_proxied(&config.image, &registries, proxy.as_ref(), &scratch, pacing)?;
     let verified =
         stage::resolve_and_verify_with(&source, &policy, &Platform::host(), &mut || {
             mark(Datapoint::Resolved)

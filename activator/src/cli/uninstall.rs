@@ -21,15 +21,17 @@ use super::{Failed, HostArgs};
 /// /etc/modules-load.d/kubeslot.conf; the kernel keeps the values until the
 /// next boot), runs daemon-reload, then removes /var/lib/kubeslot (content
 /// store, state, reports) except /var/lib/kubeslot/node (the kubelet's
-/// identity and containerd's image cache) unless --purge.
+/// identity and containerd's image cache) unless --purge; --purge then
+/// removes /etc/kubeslot too (the config, trust keys and the bootstrap
+/// token or exec credential), and says so.
 ///
 /// A machine `adopt` took over is left as it is (tree, .nspawn, drop-in,
 /// running or not) unless --remove-adopted. A kube1/kube2 machine the
 /// state has no record of (another tool's node) refuses the uninstall,
 /// naming it, before anything changes, unless --remove-unmanaged.
 ///
-/// The binary, the packaged unit files and /etc/kubeslot (config, keys)
-/// are left to the package manager and the operator. The packaged units
+/// The binary and the packaged unit files are left to the package
+/// manager; without --purge /etc/kubeslot is kept. The packaged units
 /// stay disabled, also across a reinstall of the package without purge:
 /// `systemctl enable --now kubeslot-activator.path
 /// kubeslot-activator.service` turns them on again. Safe to run again
@@ -54,8 +56,9 @@ use super::{Failed, HostArgs};
 pub struct Args {
     #[command(flatten)]
     pub host: HostArgs,
-    /// Also remove /var/lib/kubeslot/node: the node gets a new identity
-    /// (client certificate) and pulls its pod images again.
+    /// Also remove /var/lib/kubeslot/node (the node gets a new identity
+    /// and pulls its pod images again) and /etc/kubeslot (config, trust
+    /// keys, credentials).
     #[arg(long)]
     pub purge: bool,
     /// Also stop and remove machines `adopt` took over: their trees and
@@ -122,6 +125,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for p in &done.removed {
         println!("removed {}", p.display());
     }
+    if args.purge && done.kept_config.is_none() {
+        println!("purged: the config, trust keys and credentials under /etc/kubeslot are gone");
+    }
     for n in &done.network {
         println!("removed the node's {n}");
     }
@@ -142,6 +148,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(k) = &done.kept {
         println!(
             "kept {} (node identity, image cache; --purge removes it)",
+            k.display()
+        );
+    }
+    if let Some(k) = &done.kept_config {
+        println!(
+            "kept {} (config, trust keys, credentials; --purge removes it)",
             k.display()
         );
     }

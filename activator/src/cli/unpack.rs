@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use kubeslot_activator::config::{RegistryConfig, Trust, UnpackSettings, MAX_CONFIG_BYTES};
+use kubeslot_activator::config::{
+    ProxyConfig, RegistryConfig, Trust, UnpackSettings, MAX_CONFIG_BYTES,
+};
 use kubeslot_activator::paths::Root;
 use kubeslot_activator::slots::stage::{self, Staged};
 use kubeslot_image::verify::Verdict;
@@ -57,6 +59,8 @@ struct FetchSettings {
     trust: Trust,
     #[serde(default)]
     unpack: UnpackSettings,
+    #[serde(default)]
+    proxy: Option<ProxyConfig>,
 }
 
 fn load_settings(path: &Path) -> anyhow::Result<FetchSettings> {
@@ -78,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             registries: BTreeMap::new(),
             trust: Trust::default(),
             unpack: UnpackSettings::default(),
+            proxy: None,
         },
     };
     // The library refuses this too, but only the command line knows where
@@ -104,7 +109,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stage::unpack_to(
                 &root,
                 &args.image,
-                &settings.registries,
+                stage::Reach {
+                    registries: &settings.registries,
+                    proxy: settings.proxy.as_ref(),
+                },
                 &settings.trust,
                 &settings.unpack,
                 &root.store(),
@@ -125,7 +133,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stage::unpack_to(
                 &Root::host(),
                 &args.image,
-                &settings.registries,
+                stage::Reach {
+                    registries: &settings.registries,
+                    proxy: settings.proxy.as_ref(),
+                },
                 &settings.trust,
                 &settings.unpack,
                 store.path(),

@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod node;
 mod pods;
+mod proxy;
 mod registries;
 
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
+pub use proxy::ProxyConfig;
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
 
 /// The default config path on a host (relative to the root handle).
@@ -45,9 +47,13 @@ pub struct Config {
     /// "/run/nvidia/driver"}`).
     #[serde(default)]
     pub gpu: Gpu,
-    /// Extra host devices bound into the machine (e.g. `/dev/kvm`).
+    /// Extra host devices bound into the machine (e.g. `/dev/fuse`).
     #[serde(default)]
     pub devices: Vec<PathBuf>,
+    /// Bind the host's `/dev/kvm` when it is there (nodes that run VMs:
+    /// KubeVirt, Kata), as the seed did; `false` never binds it.
+    #[serde(default = "default_kvm", skip_serializing_if = "is_default_kvm")]
+    pub kvm: bool,
     /// Extra host directories or files bound into the machine (the
     /// unbounded agent's `AdditionalHostMounts`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -81,6 +87,18 @@ pub struct Config {
     /// How a slot's tree is made (overlay of shared layers, or a copy).
     #[serde(default)]
     pub slots: Slots,
+    /// The egress proxy: the activator's registry requests go through it,
+    /// and the node's containerd and kubelet get it as their environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyConfig>,
+}
+
+fn default_kvm() -> bool {
+    true
+}
+
+fn is_default_kvm(kvm: &bool) -> bool {
+    *kvm
 }
 
 /// How slot trees are made.
@@ -495,6 +513,13 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(p) = &self.proxy {
+            p.check().map_err(|(field, reason)| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })?;
+        }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()
                 && root

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use kubeslot_image::keyless::{KeylessPolicy, TrustedRoot};
 use kubeslot_image::reference::{Identity, ImageSource};
-use kubeslot_image::registry::{Credentials, Registries, RegistrySettings};
+use kubeslot_image::registry::{Credentials, ProxySettings, Registries, RegistrySettings};
 use kubeslot_image::retry::{self, Pacing};
 use kubeslot_image::signature::TrustedKeys;
 use kubeslot_image::verify::{Policy, VerifyError};
 
-use crate::config::{Download, Keyless, RegistryConfig, Trust};
+use crate::config::{Download, Keyless, ProxyConfig, RegistryConfig, Trust};
 use crate::paths::Root;
 
 /// Loads the keys named by `trust` (host paths under `root`) and the
@@ -110,6 +110,17 @@ pub fn registries(config: &BTreeMap<String, RegistryConfig>, root: &Root) -> Reg
             (host.clone(), settings)
         })
         .collect()
+}
+
+/// The registry client's proxy for the config's `proxy`, its `ca` under
+/// `root`.
+pub fn proxy(config: Option<&ProxyConfig>, root: &Root) -> Option<ProxySettings> {
+    config.map(|p| ProxySettings {
+        https: p.https.clone(),
+        http: p.http.clone(),
+        no_proxy: p.no_proxy.clone(),
+        ca_file: p.ca.as_ref().map(|c| root.join(&c.to_string_lossy())),
+    })
 }
 
 /// The pacing of one run's registry requests: the default backoff, the

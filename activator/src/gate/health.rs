@@ -70,6 +70,9 @@ pub enum Check {
     CriNetworkReady,
     /// A bound GPU device is not visible inside the machine.
     GpuDevices,
+    /// The NVIDIA image's `kubeslot-nvidia-setup.service` failed inside a
+    /// machine with GPUs bound (libraries not linked, no CDI spec).
+    GpuSetup,
 }
 
 impl Check {
@@ -83,6 +86,7 @@ impl Check {
             Check::CriRuntimeReady => "cri-runtime-ready",
             Check::CriNetworkReady => "cri-network-ready",
             Check::GpuDevices => "gpu-devices",
+            Check::GpuSetup => "gpu-setup",
         }
     }
 }
@@ -292,7 +296,12 @@ pub fn wait_healthy(
                 // the runtime is asked again after the next probe
                 Ok(()) => match runtime_ready(systemd, &machine) {
                     Ok(()) => break,
-                    Err(why) => last = why,
+                    // a failed GPU setup keeps containerd down for good:
+                    // said at once, naming the unit
+                    Err(why) => {
+                        gpu_setup_ok(systemd, &machine, gpu_devices)?;
+                        last = why;
+                    }
                 },
                 Err(why) => {
                     streak = 0;
@@ -327,8 +336,41 @@ pub fn wait_healthy(
             Err(e) => return Err(fail(Check::GpuDevices, format!("{dev}: {e}"))),
         }
     }
+    gpu_setup_ok(systemd, &machine, gpu_devices)
+}
+
+/// With GPUs bound, the NVIDIA image's setup must not have failed (an
+/// image without the unit: `is-failed` says no).
+fn gpu_setup_ok(
+    systemd: &dyn Systemd,
+    machine: &str,
+    gpu_devices: &[String],
+) -> Result<(), Failure> {
+    if gpu_devices.is_empty() {
+        return Ok(());
+    }
+    let fail = |detail: String| Failure {
+        machine: machine.to_string(),
+        check: Check::GpuSetup,
+        detail,
+    };
+    let failed = systemd
+        .run_in_machine(
+            machine,
+            &["systemctl", "is-failed", "--quiet", GPU_SETUP_UNIT],
+        )
+        .map_err(|e| fail(format!("{GPU_SETUP_UNIT}: {e}")))?;
+    if failed {
+        return Err(fail(format!(
+            "{GPU_SETUP_UNIT} failed inside the machine, so containerd (which requires it) did not start with the GPUs: `journalctl -M {machine} -u {GPU_SETUP_UNIT}` says why"
+        )));
+    }
     Ok(())
 }
+
+/// The NVIDIA image's setup unit (links the driver's libraries, writes the
+/// CDI spec); containerd requires it where GPUs are bound.
+pub const GPU_SETUP_UNIT: &str = "kubeslot-nvidia-setup.service";
 
 /// After a streak of healthy answers from a loopback URL: one more probe,
 /// and while its connection is open, the socket that answered it (its
@@ -610,7 +652,25 @@ mod tests {
         assert_eq!(e.machine, "kube2");
         assert!(e.detail.contains("/dev/nvidia0"), "{}", e.detail);
         let g = gate(server(vec![OK]), 1);
-        wait_healthy(&up(true), Slot::Kube2, &g, &devices).unwrap();
+        let fake = up(true);
+        wait_healthy(&fake, Slot::Kube2, &g, &devices).unwrap();
+        assert!(fake.calls().contains(
+            &"run kube2 systemctl is-failed --quiet kubeslot-nvidia-setup.service".to_string()
+        ));
+        // the setup failed: the gate fails, naming the unit
+        let g = gate(server(vec![OK]), 1);
+        let mut fake = up(true);
+        fake.gpu_setup_failed = true;
+        let e = wait_healthy(&fake, Slot::Kube2, &g, &devices).unwrap_err();
+        assert_eq!(e.check, Check::GpuSetup);
+        assert!(
+            e.detail.contains("kubeslot-nvidia-setup.service failed"),
+            "{}",
+            e.detail
+        );
+        // no GPU bound: not asked
+        let g = gate(server(vec![OK]), 1);
+        wait_healthy(&fake, Slot::Kube2, &g, &[]).unwrap();
     }
 
     #[test]

@@ -22,11 +22,13 @@
 //! stops and removes is one list (`Removal`), made before anything
 //! changes: `--dry-run` prints it, the run works through it.
 //! `/var/lib/kubeslot/node` (the kubelet's identity, containerd's image
-//! cache) is kept unless `purge`.
+//! cache) and the operator's `/etc/kubeslot` (the config, trust keys and
+//! the bootstrap token or exec credential it holds) are kept unless
+//! `purge`, which removes them last, as the seed's reset removed its config
+//! directory and as Debian's purge removes a package's configuration.
 //!
-//! It never removes the activator binary, the packaged unit files under
-//! `/usr/lib/systemd/system` or the operator's `/etc/kubeslot` (config, keys):
-//! those belong to the package manager and the operator. It disables the
+//! It never removes the activator binary or the packaged unit files under
+//! `/usr/lib/systemd/system`: those belong to the package manager. It disables the
 //! packaged units, so that neither a boot nor a config change activates the
 //! node again; a reinstall of the package without `--purge` keeps them
 //! disabled (Debian keeps the administrator's choice): `systemctl enable
@@ -81,7 +83,7 @@ pub enum UninstallError {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {
     /// Also remove `/var/lib/kubeslot/node` (the node's identity, its pod
-    /// image cache).
+    /// image cache) and `/etc/kubeslot` (config, trust keys, credentials).
     pub purge: bool,
     /// Also stop and remove machines `adopt` took over (their trees and
     /// the other tool's `.nspawn` files and drop-ins).
@@ -106,6 +108,8 @@ pub struct Uninstalled {
     pub removed: Vec<PathBuf>,
     /// The node state kept (absent with `purge`, or when there was none).
     pub kept: Option<PathBuf>,
+    /// `/etc/kubeslot` kept (absent with `purge`, or when there was none).
+    pub kept_config: Option<PathBuf>,
     /// Adopted machines left as they were, and whether each runs.
     pub kept_adopted: Vec<(Slot, bool)>,
     /// The state could not be read (why): machines were told apart by
@@ -313,6 +317,8 @@ struct Removal {
     state: Vec<(PathBuf, PathBuf)>,
     /// The node state kept (without `purge`).
     kept: Option<PathBuf>,
+    /// `/etc/kubeslot` kept (without `purge`).
+    kept_config: Option<PathBuf>,
 }
 
 /// One machine `uninstall` takes away.
@@ -373,6 +379,7 @@ pub fn uninstall(
         done.units = removal.units(root);
         done.removed = removal.paths();
         done.kept = removal.kept.clone();
+        done.kept_config = removal.kept_config.clone();
         if opts.network {
             done.network = described(&removal.network);
         }
@@ -407,6 +414,7 @@ pub fn uninstall(
         }
     }
     done.kept = removal.kept;
+    done.kept_config = removal.kept_config;
     Ok(done)
 }
 
@@ -438,7 +446,17 @@ fn removal(
             .filter(|f| std::fs::symlink_metadata(root.dir().join(&f.path)).is_ok())
             .map(|f| (root.dir().join(&f.path), host.dir().join(&f.path))),
     );
-    let (state, kept) = state_entries(root, opts, &paths);
+    let (mut state, kept) = state_entries(root, opts, &paths);
+    // The operator's config (with its credentials) goes last, on purge.
+    let config = root.config_dir();
+    let mut kept_config = None;
+    if std::fs::symlink_metadata(&config).is_ok() {
+        if opts.purge {
+            state.push((config, host.config_dir()));
+        } else {
+            kept_config = Some(host.config_dir());
+        }
+    }
     Ok(Removal {
         activator_units: installed_units(root),
         machines,
@@ -446,6 +464,7 @@ fn removal(
         network: network::leftovers(root)?,
         state,
         kept,
+        kept_config,
     })
 }
 

@@ -23,10 +23,16 @@ pub struct HostFacts {
     pub hostname: String,
     /// Real upstream DNS servers, never the 127.0.0.53 stub.
     pub nameservers: Vec<String>,
+    /// The host resolver's search domains (its last `search` or `domain`
+    /// line), kept so short names resolve in the node as on the host.
+    pub dns_search: Vec<String>,
+    /// The host resolver's `options` (e.g. `ndots:2`, `timeout:1`), in order.
+    pub dns_options: Vec<String>,
     /// The cluster CA (from `kubelet.ca_data` or the `ca_file`).
     pub ca_pem: String,
     pub gpu: GpuBinds,
-    /// Extra host devices from `config.devices` (all exist).
+    /// `/dev/kvm` when the host has it (unless `"kvm": false`), then the
+    /// extra host devices from `config.devices` (all exist).
     pub devices: Vec<String>,
     /// The host has `/lib/modules` (every real host does; a container used
     /// as a test host may not). nspawn refuses to start with a bind whose
@@ -35,6 +41,8 @@ pub struct HostFacts {
     /// The CA of each registry whose mirrors name a `ca_file`, by registry
     /// host (PEM text, read once).
     pub registry_cas: BTreeMap<String, String>,
+    /// The egress proxy's CA (`proxy.ca`, PEM text, read once).
+    pub proxy_ca: Option<String>,
     /// The kubelet's extra arguments from the host's
     /// `/etc/kubeslot/default-kubelet` (checked: no flag kubeslot owns).
     pub kubelet_extra_args: Vec<String>,
@@ -69,10 +77,17 @@ pub fn gather_with(
         .map_err(RenderError::from)?;
     }
     let nameservers = nameservers(root, config)?;
+    let (dns_search, dns_options) = search_and_options(root)?;
     let ca_pem = read_ca(root, config)?;
     let gpu = gpus.binds()?;
-    let devices = gpu::extra_devices(root, &config.devices)?;
+    let mut devices = gpu::extra_devices(root, &config.devices)?;
+    if let Some(kvm) = config.kvm.then(|| gpu::kvm_device(root)).flatten() {
+        if !devices.contains(&kvm) {
+            devices.insert(0, kvm);
+        }
+    }
     let registry_cas = read_registry_cas(root, config)?;
+    let proxy_ca = read_proxy_ca(root, config)?;
     for d in gpu.devices.iter().chain(&devices) {
         check_device_path(d)?;
     }
@@ -115,13 +130,33 @@ pub fn gather_with(
     Ok(HostFacts {
         hostname,
         nameservers,
+        dns_search,
+        dns_options,
         ca_pem,
         gpu,
         devices,
         lib_modules: root.lib_modules().is_dir(),
         registry_cas,
+        proxy_ca,
         kubelet_extra_args,
     })
+}
+
+fn read_proxy_ca(root: &Root, config: &Config) -> Result<Option<String>, RenderError> {
+    let Some(file) = config.proxy.as_ref().and_then(|p| p.ca.as_ref()) else {
+        return Ok(None);
+    };
+    let path = root.join(&file.to_string_lossy());
+    crate::trusted::check_file(&path, "the proxy's CA")?;
+    let pem = std::fs::read_to_string(&path).map_err(|source| RenderError::ProxyCaRead {
+        path: file.clone(),
+        source,
+    })?;
+    let pem = certificates_only(&pem);
+    if pem.is_empty() {
+        return Err(RenderError::ProxyCaNotPem { path: file.clone() });
+    }
+    Ok(Some(pem))
 }
 
 fn read_registry_cas(
@@ -285,6 +320,52 @@ fn nameservers(root: &Root, config: &Config) -> Result<Vec<String>, RenderError>
         });
     }
     Ok(real)
+}
+
+/// The host resolver file's `search`/`domain` and `options` lines, read
+/// from the same file the servers come from (systemd-resolved's upstream
+/// list, else `/etc/resolv.conf`); nothing when neither exists. As in
+/// glibc, the last `search` or `domain` line wins and `options` lines add
+/// up. A word that could not be written back into a resolv.conf line (a
+/// comment character, a control character) is refused, naming the file.
+fn search_and_options(root: &Root) -> Result<(Vec<String>, Vec<String>), RenderError> {
+    let path = [root.resolved_upstream(), root.etc_resolv_conf()]
+        .into_iter()
+        .find(|p| p.exists());
+    let Some(path) = path else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| RenderError::ResolvRead {
+        path: path.clone(),
+        source,
+    })?;
+    let (mut search, mut options) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let key = words.next();
+        let list: Vec<String> = words.map(str::to_string).collect();
+        for w in &list {
+            if !resolv_word(w) {
+                return Err(RenderError::ResolvWord {
+                    path: path.clone(),
+                    line: line.to_string(),
+                });
+            }
+        }
+        match key {
+            Some("search" | "domain") => search = list,
+            Some("options") => options.extend(list),
+            _ => {}
+        }
+    }
+    Ok((search, options))
+}
+
+/// A word of a `search` or `options` line: printable ASCII without the
+/// comment characters.
+fn resolv_word(w: &str) -> bool {
+    w.bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'#' && b != b';')
 }
 
 impl From<node::Invalid> for RenderError {

@@ -50,6 +50,7 @@ pub mod extra_args;
 mod facts;
 pub mod gpu;
 pub mod host_settings;
+pub mod proxy;
 mod write;
 
 pub use crate::config::node::registry_mirrors;
@@ -115,6 +116,14 @@ pub enum RenderError {
     },
     #[error("registry CA {path} (containerd.registry_mirrors.\"{registry}\".ca_file): not a PEM certificate")]
     RegistryCaNotPem { registry: String, path: PathBuf },
+    #[error("proxy CA {path} (proxy.ca): {source}")]
+    ProxyCaRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("proxy CA {path} (proxy.ca): not a PEM certificate")]
+    ProxyCaNotPem { path: PathBuf },
     #[error("node name: kubelet.node_name is unset and no host name was found in {tried}")]
     NoHostname { tried: String },
     #[error("{field}: {value:?} {reason}")]
@@ -129,6 +138,8 @@ pub enum RenderError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: the resolver line {line:?} holds a word that cannot be copied into the machine's resolv.conf (a comment or control character)")]
+    ResolvWord { path: PathBuf, line: String },
     #[error("no upstream DNS server in {path} (found: {found}; loopback resolvers such as the 127.0.0.53 stub are unreachable from pods): set \"nameservers\" in the config")]
     OnlyStub { path: PathBuf, found: String },
     #[error("no upstream DNS server: neither {upstream} nor {etc} exists; set \"nameservers\" in the config")]
@@ -197,7 +208,7 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
         },
         RenderedFile {
             path: dir.join(host_files::RESOLV_CONF),
-            contents: resolv_conf(&facts.nameservers),
+            contents: resolv_conf(facts),
             mode: 0o644,
         },
         RenderedFile {
@@ -223,6 +234,7 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
             mode: 0o644,
         });
     }
+    files.extend(proxy::files(config, facts, &dir, HEADER));
     if !config.images.bundle.is_empty() {
         files.push(RenderedFile {
             path: dir.join(host_files::BUNDLE_LIST),
@@ -403,6 +415,11 @@ fn host_binds(config: &Config, machine: &str, s: &mut String) {
     for (file, at, bound) in files {
         if bound {
             let _ = writeln!(s, "BindReadOnly={d}/{file}:{at}");
+        }
+    }
+    if config.proxy.is_some() {
+        for at in proxy::BOUND_AT {
+            let _ = writeln!(s, "BindReadOnly={d}/{}:{at}", host_files::PROXY_DROPIN);
         }
     }
     let _ = writeln!(s, "Bind={}:{}", host::NODE_KUBELET, inside::KUBELET_STATE);
@@ -620,12 +637,21 @@ fn hosts_toml(config: &Config, registry: &str, m: &RegistryMirror, with_ca: bool
     s
 }
 
-fn resolv_conf(nameservers: &[String]) -> String {
+/// The host's upstream servers (never its local stub), then its search
+/// domains and resolver options, so short names resolve in the node and its
+/// `dnsPolicy: Default` pods as they do on the host.
+fn resolv_conf(facts: &HostFacts) -> String {
     let mut s = String::from(
         "# Rendered by kubeslot-activator: the host's upstream servers, not its local stub.\n",
     );
-    for ns in nameservers.iter().take(MAX_NAMESERVERS) {
+    for ns in facts.nameservers.iter().take(MAX_NAMESERVERS) {
         let _ = writeln!(s, "nameserver {ns}");
+    }
+    if !facts.dns_search.is_empty() {
+        let _ = writeln!(s, "search {}", facts.dns_search.join(" "));
+    }
+    if !facts.dns_options.is_empty() {
+        let _ = writeln!(s, "options {}", facts.dns_options.join(" "));
     }
     s
 }

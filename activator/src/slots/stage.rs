@@ -37,7 +37,7 @@ use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 use kubeslot_image::verify::{self, Policy, Verdict, VerifyError};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
-use crate::config::{Config, RegistryConfig, Trust, UnpackSettings};
+use crate::config::{Config, ProxyConfig, RegistryConfig, Trust, UnpackSettings};
 use crate::fetch::access;
 use crate::fetch::store::{FetchReport, Store, StoreError};
 use crate::paths::Root;
@@ -238,6 +238,8 @@ struct Job<'a> {
     root: &'a Root,
     image: &'a ImageSource,
     registries: &'a BTreeMap<String, RegistryConfig>,
+    /// The config's egress proxy.
+    proxy: Option<&'a ProxyConfig>,
     trust: &'a Trust,
     unpack: &'a UnpackSettings,
     store_dir: &'a Path,
@@ -255,7 +257,14 @@ fn run(job: Job<'_>) -> Result<Staged, StageError> {
     // Archives are extracted next to the staging dir: same filesystem as the
     // store, not a possibly small /tmp.
     let registries = access::registries(job.registries, job.root);
-    let source = Source::open_paced(job.image, &registries, parent, Arc::new(job.pacing))?;
+    let proxy = access::proxy(job.proxy, job.root);
+    let source = Source::open_proxied(
+        job.image,
+        &registries,
+        proxy.as_ref(),
+        parent,
+        Arc::new(job.pacing),
+    )?;
     let verified = resolve_and_verify(&source, &policy, &Platform::host())?;
     prepare(
         source,
@@ -433,6 +442,7 @@ pub fn stage(root: &Root, config: &Config, slot_dir: &str) -> Result<Staged, Sta
         root,
         image: &config.image,
         registries: &config.registries,
+        proxy: config.proxy.as_ref(),
         trust: &config.trust,
         unpack: &config.unpack,
         store_dir: &root.store(),
@@ -504,12 +514,19 @@ pub fn prepare_layers(
     Ok((report, ensured))
 }
 
+/// How `unpack` reaches registries: the config's `registries` and `proxy`.
+#[derive(Clone, Copy)]
+pub struct Reach<'a> {
+    pub registries: &'a BTreeMap<String, RegistryConfig>,
+    pub proxy: Option<&'a ProxyConfig>,
+}
+
 /// Verifies and unpacks `image` into `target` (missing or an empty
 /// directory), with blobs in `store_dir`: the `unpack` command.
 pub fn unpack_to(
     root: &Root,
     image: &ImageSource,
-    registries: &BTreeMap<String, RegistryConfig>,
+    reach: Reach<'_>,
     trust: &Trust,
     unpack: &UnpackSettings,
     store_dir: &Path,
@@ -533,7 +550,8 @@ pub fn unpack_to(
     run(Job {
         root,
         image,
-        registries,
+        registries: reach.registries,
+        proxy: reach.proxy,
         trust,
         unpack,
         store_dir,

@@ -683,6 +683,55 @@ fn a_gpu_bound_by_the_render_oneshot_after_a_reboot_is_no_reason_to_flip() {
     assert_ne!(h.state().slot(Slot::Kube1).inputs, before);
 }
 
+/// Issue 42: a GPU host whose NVIDIA setup fails in the new machine (the
+/// image's containerd requires it) fails the gate by check `gpu-setup`,
+/// naming the unit; the old machine runs again, the report says why.
+#[test]
+fn a_failed_gpu_setup_fails_the_gate_and_rolls_back() {
+    let img = images();
+    let h = Host::new(&img);
+    let mut c = h.config("v1", serde_json::json!({}));
+    // a fake driver: no kernel module, no libraries
+    let gpu_config = |c: &mut serde_json::Value| {
+        c["gpu"] = "auto".into();
+        let mut ignore = c["preflight"]["ignore"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ignore.push("gpu-*".into());
+        c["preflight"]["ignore"] = ignore.into();
+    };
+    gpu_config(&mut c);
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let ldconfig = h.root().join("sbin/ldconfig");
+    fs::create_dir_all(ldconfig.parent().unwrap()).unwrap();
+    fs::write(&ldconfig, "#!/bin/sh\nprintf '0 libs found\\n'\n").unwrap();
+    fs::set_permissions(&ldconfig, fs::Permissions::from_mode(0o755)).unwrap();
+    kubeslot_activator::render::gpu::mknod_char(&h.root().join("dev/nvidia0"), 195, 0).unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 0, "{err}\n{r:#}");
+    assert!(h
+        .calls()
+        .iter()
+        .any(|c| c.contains("systemctl is-failed --quiet kubeslot-nvidia-setup.service")));
+
+    fs::write(h.fake().join("gpu-setup-failed"), "").unwrap();
+    let mut c = h.config("v2", serde_json::json!({}));
+    gpu_config(&mut c);
+    fs::write(h.config_path(), serde_json::to_vec(&c).unwrap()).unwrap();
+    let (code, r, err) = h.activate();
+    assert_eq!(code, 2, "{err}\n{r:#}");
+    assert_eq!(r["outcome"], "rolled-back");
+    let e = r["error"].as_str().unwrap();
+    assert!(
+        e.contains("machine kube2: health check gpu-setup failed")
+            && e.contains("kubeslot-nvidia-setup.service failed inside the machine")
+            && e.contains("rolled back to kube1"),
+        "{e}"
+    );
+    assert_eq!(h.running(), [Slot::Kube1]);
+}
+
 /// A node that wrote a tree deeper than the activator's open-file limit
 /// into each slot: two flips (one into each slot), run under
 /// `RLIMIT_NOFILE` 1024, still succeed, and leave no staging directory.

@@ -134,3 +134,68 @@ fn the_packaged_example_config_loads() {
     assert_eq!(c.trust.public_keys.len(), 1);
     assert!(c.kubelet.ca_file.is_some() && c.kubelet.bootstrap_token.is_some());
 }
+
+/// The package's purge removes /etc/kubeslot (the config with its
+/// bootstrap token, the trust keys, the rendered host files) and says so;
+/// a plain remove keeps it. Run under DPKG_ROOT with a stand-in
+/// `deb-systemd-helper` first on PATH, so nothing of this machine changes.
+#[test]
+fn the_packages_purge_removes_etc_kubeslot_and_a_remove_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Root::new(dir.path().join("root"));
+    let config = root.default_config();
+    fs::create_dir_all(root.host_files("kube1")).unwrap();
+    fs::create_dir_all(root.config_dir().join("trust")).unwrap();
+    fs::write(
+        &config,
+        r#"{"kubelet":{"bootstrap_token":"07401b.f395accd246ae52d"}}"#,
+    )
+    .unwrap();
+    fs::write(
+        root.host_files("kube1").join("bootstrap-kubeconfig"),
+        "token",
+    )
+    .unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    let helper = bin.join("deb-systemd-helper");
+    fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\n",
+            dir.path().join("calls").display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&helper, fs::Permissions::from_mode(0o755)).unwrap();
+    let postrm = kubeslot_test_support::workspace_root().join("ci/deb/postrm");
+    let run = |action: &str| {
+        let out = Command::new("sh")
+            .arg(&postrm)
+            .arg(action)
+            .env("DPKG_ROOT", root.dir())
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("remove");
+    assert!(config.exists(), "a plain remove keeps the config: {err}");
+    assert!(!err.contains("purged"), "{err}");
+    let err = run("purge");
+    assert!(
+        !root.config_dir().exists(),
+        "the purge kept {}",
+        root.config_dir().display()
+    );
+    assert!(
+        err.contains("purged /etc/kubeslot (the config, trust keys and credentials)"),
+        "{err}"
+    );
+    // a second purge (nothing left) says nothing of it
+    assert!(!run("purge").contains("purged"));
+}

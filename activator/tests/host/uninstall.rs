@@ -68,12 +68,29 @@ fn uninstall_removes_machines_units_files_and_state_and_keeps_node_state() {
         "node-a"
     );
     assert!(h.config_path().exists(), "the operator's config is kept");
-    // again: nothing left to do; --purge takes the node state too
+    assert!(
+        out.contains("kept /etc/kubeslot (config, trust keys, credentials; --purge removes it)\n"),
+        "{out}"
+    );
+    // again: nothing left to do; --purge takes the node state and the
+    // operator's config (with its bootstrap token) too, and says so
     assert_eq!(h.cmd(&["uninstall"]).0, 0);
+    assert!(root.config_dir().exists());
+    let (code, out, _) = h.cmd(&["uninstall", "--purge", "--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("would remove /etc/kubeslot\n"), "{out}");
+    assert!(h.config_path().exists(), "a dry run removes nothing");
     let (code, out, _) = h.cmd(&["uninstall", "--purge"]);
     assert_eq!(code, 0);
     assert!(out.contains("removed /var/lib/kubeslot\n"), "{out}");
+    assert!(out.contains("removed /etc/kubeslot\n"), "{out}");
+    assert!(
+        out.contains("purged: the config, trust keys and credentials under /etc/kubeslot are gone"),
+        "{out}"
+    );
+    assert!(!out.contains("kept /etc/kubeslot"), "{out}");
     assert!(!root.state_dir().exists());
+    assert!(!root.config_dir().exists(), "purge keeps no credential");
 }
 
 /// `uninstall --dry-run` prints the very list the run then works through:

@@ -21,7 +21,7 @@ fn no_golden_binds_a_system_program_directory() {
             seen += 1;
         }
     }
-    assert_eq!(seen, 12);
+    assert_eq!(seen, 14);
     // the check itself finds what issue 25's host was given
     assert_eq!(
         system_bin_binds("BindReadOnly=/usr/bin:/run/host-nvidia-bin\nBind=/usr/local/bin/\nBindReadOnly=/run/nvidia/driver/usr/bin:/x\nBindReadOnly=/usr/local/nvidia/bin:/y\n"),
@@ -47,7 +47,52 @@ fn golden_no_gpu() {
             .collect::<Vec<_>>(),
         ["nameserver 192.0.2.1", "nameserver 192.0.2.2"]
     );
+    // systemd-resolved's upstream list carries the host's search domains
+    assert!(file(&files, "resolv.conf").contains("\nsearch example.internal\n"));
     check_golden("no-gpu", &files);
+}
+
+#[test]
+fn resolv_conf_keeps_search_and_options() {
+    let host = Host::new();
+    // a host without systemd-resolved: /etc/resolv.conf is the real list
+    fs::remove_file(host.path("run/systemd/resolve/resolv.conf")).unwrap();
+    fs::write(
+        host.path("etc/resolv.conf"),
+        "# a corporate host\ndomain old.example\nnameserver 192.0.2.9\n\
+         search corp.example lab.corp.example\noptions ndots:2\noptions timeout:1 rotate\n",
+    )
+    .unwrap();
+    let config = load_scenario("no-gpu");
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    assert_eq!(
+        file(&files, "resolv.conf"),
+        "# Rendered by kubeslot-activator: the host's upstream servers, not its local stub.\n\
+         nameserver 192.0.2.9\nsearch corp.example lab.corp.example\n\
+         options ndots:2 timeout:1 rotate\n"
+    );
+    // configured servers still take the host's search domains and options
+    let mut configured = config.clone();
+    configured.nameservers = vec!["198.51.100.7".into()];
+    let facts = render::gather(&host.root, &configured).unwrap();
+    let text = file(
+        &render::render(&configured, Slot::Kube1, &facts),
+        "resolv.conf",
+    )
+    .to_string();
+    assert!(text.contains("nameserver 198.51.100.7\nsearch corp.example lab.corp.example\n"));
+    // a word that would turn into a comment in the machine's file is refused
+    fs::write(
+        host.path("etc/resolv.conf"),
+        "nameserver 192.0.2.9\nsearch a#b\n",
+    )
+    .unwrap();
+    let err = render::gather(&host.root, &config).unwrap_err().to_string();
+    assert!(
+        err.contains("etc/resolv.conf") && err.contains("search a#b"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -63,6 +108,88 @@ fn golden_extra_kvm() {
     assert!(file(&files, "override.conf").contains("DeviceAllow=/dev/kvm rwm\n"));
     assert!(file(&files, ".nspawn").contains("VirtualEthernet=yes\n"));
     check_golden("extra-kvm", &files);
+}
+
+/// The seed bound `/dev/kvm` whenever the host had it (nodes that run VMs:
+/// KubeVirt, Kata): so does the render, with its `DeviceAllow=`, unless the
+/// config says `"kvm": false`; a host without it binds nothing.
+#[test]
+fn golden_kvm_present() {
+    let host = Host::new();
+    let config = load_scenario("kvm-present");
+    assert!(config.kvm, "bound by default");
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert!(facts.devices.is_empty(), "no /dev/kvm on this host");
+    gpu::mknod_char(&host.path("dev/kvm"), 10, 232).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    assert_eq!(facts.devices, ["/dev/kvm"]);
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    assert!(file(&files, ".nspawn").contains("\nBind=/dev/kvm\n"));
+    assert!(file(&files, "override.conf").contains("DeviceAllow=/dev/kvm rwm\n"));
+    check_golden("kvm-present", &files);
+    // "kvm": false: not bound, though the host has it
+    let mut off = config.clone();
+    off.kvm = false;
+    let facts = render::gather(&host.root, &off).unwrap();
+    assert!(facts.devices.is_empty());
+    let files = render::render(&off, Slot::Kube1, &facts);
+    assert!(!file(&files, ".nspawn").contains("/dev/kvm"));
+    assert!(!file(&files, "override.conf").contains("/dev/kvm"));
+    // named in "devices" as well: bound once
+    let mut both = config.clone();
+    both.devices = vec!["/dev/kvm".into()];
+    let facts = render::gather(&host.root, &both).unwrap();
+    assert_eq!(facts.devices, ["/dev/kvm"]);
+    // "kvm": false is written back (the default is not)
+    let text = serde_json::to_string(&off).unwrap();
+    assert!(text.contains("\"kvm\":false"), "{text}");
+    assert!(!serde_json::to_string(&config).unwrap().contains("kvm"));
+}
+
+/// The egress proxy (issue 42): one drop-in bound onto containerd.service
+/// and kubelet.service with the proxy variables (loopback and the API
+/// server in NO_PROXY), and the proxy's CA for SSL_CERT_DIR.
+#[test]
+fn golden_proxy() {
+    let host = Host::new();
+    let config = load_scenario("proxy");
+    // the CA is read from the host
+    let err = render::gather(&host.root, &config).unwrap_err().to_string();
+    assert!(err.contains("proxy.ca"), "{err}");
+    fs::write(host.path("etc/kubeslot/proxy-ca.pem"), CA).unwrap();
+    let facts = render::gather(&host.root, &config).unwrap();
+    let files = render::render(&config, Slot::Kube1, &facts);
+    check_invariants(&files, "kube1");
+    let nspawn = file(&files, ".nspawn");
+    for at in [
+        "/etc/systemd/system/containerd.service.d/50-kubeslot-proxy.conf",
+        "/etc/systemd/system/kubelet.service.d/50-kubeslot-proxy.conf",
+    ] {
+        assert!(
+            nspawn.contains(&format!(
+                "BindReadOnly=/etc/kubeslot/host/kube1/proxy.conf:{at}\n"
+            )),
+            "{nspawn}"
+        );
+    }
+    let dropin = file(&files, "kube1/proxy.conf");
+    assert!(dropin.contains(
+        "Environment=\"HTTPS_PROXY=http://proxy.corp.example:3128\" \"https_proxy=http://proxy.corp.example:3128\"\n"
+    ));
+    assert!(
+        dropin.contains(
+            "Environment=\"NO_PROXY=localhost,127.0.0.1,::1,10.0.0.1,.corp.example,10.0.0.0/8\""
+        ),
+        "{dropin}"
+    );
+    assert!(dropin
+        .contains("Environment=\"SSL_CERT_DIR=/etc/ssl/certs:/etc/kubeslot/host/proxy-ca\"\n"));
+    assert_eq!(file(&files, "kube1/proxy-ca/ca.crt"), CA);
+    check_golden("proxy", &files);
+    // without a proxy, nothing of it
+    let files = render::render(&load_scenario("no-gpu"), Slot::Kube1, &facts);
+    assert!(!file(&files, ".nspawn").contains("proxy"));
 }
 
 #[test]
@@ -506,5 +633,5 @@ fn golden_files_pass_systemds_own_parsers() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 12, "one check per golden scenario");
+    assert_eq!(checked, 14, "one check per golden scenario");
 }

@@ -88,6 +88,12 @@ fn the_nvidia_image_and_its_e2e_variant_configure_gpus_alike() {
             "kubeslot-nvidia-setup.service",
             "",
         ),
+        // containerd requires the setup: a failed setup fails the gate
+        (
+            "/etc/systemd/system/containerd.service.d/10-kubeslot-nvidia-setup.conf",
+            "containerd-requires-nvidia-setup.conf",
+            "",
+        ),
     ] {
         assert!(
             prod_files.iter().any(|f| f.0 == path

@@ -32,7 +32,10 @@ use std::time::{Duration, SystemTime};
 use base64::Engine as _;
 
 mod challenge;
+mod proxy;
 mod tls;
+
+pub use proxy::{bypassed as no_proxy_bypasses, ProxySettings};
 
 pub use challenge::{parse_challenge, Challenge};
 
@@ -180,6 +183,8 @@ pub struct Client {
     auth: Mutex<HashMap<(String, String), String>>,
     /// Backoff on 429/503, the run's deadline, and what was sent.
     pacing: Arc<Pacing>,
+    /// The config's egress proxy (`None`: ureq's default, the environment).
+    proxies: Option<Box<proxy::Proxies>>,
 }
 
 /// What one endpoint said, before the caller decides to move on.
@@ -193,7 +198,24 @@ impl Client {
             registries: registries.clone(),
             auth: Mutex::new(HashMap::new()),
             pacing: Arc::new(Pacing::default()),
+            proxies: None,
         }
+    }
+
+    /// Every request through the egress proxy `settings` says (and no
+    /// other: the environment's is ignored). An unparsable proxy URL is an
+    /// error naming the field.
+    pub fn with_proxy(mut self, settings: &ProxySettings) -> Result<Client, String> {
+        self.proxies = Some(Box::new(proxy::Proxies::new(settings)?));
+        Ok(self)
+    }
+
+    /// The proxy a request to `scheme://authority` goes through, when the
+    /// config names proxies (`Some(None)`: directly); `None` without.
+    fn proxy_for(&self, scheme: &str, authority: &str) -> Option<Option<ureq::Proxy>> {
+        self.proxies
+            .as_ref()
+            .map(|p| p.for_request(scheme, authority))
     }
 
     /// An agent trusting `roots` (the bundled public roots when `None`).
@@ -222,39 +244,34 @@ impl Client {
     /// The agent for `settings_key`'s host: one trusting its `ca_file`
     /// when it has one (read and parsed at first use; an error names the
     /// file), else the shared one.
-    fn agent_for(&self, settings_key: &str) -> Attempt<ureq::Agent> {
-        let Some(ca) = self
+    fn agent_for(&self, settings_key: &str, via_proxy: bool) -> Attempt<ureq::Agent> {
+        let ca = self
             .registries
             .get(settings_key)
-            .and_then(|r| r.ca_file.clone())
-        else {
+            .and_then(|r| r.ca_file.clone());
+        // through a proxy with a CA: that CA, and the registry's own
+        let proxy_ca = self
+            .proxies
+            .as_ref()
+            .and_then(|p| p.ca_file.clone())
+            .filter(|_| via_proxy);
+        if ca.is_none() && proxy_ca.is_none() {
             return Ok(self.agent.clone());
-        };
+        }
+        let key = format!("{settings_key}\0{}", proxy_ca.is_some());
         let mut agents = self.ca_agents.lock().expect("ca agents");
-        if let Some(a) = agents.get(settings_key) {
+        if let Some(a) = agents.get(&key) {
             return Ok(a.clone());
         }
-        let pem = std::fs::read(&ca).map_err(|e| format!("ca_file {}: {e}", ca.display()))?;
         let mut roots = Vec::new();
-        for item in ureq::tls::parse_pem(&pem) {
-            match item.map_err(|e| format!("ca_file {}: {e}", ca.display()))? {
-                ureq::tls::PemItem::Certificate(c) => roots.push(c),
-                _ => {
-                    return Err(format!(
-                        "ca_file {}: holds something other than certificates",
-                        ca.display()
-                    ))
-                }
-            }
+        if let Some(ca) = &ca {
+            roots.extend(read_roots("ca_file", ca)?);
         }
-        if roots.is_empty() {
-            return Err(format!(
-                "ca_file {}: no PEM certificate in it",
-                ca.display()
-            ));
+        if let Some(ca) = &proxy_ca {
+            roots.extend(read_roots("proxy.ca", ca)?);
         }
         let agent = Client::agent(Some(roots));
-        agents.insert(settings_key.to_string(), agent.clone());
+        agents.insert(key, agent.clone());
         Ok(agent)
     }
 
@@ -578,7 +595,9 @@ impl Client {
         let key = (ep.host.clone(), repo.to_string());
         let mut auth = self.auth.lock().expect("auth cache").get(&key).cloned();
         for attempt in 0..2 {
-            let mut req = self.agent_for(&ep.settings_key)?.get(&url);
+            let proxy = self.proxy_for(ep.scheme, &ep.host);
+            let via_proxy = proxy.as_ref().is_some_and(Option::is_some);
+            let mut req = self.agent_for(&ep.settings_key, via_proxy)?.get(&url);
             for (k, v) in headers {
                 req = req.header(*k, *v);
             }
@@ -588,11 +607,14 @@ impl Client {
             // An HTTPS endpoint's redirects stay HTTPS: a downgrade to
             // plain HTTP is refused (ureq's https_only covers redirect
             // targets).
-            req = req
+            let mut config = req
                 .config()
                 .timeout_global(self.pacing.remaining())
-                .https_only(ep.scheme == "https")
-                .build();
+                .https_only(ep.scheme == "https");
+            if let Some(proxy) = proxy {
+                config = config.proxy(proxy);
+            }
+            req = config.build();
             self.pacing.sent();
             let resp = req.call().map_err(|e| describe(&e))?;
             if resp.status().as_u16() == 401 && attempt == 0 {
@@ -680,19 +702,21 @@ impl Client {
                     .cloned()
                     .unwrap_or_else(|| format!("repository:{repo}:pull"));
                 // A realm on the registry's own host is reached with its CA.
+                let proxy = self.proxy_for(if plain { "http" } else { "https" }, authority);
+                let via_proxy = proxy.as_ref().is_some_and(Option::is_some);
                 let agent = if host == ep.host {
-                    self.agent_for(&ep.settings_key)?
+                    self.agent_for(&ep.settings_key, via_proxy)?
                 } else {
-                    self.agent.clone()
+                    // no registry's CA: only the proxy's, through it
+                    self.agent_for("", via_proxy)?
                 };
                 // An https realm stays https: a redirect to plain HTTP would
                 // send the credentials' answer (the token) in clear text.
-                let mut req = agent
-                    .get(realm_url.as_str())
-                    .config()
-                    .https_only(!plain)
-                    .build()
-                    .query("scope", &scope);
+                let mut config = agent.get(realm_url.as_str()).config().https_only(!plain);
+                if let Some(proxy) = proxy {
+                    config = config.proxy(proxy);
+                }
+                let mut req = config.build().query("scope", &scope);
                 if let Some(service) = c.params.get("service") {
                     req = req.query("service", service);
                 }
@@ -766,6 +790,33 @@ fn short_path(path: &str) -> String {
 }
 
 /// A short reason for a transport error.
+/// The PEM certificates in `path` (the config's `field`), at least one.
+fn read_roots(
+    field: &str,
+    path: &std::path::Path,
+) -> Attempt<Vec<ureq::tls::Certificate<'static>>> {
+    let pem = std::fs::read(path).map_err(|e| format!("{field} {}: {e}", path.display()))?;
+    let mut roots = Vec::new();
+    for item in ureq::tls::parse_pem(&pem) {
+        match item.map_err(|e| format!("{field} {}: {e}", path.display()))? {
+            ureq::tls::PemItem::Certificate(c) => roots.push(c),
+            _ => {
+                return Err(format!(
+                    "{field} {}: holds something other than certificates",
+                    path.display()
+                ))
+            }
+        }
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "{field} {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(roots)
+}
+
 fn describe(e: &ureq::Error) -> String {
     match e {
         ureq::Error::Io(io) => format!("connection failed: {io}"),

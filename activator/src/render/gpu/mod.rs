@@ -295,6 +295,15 @@ pub fn discover(
     Discovery::read_with(root, gpu, arch, ldconfig).binds()
 }
 
+/// `/dev/kvm`, bound when the host has it as a character device (the
+/// seed's `DiscoverHostDevicePaths`).
+pub const KVM: &str = "/dev/kvm";
+
+/// [`KVM`] when the host under `root` has it, else nothing.
+pub fn kvm_device(root: &Root) -> Option<String> {
+    is_char_device(&root.join(KVM)).then(|| KVM.to_string())
+}
+
 /// Checks the config's extra devices exist under the root as character or
 /// block devices; returns them as host-absolute strings.
 pub fn extra_devices(root: &Root, devices: &[PathBuf]) -> Result<Vec<String>, GpuError> {

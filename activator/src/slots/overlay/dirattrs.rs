@@ -1,5 +1,5 @@
 //! A directory's attributes as overlayfs takes them from a layer: owner,
-//! mode and `user.*` xattrs, read and copied from one directory to
+//! mode, `user.*` xattrs and times, read and copied from one directory to
 //! another (the source read without following a symlink). Shared by the
 //! metadata layer and the overlay slots; touches nothing but the paths it
 //! is given.
@@ -24,6 +24,16 @@ pub fn user_xattrs(p: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Gives directory `to` the access and modification times of `from` (after
+/// anything that creates or removes entries in `to`, which changes them).
+pub fn copy_times(from: &Path, to: &Path) -> std::io::Result<()> {
+    let m = fs::symlink_metadata(from)?;
+    let times = fs::FileTimes::new()
+        .set_accessed(m.accessed()?)
+        .set_modified(m.modified()?);
+    fs::File::open(to)?.set_times(times)
 }
 
 /// Gives directory `to` the owner, mode and `user.*` xattrs of `from`

@@ -14,7 +14,9 @@
 //! layers applied with the copy mode's semantics into a scratch skeleton
 //! (`Unpacker::new_skeleton`: files empty; on a private tmpfs where the
 //! host can), every directory whose
-//! attributes there differ from the topmost layer directory holding it
+//! attributes there (mode, owner, xattrs and modification time: a layer
+//! directory made for an entry below it, or changed by a later layer's
+//! entries, has the time of its unpack, not the image's) differ from the topmost layer directory holding it
 //! copied into the metadata layer (with its ancestors, which keep theirs),
 //! and the root always. It is made while the slot is staged, through a
 //! staging dir and a no-replace rename, its record written first (like a
@@ -88,7 +90,7 @@ fn ensure_meta(
     policy: &unpack::Policy,
     lowers: &[PathBuf],
 ) -> Result<PathBuf, LayerError> {
-    let policy_hash = layers::policy_hash(policy);
+    let policy_hash = policy_hash(policy);
     // Like a layer: `meta-<chain>` (or, when a slot mounts that one and it
     // is unusable, `meta-<chain>-p<policy>`) is reused only as recorded
     // under this policy; otherwise removed (never while a slot's unit names
@@ -142,6 +144,18 @@ fn ensure_meta(
     // Its files are empty: nothing to read, nothing to hash.
     layers::place_recorded(built?, &dest, &policy_hash, &Default::default())?;
     Ok(dest)
+}
+
+/// The metadata layer's format: 2 keeps directories' modification times.
+const META_FORMAT: &str = "meta-format-2";
+
+/// What a metadata layer's record says it was made under: the unpack
+/// policy ([`layers::policy_hash`]) and the layer's own format, so that one
+/// made before directory times were kept is made again, not reused.
+pub fn policy_hash(policy: &unpack::Policy) -> String {
+    Digest::of(format!("{META_FORMAT} {}", layers::policy_hash(policy)).as_bytes())
+        .hex()
+        .to_string()
 }
 
 /// A 0755 scratch directory in the layer store (`.staging-*`: a killed
@@ -225,6 +239,8 @@ struct Attrs {
     uid: u32,
     gid: u32,
     xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Modification time (seconds, nanoseconds).
+    mtime: (i64, i64),
 }
 
 fn attrs(p: &Path) -> std::io::Result<Option<Attrs>> {
@@ -248,6 +264,7 @@ fn attrs(p: &Path) -> std::io::Result<Option<Attrs>> {
         uid: m.uid(),
         gid: m.gid(),
         xattrs: crate::slots::overlay::dirattrs::user_xattrs(p)?,
+        mtime: (m.mtime(), m.mtime_nsec()),
     }))
 }
 
@@ -303,13 +320,7 @@ fn build(skeleton: &Path, lowers: &[PathBuf], out: &Path) -> Result<(), LayerErr
     // Times last, children first: creating a child changes its parent's.
     for rel in keep.iter().rev() {
         let (from, to) = (skeleton.join(rel), out.join(rel));
-        let m = fs::symlink_metadata(&from).map_err(io_err(&from))?;
-        let times = fs::FileTimes::new()
-            .set_accessed(m.accessed().map_err(io_err(&from))?)
-            .set_modified(m.modified().map_err(io_err(&from))?);
-        fs::File::open(&to)
-            .and_then(|f| f.set_times(times))
-            .map_err(io_err(&to))?;
+        crate::slots::overlay::dirattrs::copy_times(&from, &to).map_err(io_err(&to))?;
     }
     Ok(())
 }

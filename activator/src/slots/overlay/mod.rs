@@ -209,7 +209,7 @@ fn fresh_dir(slot: Slot, dir: &Path) -> Result<(), OverlayError> {
 }
 
 /// The merged root's attributes are the upper root's (it always holds the
-/// root): it gets the owner, mode and `user.*` xattrs of the topmost lower's
+/// root): it gets the owner, mode, `user.*` xattrs and times of the topmost lower's
 /// root, the image's metadata layer ([`crate::slots::overlay::metalayer`]), which has the
 /// root the image defines.
 fn upper_root_like(root: &Root, slot: Slot, top: Option<&PathBuf>) -> Result<(), OverlayError> {
@@ -217,7 +217,8 @@ fn upper_root_like(root: &Root, slot: Slot, top: Option<&PathBuf>) -> Result<(),
         return Ok(());
     };
     let upper = upper_dir(root, slot);
-    crate::slots::overlay::dirattrs::copy_attrs(top, &upper).map_err(io_err(slot, &upper))
+    crate::slots::overlay::dirattrs::copy_attrs(top, &upper).map_err(io_err(slot, &upper))?;
+    crate::slots::overlay::dirattrs::copy_times(top, &upper).map_err(io_err(slot, &upper))
 }
 
 /// The topmost lower of `slot`'s installed mount unit (the first in its
