@@ -87,7 +87,7 @@ proxy_checks() {
   expect_running "$target" v1.35.4-e2e.5 || return 1
   for unit in containerd kubelet; do
     env=$(outer systemctl -M "$target" show "$unit" -p Environment --value)
-    check "$unit in $target runs with the proxy" grep -q "HTTPS_PROXY=http://127.0.0.1:$PROXY_PORT .*NO_PROXY=localhost,127.0.0.1,::1," <<<"$env" ||
+    check "$unit in $target runs with the proxy" grep -qE "HTTPS_PROXY=http://127.0.0.1:$PROXY_PORT .*NO_PROXY=localhost,127.0.0.1,::1( |,|$)" <<<"$env" ||
       { echo "$env" >&2; return 1; }
   done
 }
