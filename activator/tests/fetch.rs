@@ -30,6 +30,7 @@ use p256::ecdsa::{Signature, SigningKey};
 use p256::pkcs8::{EncodePublicKey as _, LineEnding};
 
 mod auth;
+mod streaming;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
 
