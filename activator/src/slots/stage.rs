@@ -292,7 +292,7 @@ fn layer_of<R>(image: &SelectedImage, index: usize, reader: R) -> Layer<R> {
 }
 
 /// One download thread of [`unpack_layers_from`]: takes the next layer no
-/// one took, in order, fetches it into the store and says so, until none
+/// one took, in order from the second, fetches it into the store and says so, until none
 /// is left or the unpacking stopped.
 fn prefetch(
     store: &Store,
@@ -302,7 +302,8 @@ fn prefetch(
     stop: &AtomicBool,
     tx: mpsc::Sender<(usize, Result<FetchReport, StoreError>)>,
 ) {
-    for (index, (desc, ..)) in image.layers.iter().enumerate() {
+    // (the first layer is the unpacker's: it is streamed)
+    for (index, (desc, ..)) in image.layers.iter().enumerate().skip(1) {
         if stop.load(Ordering::Acquire) {
             return;
         }
