@@ -31,6 +31,7 @@ use p256::pkcs8::{EncodePublicKey as _, LineEnding};
 
 mod auth;
 mod proxy;
+mod streaming;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubeslot-activator");
 

@@ -55,6 +55,20 @@ pub struct FetchReport {
     pub corrupt_replaced: u64,
 }
 
+impl FetchReport {
+    /// Adds what another fetch (of other blobs) did.
+    pub fn add(&mut self, other: &FetchReport) {
+        self.downloaded_blobs += other.downloaded_blobs;
+        self.downloaded_bytes += other.downloaded_bytes;
+        self.reused_blobs += other.reused_blobs;
+        self.reused_bytes += other.reused_bytes;
+        self.downloaded_layers += other.downloaded_layers;
+        self.reused_layers += other.reused_layers;
+        self.resumed_bytes += other.resumed_bytes;
+        self.corrupt_replaced += other.corrupt_replaced;
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -154,15 +168,21 @@ impl Store {
         for (layer, _, _) in &image.layers {
             self.fetch(source, layer, true, &mut report)?;
         }
-        // The platform manifest too (already read and checked while
-        // selecting: no request): it is what garbage collection reads to
-        // know which blobs a slot's image needs.
+        self.store_manifest(source, image)?;
+        Ok(report)
+    }
+
+    /// Stores the platform manifest of `image` (already read and checked
+    /// while selecting: no request), once its config and layers are in:
+    /// it is what garbage collection reads to know which blobs a slot's
+    /// image needs.
+    pub fn store_manifest(&self, source: &Source, image: &SelectedImage) -> Result<(), StoreError> {
         let m = &image.manifest_descriptor;
         if !self.blobs.contains(&m.digest) {
             let bytes = source.read_blob(m, kubeslot_image::layout::MAX_DOCUMENT_BYTES)?;
             self.blobs.put_bytes(&bytes)?;
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Makes sure the blob `desc` is in the store, downloading (or
@@ -174,6 +194,52 @@ impl Store {
         is_layer: bool,
         report: &mut FetchReport,
     ) -> Result<(), StoreError> {
+        if self.reuse(desc, is_layer, report)? {
+            return Ok(());
+        }
+        self.fetch_missing(source, desc, is_layer, report)
+    }
+
+    /// Makes sure layer `desc` is in the store as [`Store::fetch`] does,
+    /// and when it is downloaded from its first byte, hands `consume` a
+    /// reader of the bytes as they arrive (each written to the partial file
+    /// and hashed before `consume` sees it): the layer is unpacked while it
+    /// downloads. The digest is checked at the end, after `consume`
+    /// returned and what it left unread was read: on any error (a digest
+    /// that does not match, a cut connection) the caller must throw away
+    /// what `consume` made. `Ok(None)`: nothing was streamed, the blob is in
+    /// the store (it was there, was continued from a kept partial, or came
+    /// from a layout or archive, read whole as before): read it from there.
+    pub fn fetch_streaming<T>(
+        &self,
+        source: &Source,
+        desc: &Descriptor,
+        report: &mut FetchReport,
+        consume: impl FnOnce(&mut dyn Read) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        if self.reuse(desc, true, report)? {
+            return Ok(None);
+        }
+        let partial = self.partial_path(&desc.digest);
+        let kept = fs::symlink_metadata(&partial).is_ok_and(|m| m.len() > 0);
+        if kept || !source.is_registry() {
+            self.fetch_missing(source, desc, true, report)?;
+            return Ok(None);
+        }
+        let consumed = self.transfer(source, desc, false, report, consume)?;
+        report.downloaded_blobs += 1;
+        report.downloaded_layers += 1;
+        Ok(Some(consumed))
+    }
+
+    /// Whether `desc` is stored and intact (counted as reused); a damaged
+    /// stored blob is removed (counted) so that it is downloaded again.
+    fn reuse(
+        &self,
+        desc: &Descriptor,
+        is_layer: bool,
+        report: &mut FetchReport,
+    ) -> Result<bool, StoreError> {
         let final_path = self.blobs.path(&desc.digest);
         match fs::symlink_metadata(&final_path) {
             Ok(m) if m.is_file() && m.len() == desc.size => {
@@ -184,7 +250,7 @@ impl Store {
                     report.reused_blobs += 1;
                     report.reused_bytes += desc.size;
                     report.reused_layers += u64::from(is_layer);
-                    return Ok(());
+                    return Ok(true);
                 }
                 progress::line(|| {
                     format!(
@@ -202,6 +268,17 @@ impl Store {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(&final_path)(e)),
         }
+        Ok(false)
+    }
+
+    /// Downloads `desc`, not in the store, continuing a kept partial.
+    fn fetch_missing(
+        &self,
+        source: &Source,
+        desc: &Descriptor,
+        is_layer: bool,
+        report: &mut FetchReport,
+    ) -> Result<(), StoreError> {
         match self.download(source, desc, report) {
             Err(StoreError::DigestMismatch { .. }) if report_resumed(report) => {
                 // The kept prefix may have come from another endpoint or an
@@ -232,6 +309,26 @@ impl Store {
         desc: &Descriptor,
         report: &mut FetchReport,
     ) -> Result<(), StoreError> {
+        // Every byte goes through the tee; a failure is the tee's own.
+        self.transfer(source, desc, true, report, drain)
+    }
+
+    /// Downloads `desc` into its partial file (continuing a kept prefix
+    /// when `resume`, else from zero) while `consume` reads the same bytes
+    /// in order, then reads what `consume` left, and renames the partial
+    /// into place only when size and digest match. `consume`'s result is
+    /// returned whatever the store decided: the caller keeps it only on
+    /// `Ok`. `consume` sees an error from the reader when the transfer
+    /// fails (the network, more bytes than the descriptor names, a write of
+    /// the partial); the store's error, not `consume`'s, names it.
+    fn transfer<T>(
+        &self,
+        source: &Source,
+        desc: &Descriptor,
+        resume: bool,
+        report: &mut FetchReport,
+        consume: impl FnOnce(&mut dyn Read) -> T,
+    ) -> Result<T, StoreError> {
         let digest = desc.digest;
         let size = desc.size;
         let partial = self.partial_path(&digest);
@@ -250,7 +347,11 @@ impl Store {
             path: partial.clone(),
             error: e.into(),
         })?;
-        let (mut have, mut hasher) = kept_prefix(&out, size, &partial)?;
+        let (mut have, mut hasher) = if resume {
+            kept_prefix(&out, size, &partial)?
+        } else {
+            (0, Hasher::new())
+        };
         let stream = source.open_blob(desc, have)?;
         if stream.start != have {
             // The endpoint ignored Range: start from zero.
@@ -262,15 +363,53 @@ impl Store {
         report.resumed_bytes += have;
 
         let endpoint = stream.endpoint;
-        let mut meter = progress::Meter::start(
+        let meter = progress::Meter::start(
             format!("blob {}", progress::short(&digest)),
             size,
             have,
             &endpoint,
         );
-        let mut reader = stream.reader.take((size - have).saturating_add(1));
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = have;
+        let mut tee = Tee {
+            reader: stream.reader.take((size - have).saturating_add(1)),
+            out,
+            hasher,
+            got: have,
+            size,
+            meter,
+            fail: None,
+        };
+        let consumed = consume(&mut tee);
+        if tee.fail.is_none() {
+            // What `consume` did not need (a tar's padding, a compressed
+            // trailer, or everything after its refusal) is still the blob.
+            drain(&mut tee);
+        }
+        report.downloaded_bytes += tee.got - have;
+        self.settle(source, desc, &endpoint, tee)?;
+        Ok(consumed)
+    }
+
+    /// What a transfer's [`Tee`] read, judged: the partial renamed into
+    /// place when it is the blob; else the error, the partial kept when a
+    /// later run can continue it, deleted when its bytes are wrong.
+    fn settle(
+        &self,
+        source: &Source,
+        desc: &Descriptor,
+        endpoint: &str,
+        tee: Tee,
+    ) -> Result<(), StoreError> {
+        let (digest, size) = (desc.digest, desc.size);
+        let endpoint = endpoint.to_string();
+        let partial = self.partial_path(&digest);
+        let Tee {
+            out,
+            hasher,
+            got,
+            meter,
+            fail,
+            ..
+        } = tee;
         let interrupted = |got: u64, error: io::Error, out: &File| {
             // Keep what arrived, durably, so the next run continues it.
             let _ = out.sync_all();
@@ -282,33 +421,27 @@ impl Store {
                 error,
             }
         };
-        loop {
-            let n = match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(interrupted(got, e, &out)),
-            };
-            if got + n as u64 > size {
-                drop(out);
-                fs::remove_file(&partial).map_err(io_err(&partial))?;
+        let remove_partial = |out: File| {
+            drop(out);
+            fs::remove_file(&partial).map_err(io_err(&partial))
+        };
+        match fail {
+            Some(TeeFail::Read(e)) => return Err(interrupted(got, e, &out)),
+            Some(TeeFail::Write(e)) => return Err(io_err(&partial)(e)),
+            Some(TeeFail::TooLong) => {
+                remove_partial(out)?;
                 return Err(StoreError::TooLong {
                     digest,
                     endpoint,
                     size,
                 });
             }
-            hasher.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(io_err(&partial))?;
-            got += n as u64;
-            report.downloaded_bytes += n as u64;
-            meter.advance(got);
+            None => {}
         }
         if got < size && !source.is_registry() {
             // A layout or archive is read whole: a short blob is a wrong
             // descriptor, not an interrupted transfer worth resuming.
-            drop(out);
-            fs::remove_file(&partial).map_err(io_err(&partial))?;
+            remove_partial(out)?;
             return Err(StoreError::TooShort {
                 digest,
                 endpoint,
@@ -325,8 +458,7 @@ impl Store {
         }
         let actual = hasher.finish();
         if actual != digest {
-            drop(out);
-            fs::remove_file(&partial).map_err(io_err(&partial))?;
+            remove_partial(out)?;
             return Err(StoreError::DigestMismatch {
                 digest,
                 endpoint,
@@ -340,6 +472,76 @@ impl Store {
         atomic::sync_dir(&self.blobs.root().join("sha256")).map_err(LayoutError::from)?;
         meter.finish(got);
         Ok(())
+    }
+}
+
+/// Reads `r` to its end or its first error (which the reader keeps), 1 MiB
+/// at a time.
+fn drain(r: &mut dyn Read) {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Why a [`Tee`] stopped: kept, and read again by every later call.
+enum TeeFail {
+    /// The endpoint's stream failed (the partial is kept).
+    Read(io::Error),
+    /// The partial file could not be written.
+    Write(io::Error),
+    /// The endpoint sent more than the descriptor's size.
+    TooLong,
+}
+
+/// The reader a transfer's consumer gets: the endpoint's bytes, each
+/// hashed and written to the partial file before it is handed on.
+struct Tee {
+    reader: io::Take<Box<dyn Read + Send>>,
+    out: File,
+    hasher: Hasher,
+    got: u64,
+    size: u64,
+    meter: progress::Meter,
+    fail: Option<TeeFail>,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let failed = |f: &TeeFail| match f {
+            TeeFail::Read(e) | TeeFail::Write(e) => io::Error::new(e.kind(), e.to_string()),
+            TeeFail::TooLong => io::Error::other("the blob is longer than its descriptor says"),
+        };
+        if let Some(f) = &self.fail {
+            return Err(failed(f));
+        }
+        let n = loop {
+            match self.reader.read(buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let err = failed(&TeeFail::Read(io::Error::new(e.kind(), e.to_string())));
+                    self.fail = Some(TeeFail::Read(e));
+                    return Err(err);
+                }
+            }
+        };
+        if self.got + n as u64 > self.size {
+            self.fail = Some(TeeFail::TooLong);
+            return Err(failed(&TeeFail::TooLong));
+        }
+        if let Err(e) = self.out.write_all(&buf[..n]) {
+            let err = failed(&TeeFail::Write(io::Error::new(e.kind(), e.to_string())));
+            self.fail = Some(TeeFail::Write(e));
+            return Err(err);
+        }
+        self.hasher.update(&buf[..n]);
+        self.got += n as u64;
+        self.meter.advance(self.got);
+        Ok(n)
     }
 }
 

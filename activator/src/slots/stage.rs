@@ -25,7 +25,9 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
 
 use kubeslot_image::atomic;
 use kubeslot_image::digest::Digest;
@@ -38,10 +40,11 @@ use kubeslot_image::verify::{self, Policy, Verdict, VerifyError};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
 use crate::config::{Config, ProxyConfig, RegistryConfig, Trust, UnpackSettings};
-use crate::fetch::access;
 use crate::fetch::store::{FetchReport, Store, StoreError};
+use crate::fetch::{access, parallel};
 use crate::paths::Root;
 use crate::progress;
+use crate::slots::overlay::metalayer;
 
 /// Why staging failed; the variants carry the module errors, which name
 /// the digest, entry, endpoint or path.
@@ -182,6 +185,26 @@ pub fn unpack_layers(
     policy: unpack::Policy,
     hash: bool,
 ) -> Result<(unpack::Stats, unpack::FileHashes), StageError> {
+    let mut report = FetchReport::default();
+    unpack_layers_from(store, None, image, target, policy, hash, &mut report)
+}
+
+/// [`unpack_layers`], the layers fetched from `source` when given (counted
+/// in `report`). The layers go into one tree, in order: the one being
+/// applied is unpacked while it downloads ([`Store::fetch_streaming`]),
+/// and up to [`parallel::LAYERS_AT_ONCE`]` - 1` threads download the next
+/// ones into the store meanwhile, in order; a layer one of them took is
+/// applied from the store once it is there. A layer whose digest does not
+/// check out fails the whole: the caller throws `target` away.
+pub fn unpack_layers_from(
+    store: &Store,
+    source: Option<&Source>,
+    image: &SelectedImage,
+    target: &Path,
+    policy: unpack::Policy,
+    hash: bool,
+    report: &mut FetchReport,
+) -> Result<(unpack::Stats, unpack::FileHashes), StageError> {
     let wrap = |error: UnpackError| StageError::Unpack {
         image: image.image_digest(),
         error: Box::new(error),
@@ -191,26 +214,57 @@ pub fn unpack_layers(
         unpacker.hash_files();
     }
     let count = image.layers.len();
-    for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
-        progress::line(|| {
-            format!(
-                "layer {}/{count} {}: unpacking {}",
-                index + 1,
-                progress::short(&desc.digest),
-                progress::human(desc.size)
-            )
+    let claimed: Vec<AtomicBool> = (0..count).map(|_| AtomicBool::new(false)).collect();
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel();
+    thread::scope(|s| {
+        if let Some(source) = source {
+            for _ in 1..parallel::LAYERS_AT_ONCE.min(count) {
+                let (tx, claimed, stop) = (tx.clone(), &claimed, &stop);
+                s.spawn(move || prefetch(store, source, image, claimed, stop, tx));
+            }
+        }
+        drop(tx);
+        let mut ahead = Ahead {
+            rx,
+            done: BTreeMap::new(),
+        };
+        let applied = (0..count).try_for_each(|index| {
+            progress::line(|| {
+                let (desc, ..) = &image.layers[index];
+                format!(
+                    "layer {}/{count} {}: unpacking {}",
+                    index + 1,
+                    progress::short(&desc.digest),
+                    progress::human(desc.size)
+                )
+            });
+            let desc = &image.layers[index].0;
+            let layer = |reader| layer_of(image, index, reader);
+            let streamed = match source {
+                Some(source) if !claimed[index].swap(true, Ordering::AcqRel) => store
+                    .fetch_streaming(source, desc, report, |r| {
+                        unpacker.apply(layer_of(image, index, r))
+                    })?,
+                Some(source) => {
+                    report.add(&ahead.wait(index, store, source, desc)?);
+                    None
+                }
+                None => None,
+            };
+            match streamed {
+                Some(applied) => applied.map_err(wrap)?,
+                None => unpacker
+                    .apply(layer(store.open_blob(&desc.digest)?))
+                    .map_err(wrap)?,
+            };
+            Ok::<_, StageError>(())
         });
-        let reader = store.open_blob(&desc.digest)?;
-        unpacker
-            .apply(Layer {
-                index,
-                digest: desc.digest,
-                diff_id: *diff_id,
-                compression: *compression,
-                reader,
-            })
-            .map_err(wrap)?;
-    }
+        // The threads take no new layer; the scope waits for the ones
+        // under way.
+        stop.store(true, Ordering::Release);
+        applied
+    })?;
     let hashes = unpacker.take_file_hashes();
     let stats = unpacker.finish().map_err(wrap)?;
     progress::line(|| {
@@ -223,6 +277,83 @@ pub fn unpack_layers(
         )
     });
     Ok((stats, hashes))
+}
+
+/// Layer `index` of `image`, read from `reader`.
+fn layer_of<R>(image: &SelectedImage, index: usize, reader: R) -> Layer<R> {
+    let (desc, compression, diff_id) = &image.layers[index];
+    Layer {
+        index,
+        digest: desc.digest,
+        diff_id: *diff_id,
+        compression: *compression,
+        reader,
+    }
+}
+
+/// One download thread of [`unpack_layers_from`]: takes the next layer no
+/// one took, in order from the second, fetches it into the store and says so, until none
+/// is left or the unpacking stopped.
+fn prefetch(
+    store: &Store,
+    source: &Source,
+    image: &SelectedImage,
+    claimed: &[AtomicBool],
+    stop: &AtomicBool,
+    tx: mpsc::Sender<(usize, Result<FetchReport, StoreError>)>,
+) {
+    // (the first layer is the unpacker's: it is streamed)
+    for (index, (desc, ..)) in image.layers.iter().enumerate().skip(1) {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        if claimed[index].swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        let mut report = FetchReport::default();
+        let fetched = store
+            .fetch(source, desc, true, &mut report)
+            .map(|()| report);
+        if tx.send((index, fetched)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The layers the download threads fetched, as they report them.
+struct Ahead {
+    rx: mpsc::Receiver<(usize, Result<FetchReport, StoreError>)>,
+    done: BTreeMap<usize, Result<FetchReport, StoreError>>,
+}
+
+impl Ahead {
+    /// Waits until layer `index`, which a download thread took, is in the
+    /// store; what fetching it did.
+    fn wait(
+        &mut self,
+        index: usize,
+        store: &Store,
+        source: &Source,
+        desc: &kubeslot_image::oci::Descriptor,
+    ) -> Result<FetchReport, StoreError> {
+        loop {
+            if let Some(r) = self.done.remove(&index) {
+                return r;
+            }
+            match self.rx.recv() {
+                Ok((i, r)) => {
+                    self.done.insert(i, r);
+                }
+                // Every thread is gone without a word on it (one
+                // panicked): fetch it here.
+                Err(_) => {
+                    let mut report = FetchReport::default();
+                    store.fetch(source, desc, true, &mut report)?;
+                    return Ok(report);
+                }
+            }
+        }
+    }
 }
 
 /// The directory holding `path` (`.` for a bare name).
@@ -296,8 +427,17 @@ fn prepare(
     let parent = parent_of(dest);
     fs::create_dir_all(parent).map_err(io_err(parent))?;
     let store = Store::open(store_dir)?;
-    let report = store.fetch_image(&source, &verified.image)?;
-    drop(source);
+    let image = &verified.image;
+    // From a registry the layers are unpacked while they download; a
+    // layout or archive is read whole first and the source dropped (an
+    // archive's extraction goes before the tree takes its space).
+    let (mut report, source) = if source.is_registry() {
+        let mut report = FetchReport::default();
+        store.fetch(&source, &image.manifest.config, false, &mut report)?;
+        (report, Some(source))
+    } else {
+        (store.fetch_image(&source, image)?, None)
+    };
 
     remove_stale(parent, staging_prefix)?;
     let staging = tempfile::Builder::new()
@@ -310,13 +450,18 @@ fn prepare(
         fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
             .map_err(io_err(staging.path()))?;
     }
-    let (stats, file_hashes) = unpack_layers(
+    let (stats, file_hashes) = unpack_layers_from(
         &store,
-        &verified.image,
+        source.as_ref(),
+        image,
         staging.path(),
         unpack_policy(unpack),
         hash,
+        &mut report,
     )?;
+    if let Some(source) = source {
+        store.store_manifest(&source, image)?;
+    }
     Ok(Prepared {
         staging,
         staged: Staged {
@@ -503,14 +648,28 @@ pub fn prepare_layers(
     unpack: &UnpackSettings,
 ) -> Result<(FetchReport, crate::slots::overlay::layers::Ensured), StageError> {
     let store = Store::open(&root.store())?;
-    let report = store.fetch_image(&source, &verified.image)?;
-    drop(source);
-    let ensured = crate::slots::overlay::metalayer::ensure_slot_lowers(
+    let image = &verified.image;
+    if !source.is_registry() {
+        // A layout or archive is read whole, the source dropped (an
+        // archive's extraction removed) before anything is unpacked.
+        let report = store.fetch_image(&source, image)?;
+        drop(source);
+        let ensured = metalayer::ensure_slot_lowers(root, &store, image, &unpack_policy(unpack))?;
+        return Ok((report, ensured));
+    }
+    // From a registry each missing layer is unpacked while it downloads;
+    // the manifest is stored last, as by `fetch_image`.
+    let mut report = FetchReport::default();
+    store.fetch(&source, &image.manifest.config, false, &mut report)?;
+    let ensured = metalayer::ensure_slot_lowers_from(
         root,
         &store,
-        &verified.image,
+        Some(&source),
+        image,
         &unpack_policy(unpack),
+        &mut report,
     )?;
+    store.store_manifest(&source, image)?;
     Ok((report, ensured))
 }
 

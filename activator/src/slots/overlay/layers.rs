@@ -24,15 +24,17 @@
 //! remove layers (the overlay and GC code do).
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::atomic;
 use kubeslot_image::digest::Digest;
-use kubeslot_image::source::SelectedImage;
+use kubeslot_image::source::{SelectedImage, Source};
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
-use crate::fetch::store::{Store, StoreError};
+use crate::fetch::parallel;
+use crate::fetch::store::{FetchReport, Store, StoreError};
 use crate::paths::Root;
 use crate::progress;
 
@@ -244,6 +246,41 @@ pub fn ensure(
     image: &SelectedImage,
     policy: &unpack::Policy,
 ) -> Result<Ensured, LayerError> {
+    ensure_from(
+        root,
+        store,
+        None,
+        image,
+        policy,
+        &mut FetchReport::default(),
+    )
+}
+
+/// What to do for one layer of the image.
+enum Job {
+    /// Its directory is there as recorded: only its blob is made sure of.
+    Reuse,
+    /// Unpack it into `dest`.
+    Unpack(PathBuf),
+    /// The same `diff_id` as an earlier layer of the image (its directory
+    /// is that one's): only its blob, after the others.
+    Again,
+}
+
+/// [`ensure`], with the blobs fetched from `source` when given (counted in
+/// `report`): a missing layer is unpacked while it downloads
+/// ([`Store::fetch_streaming`]), up to [`parallel::LAYERS_AT_ONCE`] layers
+/// at once, each into its own staging directory, renamed into place only
+/// once its digest checked out; one already in the content store is
+/// unpacked from there. Without `source` every blob must be in `store`.
+pub fn ensure_from(
+    root: &Root,
+    store: &Store,
+    source: Option<&Source>,
+    image: &SelectedImage,
+    policy: &unpack::Policy,
+    report: &mut FetchReport,
+) -> Result<Ensured, LayerError> {
     let base = root.layers_dir();
     crate::paths::private_dir(&base).map_err(|e| LayerError::Io {
         path: e.path,
@@ -254,8 +291,15 @@ pub fn ensure(
     let policy_hash = policy_hash(policy);
     let count = image.layers.len();
     let mut out = Ensured::default();
-    for (index, (desc, compression, diff_id)) in image.layers.iter().enumerate() {
-        let dest = match place(root, diff_id, &policy_hash, &keep)? {
+    let mut jobs = Vec::with_capacity(count);
+    for (index, (desc, _, diff_id)) in image.layers.iter().enumerate() {
+        if let Some(i) = image.layers[..index].iter().position(|l| l.2 == *diff_id) {
+            out.dirs.push(out.dirs[i].clone());
+            out.reused += 1;
+            jobs.push(Job::Again);
+            continue;
+        }
+        match place(root, diff_id, &policy_hash, &keep)? {
             Place::Reuse(dir) => {
                 progress::line(|| {
                     format!(
@@ -266,7 +310,7 @@ pub fn ensure(
                 });
                 out.dirs.push(dir);
                 out.reused += 1;
-                continue;
+                jobs.push(Job::Reuse);
             }
             Place::Unpack { dest, replace } => {
                 if let Some(why) = replace {
@@ -277,53 +321,125 @@ pub fn ensure(
                     remove_recorded(&dest)?;
                     out.replaced.push(format!("{diff_id}: {why}"));
                 }
-                dest
+                out.dirs.push(dest.clone());
+                jobs.push(Job::Unpack(dest));
             }
+        }
+    }
+    let done = parallel::each(count, parallel::LAYERS_AT_ONCE, |index| {
+        let mut report = FetchReport::default();
+        let desc = &image.layers[index].0;
+        let bytes = match (&jobs[index], source) {
+            (Job::Unpack(dest), _) => {
+                let one = One {
+                    base: &base,
+                    store,
+                    source,
+                    image,
+                    index,
+                    policy,
+                    policy_hash: &policy_hash,
+                };
+                Some(one.unpack(dest, &mut report)?)
+            }
+            (Job::Reuse, Some(source)) => {
+                store
+                    .fetch(source, desc, true, &mut report)
+                    .map_err(Box::new)?;
+                None
+            }
+            _ => None,
         };
-        out.dirs.push(dest.clone());
+        Ok::<_, LayerError>((bytes, report))
+    })?;
+    for (bytes, r) in done {
+        report.add(&r);
+        if let Some(bytes) = bytes {
+            out.unpacked += 1;
+            out.bytes_unpacked += bytes;
+        }
+    }
+    if let Some(source) = source {
+        for (index, (desc, _, _)) in image.layers.iter().enumerate() {
+            if matches!(jobs[index], Job::Again) {
+                store.fetch(source, desc, true, report).map_err(Box::new)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One layer to unpack into the layer store.
+struct One<'a> {
+    base: &'a Path,
+    store: &'a Store,
+    source: Option<&'a Source>,
+    image: &'a SelectedImage,
+    index: usize,
+    policy: &'a unpack::Policy,
+    policy_hash: &'a str,
+}
+
+impl One<'_> {
+    /// Unpacks the layer into a staging directory (while it downloads, when
+    /// it is not in the store yet) and renames that to `dest` once the
+    /// blob checked out; returns its uncompressed bytes. On any error the
+    /// staging directory is removed: nothing of the layer is kept.
+    fn unpack(&self, dest: &Path, report: &mut FetchReport) -> Result<u64, LayerError> {
+        let (desc, compression, diff_id) = &self.image.layers[self.index];
+        let count = self.image.layers.len();
         progress::line(|| {
             format!(
                 "layer {}/{count} {}: unpacking {} into the layer store",
-                index + 1,
+                self.index + 1,
                 progress::short(&desc.digest),
                 progress::human(desc.size)
             )
         });
+        let base = self.base;
         let staging = tempfile::Builder::new()
             .prefix(&format!(".staging-{}-", diff_id.hex()))
-            .tempdir_in(&base)
-            .map_err(io_err(&base))?;
+            .tempdir_in(base)
+            .map_err(io_err(base))?;
         {
             // tempdir makes 0700; a layer's root is 0755 unless it says otherwise.
             use std::os::unix::fs::PermissionsExt as _;
             fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
                 .map_err(io_err(staging.path()))?;
         }
-        let wrap = |error: UnpackError| LayerError::Unpack {
-            layer: desc.digest,
-            diff_id: *diff_id,
-            error: Box::new(error),
-        };
-        let mut unpacker =
-            Unpacker::new_overlay_layer(staging.path(), policy.clone()).map_err(wrap)?;
-        unpacker.hash_files();
-        let reader = store.open_blob(&desc.digest).map_err(Box::new)?;
-        let stats = unpacker
-            .apply(Layer {
-                index,
+        let apply = |reader: &mut dyn Read| -> Result<_, UnpackError> {
+            let mut unpacker = Unpacker::new_overlay_layer(staging.path(), self.policy.clone())?;
+            unpacker.hash_files();
+            let stats = unpacker.apply(Layer {
+                index: self.index,
                 digest: desc.digest,
                 diff_id: *diff_id,
                 compression: *compression,
                 reader,
-            })
-            .map_err(wrap)?;
-        let hashes = unpacker.take_file_hashes();
-        unpacker.finish().map_err(wrap)?;
-        place_recorded(staging, &dest, &policy_hash, &hashes)?;
-        out.unpacked += 1;
-        out.bytes_unpacked += stats.bytes;
+            })?;
+            let hashes = unpacker.take_file_hashes();
+            unpacker.finish()?;
+            Ok((stats, hashes))
+        };
+        let streamed = match self.source {
+            Some(source) => self
+                .store
+                .fetch_streaming(source, desc, report, apply)
+                .map_err(Box::new)?,
+            None => None,
+        };
+        let applied = match streamed {
+            Some(applied) => applied,
+            None => apply(&mut self.store.open_blob(&desc.digest).map_err(Box::new)?),
+        };
+        let (stats, hashes) = applied.map_err(|error| LayerError::Unpack {
+            layer: desc.digest,
+            diff_id: *diff_id,
+            error: Box::new(error),
+        })?;
+        place_recorded(staging, dest, self.policy_hash, &hashes)?;
+        Ok(stats.bytes)
     }
-    Ok(out)
 }
 
 /// Records the tree in `staging` (made under `policy_hash`; the files'

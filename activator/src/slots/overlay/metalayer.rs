@@ -35,10 +35,10 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use kubeslot_image::digest::Digest;
-use kubeslot_image::source::SelectedImage;
+use kubeslot_image::source::{SelectedImage, Source};
 use kubeslot_image::unpack::{self, Layer, UnpackError, Unpacker};
 
-use crate::fetch::store::Store;
+use crate::fetch::store::{FetchReport, Store};
 use crate::paths::Root;
 use crate::progress;
 use crate::slots::overlay::layers::{self, Ensured, LayerError};
@@ -77,7 +77,28 @@ pub fn ensure_slot_lowers(
     image: &SelectedImage,
     policy: &unpack::Policy,
 ) -> Result<Ensured, LayerError> {
-    let mut ensured = layers::ensure(root, store, image, policy)?;
+    ensure_slot_lowers_from(
+        root,
+        store,
+        None,
+        image,
+        policy,
+        &mut FetchReport::default(),
+    )
+}
+
+/// [`ensure_slot_lowers`], the layers fetched from `source` when given
+/// (unpacked while they download: [`layers::ensure_from`]; counted in
+/// `report`).
+pub fn ensure_slot_lowers_from(
+    root: &Root,
+    store: &Store,
+    source: Option<&Source>,
+    image: &SelectedImage,
+    policy: &unpack::Policy,
+    report: &mut FetchReport,
+) -> Result<Ensured, LayerError> {
+    let mut ensured = layers::ensure_from(root, store, source, image, policy, report)?;
     let meta = ensure_meta(root, store, image, policy, &ensured.dirs)?;
     ensured.dirs.push(meta);
     Ok(ensured)
