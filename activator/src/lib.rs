@@ -40,6 +40,7 @@ pub mod activate;
 pub mod fetch;
 pub mod gate;
 pub mod render;
+pub mod rollout;
 pub mod slots;
 
 pub mod host;

@@ -14,6 +14,7 @@ mod identity;
 mod keyless;
 mod overlay;
 mod render;
+mod rollout;
 mod security;
 mod throttle;
 mod unpack;

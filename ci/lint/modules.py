@@ -53,6 +53,7 @@ LAYERS = {
         ("slots", {"slots"}),
         ("render", {"render"}),
         ("gate", {"gate"}),
+        ("rollout", {"rollout"}),
         ("host", {"host"}),
         ("activate", {"activate"}),
         ("cli", {"cli"}),
