@@ -14,6 +14,7 @@
 //! * [`render`] — the host files a slot's machine starts with, and what they
 //!   are made of (GPU discovery, the kubelet's extra arguments, bundles,
 //!   host settings).
+//! * [`cluster`] — the Kubernetes API: which pods a drain evicts and why.
 //! * [`gate`] — preflight before the flip, the health gate after it, the
 //!   diagnostics of a failed gate.
 //!
@@ -37,6 +38,7 @@
 //! "Invariants").
 
 pub mod activate;
+pub mod cluster;
 pub mod fetch;
 pub mod gate;
 pub mod render;

@@ -52,6 +52,7 @@ LAYERS = {
         ("fetch", {"fetch"}),
         ("slots", {"slots"}),
         ("render", {"render"}),
+        ("cluster", {"cluster"}),
         ("gate", {"gate"}),
         ("host", {"host"}),
         ("activate", {"activate"}),
