@@ -25,7 +25,7 @@
 //!
 //! A finished pod (`Succeeded`, `Failed`) passes 2, 4 and 5 whatever it is.
 //! One refused pod refuses the whole drain: nothing is evicted
-//! ([`Plan::refusals`]). `activator/tests/host/cluster_plan.rs` holds this
+//! ([`Plan::refusals`]). `activator/tests/cluster/drain_selection.rs` holds this
 //! against kubectl 1.36's own `drain --dry-run=client` on generated pod sets.
 //!
 //! [`budget_check`] is the eviction API's side (`EvictionREST.Create`,
@@ -712,6 +712,92 @@ impl Plan {
     }
 }
 
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Why::Controlled => write!(f, "its controller replaces it"),
+            Why::Finished => write!(f, "finished"),
+            Why::Unmanaged => write!(f, "no controller: nothing recreates it"),
+            Why::LocalStorage => write!(f, "emptyDir: its data is deleted"),
+            Why::DaemonSetGone { message, .. } => write!(f, "its DaemonSet is gone ({message})"),
+            Why::DaemonSet { daemonset } => write!(f, "DaemonSet {daemonset}"),
+            Why::Mirror => write!(f, "mirror pod of a static pod"),
+            Why::DeletedLongAgo => write!(f, "deleted longer ago than the skip timeout"),
+        }
+    }
+}
+
+impl std::fmt::Display for BudgetCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BudgetCheck::Unchecked => write!(f, "no budget check (pending, finished or terminating)"),
+            BudgetCheck::None => write!(f, "no budget"),
+            BudgetCheck::Allows { name } => write!(f, "budget {name} allows it"),
+            BudgetCheck::Blocks {
+                name,
+                desired_healthy,
+                current_healthy,
+            } => write!(
+                f,
+                "blocked: budget {name} allows zero disruptions (needs {desired_healthy} healthy pods, has {current_healthy})"
+            ),
+            BudgetCheck::Stale { name } => {
+                write!(f, "blocked: budget {name} is still being processed")
+            }
+            BudgetCheck::Several { names } => write!(
+                f,
+                "blocked: several budgets select it ({}), which eviction refuses",
+                names.join(", ")
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Plan {
+    /// One line per pod (`evict`, `skip`, `refuse`, with why and, for
+    /// evictions, the budget), then the refusal or the blocking budgets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let refusals = self.refusals();
+        for p in &self.pods {
+            let action = match p.verdict.action {
+                Action::Evict if !refusals.is_empty() => "(evict)",
+                Action::Evict => "evict",
+                Action::Skip => "skip",
+                Action::Refuse => "refuse",
+            };
+            write!(
+                f,
+                "  {action} {}/{}: {}",
+                p.namespace, p.name, p.verdict.why
+            )?;
+            if p.terminating {
+                write!(f, ", already terminating")?;
+            }
+            if let Some(b) = &p.budget {
+                if !matches!(b, BudgetCheck::None | BudgetCheck::Unchecked) {
+                    write!(f, "; {b}")?;
+                }
+            }
+            writeln!(f)?;
+        }
+        if self.pods.is_empty() {
+            writeln!(f, "  no pods on the node")?;
+        }
+        for r in &refusals {
+            writeln!(f, "  the drain is refused: {r}")?;
+        }
+        let blocking = self.blocking_budgets();
+        if !blocking.is_empty() {
+            writeln!(
+                f,
+                "  budgets allowing zero disruptions now: {}",
+                blocking.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Pod names (`ns/name`) grouped by a text, groups in the order first met.
 fn group(
     pods: &[PodPlan],
@@ -927,5 +1013,40 @@ mod tests {
         let mut pending = running.clone();
         pending.status.phase = "Pending".into();
         assert_eq!(budget_check(&pending, &[zero]), BudgetCheck::Unchecked);
+    }
+
+    #[test]
+    fn the_plan_as_text_names_each_pod_and_the_blocking_budget() {
+        let rs = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "r", "uid": "u", "controller": true}]);
+        let pods = [
+            pod(
+                json!({"metadata": {"name": "web", "namespace": "d", "labels": {"app": "web"}, "ownerReferences": rs},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+            ),
+            pod(
+                json!({"metadata": {"name": "agent", "namespace": "d", "ownerReferences": ds_owner()}}),
+            ),
+        ];
+        let pdbs: Vec<PodDisruptionBudget> = vec![serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "d"}, "spec": {"selector": {"matchLabels": {"app": "web"}}},
+            "status": {"disruptionsAllowed": 0, "desiredHealthy": 1, "currentHealthy": 1}}))
+        .unwrap()];
+        let plan = Plan::new(&pods, &pdbs, &DrainOptions::default(), NOW, &exists);
+        assert_eq!(
+            plan.to_string(),
+            "  evict d/web: its controller replaces it; blocked: budget web allows zero disruptions (needs 1 healthy pods, has 1)\n  \
+             skip d/agent: DaemonSet cni\n  \
+             budgets allowing zero disruptions now: d/web\n"
+        );
+        let strict = DrainOptions {
+            ignore_daemonsets: false,
+            ..DrainOptions::default()
+        };
+        let plan = Plan::new(&pods, &pdbs, &strict, NOW, &exists);
+        assert!(plan.evictions().is_empty());
+        assert!(plan.to_string().contains("  (evict) d/web"));
+        assert!(plan.to_string().contains(
+            "  the drain is refused: cannot delete DaemonSet-managed Pods (use --ignore-daemonsets to ignore): d/agent\n"
+        ));
     }
 }
