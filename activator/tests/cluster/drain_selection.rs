@@ -15,6 +15,8 @@
 //! `--skip-wait-for-delete-timeout`).
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kubeslot_activator::cluster::pods::{
@@ -23,7 +25,87 @@ use kubeslot_activator::cluster::pods::{
 };
 use serde_json::{json, Value};
 
-use super::{Fixture, Rng};
+use fake_apiserver::{admin_request, create_as_admin};
+
+use super::{start, Fixture, CONFIG};
+
+const KUBECTL: &str = "/opt/kubeslot-ci/kubectl/usr/bin/kubectl";
+const INSTALL: &str = "ci/lib/kube-clients.sh (or .ci/run; Debian's kubernetes-client)";
+
+fn kubectl_bin() -> PathBuf {
+    let p = PathBuf::from(std::env::var("KUBESLOT_KUBECTL").unwrap_or_else(|_| KUBECTL.into()));
+    assert!(
+        p.is_file(),
+        "kubectl 1.36 is not installed at {}: run {INSTALL}",
+        p.display()
+    );
+    p
+}
+
+/// kubectl as the admin: (exit code, stdout, stderr).
+fn kubectl(fx: &Fixture, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(kubectl_bin())
+        // a private HOME: kubectl's discovery cache stays in the test
+        .env("HOME", fx.dir.path())
+        .env_remove("KUBECONFIG")
+        .arg("--kubeconfig")
+        .arg(fx.kubeconfig("admin"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn create(fx: &Fixture, obj: &Value) -> Value {
+    create_as_admin(&fx.srv, obj).unwrap_or_else(|e| panic!("{e:#}: {obj}"))
+}
+
+/// One request as the admin: (status, body).
+fn request(fx: &Fixture, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let ct = if method == "PATCH" {
+        "application/merge-patch+json"
+    } else {
+        "application/json"
+    };
+    admin_request(&fx.srv, method, path, ct, body)
+}
+
+fn get_ok(fx: &Fixture, path: &str) -> Value {
+    let (code, v) = request(fx, "GET", path, None);
+    assert_eq!(code, 200, "GET {path}: {v}");
+    v
+}
+
+/// A seeded generator (splitmix64): the same seed, the same pod sets.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// 0..n
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// true with probability `percent`/100.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
 
 const SETS: usize = 200;
 const SEED: u64 = 0x6b75_6265_736c_6f74;
@@ -122,18 +204,25 @@ fn budget(rng: &mut Rng, ns: &str, name: &str) -> Value {
 fn create_set(fx: &Fixture, rng: &mut Rng, i: usize) -> (Set, bool) {
     let node = format!("n{i}");
     let namespaces = [format!("s{i}-a"), format!("s{i}-b")];
-    fx.create(
+    create(
+        fx,
         &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
     );
     let mut aged = false;
     for ns in &namespaces {
-        fx.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
-        fx.create(&json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": ns},
+        create(
+            fx,
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        );
+        create(
+            fx,
+            &json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": ns},
             "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": {"metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "c", "image": "x:1"}]}}}}));
+                "spec": {"containers": [{"name": "c", "image": "x:1"}]}}}}),
+        );
         for b in 0..rng.below(3) {
-            fx.create(&budget(rng, ns, &format!("pdb{b}")));
+            create(fx, &budget(rng, ns, &format!("pdb{b}")));
         }
     }
     let count = rng.below(9);
@@ -146,7 +235,7 @@ fn create_set(fx: &Fixture, rng: &mut Rng, i: usize) -> (Set, bool) {
             "elsewhere".into()
         };
         let name = format!("p{k}");
-        fx.create(&pod(rng, &ns, &name, &on));
+        create(fx, &pod(rng, &ns, &name, &on));
         let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
         let phase = *rng.pick(&[
             "Pending",
@@ -163,7 +252,8 @@ fn create_set(fx: &Fixture, rng: &mut Rng, i: usize) -> (Set, bool) {
             } else {
                 "False"
             };
-            let (code, v) = fx.request(
+            let (code, v) = request(
+                fx,
                 "PATCH",
                 &format!("{path}/status"),
                 Some(&json!({"status": {"phase": phase,
@@ -175,8 +265,12 @@ fn create_set(fx: &Fixture, rng: &mut Rng, i: usize) -> (Set, bool) {
         if !matches!(phase, "Succeeded" | "Failed") && rng.chance(15) {
             let grace = *rng.pick(&[1, 3600]);
             aged |= grace == 1;
-            let (code, v) =
-                fx.request("DELETE", &path, Some(&json!({"gracePeriodSeconds": grace})));
+            let (code, v) = request(
+                fx,
+                "DELETE",
+                &path,
+                Some(&json!({"gracePeriodSeconds": grace})),
+            );
             assert_eq!(code, 200, "{v}");
         }
     }
@@ -229,7 +323,7 @@ fn kubectl_drain(fx: &Fixture, set: &Set) -> (Outcome, String) {
         ));
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, out, err) = fx.kubectl(&argv);
+    let (code, out, err) = kubectl(fx, &argv);
     let transcript = format!(
         "kubectl {} -> {code}\nstdout:\n{out}stderr:\n{err}",
         args.join(" ")
@@ -304,16 +398,17 @@ fn now() -> i64 {
 /// What the API holds for the set: its node's pods (as kubectl lists
 /// them) and its budgets.
 fn read_set(fx: &Fixture, set: &Set) -> (Vec<Pod>, Vec<PodDisruptionBudget>) {
-    let pods: List<Pod> = serde_json::from_value(fx.get(&format!(
-        "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
-        set.node
-    )))
+    let pods: List<Pod> = serde_json::from_value(get_ok(
+        fx,
+        &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{}", set.node),
+    ))
     .unwrap();
     let mut pdbs = Vec::new();
     for ns in &set.namespaces {
-        let l: List<PodDisruptionBudget> = serde_json::from_value(fx.get(&format!(
-            "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
-        )))
+        let l: List<PodDisruptionBudget> = serde_json::from_value(get_ok(
+            fx,
+            &format!("/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"),
+        ))
         .unwrap();
         pdbs.extend(l.items);
     }
@@ -322,7 +417,8 @@ fn read_set(fx: &Fixture, set: &Set) -> (Vec<Pod>, Vec<PodDisruptionBudget>) {
 
 fn plan_of(fx: &Fixture, set: &Set) -> Plan {
     let (pods, pdbs) = read_set(fx, set);
-    let lookup = |ns: &str, name: &str| match fx.request(
+    let lookup = |ns: &str, name: &str| match request(
+        fx,
         "GET",
         &format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"),
         None,
@@ -354,9 +450,8 @@ fn predicted(plan: &Plan) -> Outcome {
 #[test]
 fn drain_selection_matches_kubectl_drain_dry_run_on_generated_pod_sets() {
     let t0 = Instant::now();
-    let fx = Fixture::start();
-    let mut rng =
-        Rng::new(std::env::var("KUBESLOT_DRAIN_SEED").map_or(SEED, |s| s.parse().unwrap()));
+    let fx = start(CONFIG);
+    let mut rng = Rng(std::env::var("KUBESLOT_DRAIN_SEED").map_or(SEED, |s| s.parse().unwrap()));
     let mut sets = Vec::new();
     let mut aged_since = None;
     for i in 0..SETS {
@@ -428,7 +523,8 @@ fn budgets_match_the_eviction_api(fx: &Fixture, sets: &[Set]) {
             };
             let check = budget_check(pod, &pdbs);
             let (ns, name) = (&pod.metadata.namespace, &pod.metadata.name);
-            let (code, v) = fx.request(
+            let (code, v) = request(
+                fx,
                 "POST",
                 &format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"),
                 Some(&json!({"apiVersion": "policy/v1", "kind": "Eviction",
