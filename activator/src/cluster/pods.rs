@@ -798,6 +798,67 @@ impl std::fmt::Display for Plan {
     }
 }
 
+/// Reads the drain of `node` from the API through `client` and decides
+/// it: the pods bound to the node (all namespaces, `fieldSelector
+/// spec.nodeName`, as kubectl lists them), the budgets of their namespaces
+/// and each DaemonSet [`decide`] asks about. Errors name the request; a
+/// [`super::Error`] stays reachable by `downcast_ref` (unreachable API,
+/// 403 for missing permissions).
+pub fn read_plan(
+    client: &super::Client,
+    node: &str,
+    opts: &DrainOptions,
+    now: i64,
+) -> anyhow::Result<Plan> {
+    use anyhow::Context as _;
+    let field = format!("spec.nodeName={node}");
+    let pods_path = super::path("v1", None, "pods", None);
+    let pods: Vec<Pod> = client
+        .list(&pods_path, &[("fieldSelector", &field)])
+        .map_err(anyhow::Error::new)
+        .and_then(|items| {
+            serde_json::from_value(serde_json::Value::Array(items)).map_err(anyhow::Error::new)
+        })
+        .with_context(|| format!("listing the pods on node {node}"))?;
+    let mut namespaces: Vec<&str> = pods.iter().map(|p| p.metadata.namespace.as_str()).collect();
+    namespaces.sort_unstable();
+    namespaces.dedup();
+    let mut pdbs: Vec<PodDisruptionBudget> = Vec::new();
+    for ns in namespaces {
+        let path = super::path("policy/v1", Some(ns), "poddisruptionbudgets", None);
+        let items = client
+            .list(&path, &[])
+            .map_err(anyhow::Error::new)
+            .and_then(|items| {
+                serde_json::from_value::<Vec<PodDisruptionBudget>>(serde_json::Value::Array(items))
+                    .map_err(anyhow::Error::new)
+            })
+            .with_context(|| format!("listing the disruption budgets of namespace {ns}"))?;
+        pdbs.extend(items);
+    }
+    let mut daemonsets = BTreeMap::new();
+    for (ns, name) in daemonsets_to_read(&pods, opts, now) {
+        let path = super::path("apps/v1", Some(&ns), "daemonsets", Some(&name));
+        let found = match client.get(&path) {
+            Ok(_) => DaemonSetLookup::Exists,
+            Err(e) if e.is_not_found() => DaemonSetLookup::NotFound,
+            // kubectl's message is the API's
+            Err(e) => DaemonSetLookup::Failed(
+                e.status()
+                    .map_or_else(|| e.to_string(), |s| s.message.clone()),
+            ),
+        };
+        daemonsets.insert((ns, name), found);
+    }
+    let lookup = |ns: &str, name: &str| {
+        daemonsets
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+            .unwrap_or_else(|| DaemonSetLookup::Failed(format!("daemonset {ns}/{name} not read")))
+    };
+    Ok(Plan::new(&pods, &pdbs, opts, now, &lookup))
+}
+
 /// Pod names (`ns/name`) grouped by a text, groups in the order first met.
 fn group(
     pods: &[PodPlan],

@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kubeslot_activator::cluster::pods::{
-    budget_check, Action, BudgetCheck, DaemonSetLookup, DrainOptions, List, Plan, Pod,
+    budget_check, read_plan, Action, BudgetCheck, DrainOptions, List, Plan, Pod,
     PodDisruptionBudget,
 };
 use serde_json::{json, Value};
@@ -415,19 +415,10 @@ fn read_set(fx: &Fixture, set: &Set) -> (Vec<Pod>, Vec<PodDisruptionBudget>) {
     (pods.items, pdbs)
 }
 
+/// The plan as the activator reads it: through its own API client with
+/// the admin's kubeconfig.
 fn plan_of(fx: &Fixture, set: &Set) -> Plan {
-    let (pods, pdbs) = read_set(fx, set);
-    let lookup = |ns: &str, name: &str| match request(
-        fx,
-        "GET",
-        &format!("/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"),
-        None,
-    ) {
-        (200, _) => DaemonSetLookup::Exists,
-        (404, _) => DaemonSetLookup::NotFound,
-        (code, v) => DaemonSetLookup::Failed(format!("{code}: {}", v["message"])),
-    };
-    Plan::new(&pods, &pdbs, &set.opts, now(), &lookup)
+    read_plan(&fx.client("admin"), &set.node, &set.opts, now()).unwrap()
 }
 
 fn predicted(plan: &Plan) -> Outcome {
