@@ -799,7 +799,7 @@ impl std::fmt::Display for Plan {
 }
 
 /// Reads the drain of `node` from the API through `client` and decides
-/// it: the pods bound to the node (all namespaces, `fieldSelector
+/// it: the Node (it must exist, as for kubectl), the pods bound to it (all namespaces, `fieldSelector
 /// spec.nodeName`, as kubectl lists them), the budgets of their namespaces
 /// and each DaemonSet [`decide`] asks about. Errors name the request; a
 /// [`super::Error`] stays reachable by `downcast_ref` (unreachable API,
@@ -811,6 +811,9 @@ pub fn read_plan(
     now: i64,
 ) -> anyhow::Result<Plan> {
     use anyhow::Context as _;
+    client
+        .get(&super::path("v1", None, "nodes", Some(node)))
+        .with_context(|| format!("reading node {node}"))?;
     let field = format!("spec.nodeName={node}");
     let pods_path = super::path("v1", None, "pods", None);
     let pods: Vec<Pod> = client
