@@ -543,3 +543,56 @@ fn budgets_match_the_eviction_api(fx: &Fixture, sets: &[Set]) {
         "{blocked} blocked, {allowed} allowed"
     );
 }
+
+/// The permissions the drain's reading needs beyond the node authorizer:
+/// as the node itself (`system:node:node-a`), the Node and its pods are
+/// readable, the budgets are not (403, named); with a grant to list
+/// `poddisruptionbudgets` and get `daemonsets` the same read succeeds.
+#[test]
+fn reading_the_drain_as_the_node_needs_budgets_and_daemonsets_granted() {
+    let grants = |with: bool| {
+        let grants = if with {
+            r#"[{"subjects": [{"kind": "Group", "name": "system:nodes"}],
+                "rules": [{"verbs": ["list"], "api_groups": ["policy"], "resources": ["poddisruptionbudgets"]},
+                          {"verbs": ["get"], "api_groups": ["apps"], "resources": ["daemonsets"]}]}]"#
+        } else {
+            "[]"
+        };
+        CONFIG.replacen(
+            "\"remove_pods_after_grace\"",
+            &format!("\"grants\": {grants},\n  \"remove_pods_after_grace\""),
+            1,
+        )
+    };
+    for with in [false, true] {
+        let fx = start(&grants(with));
+        fx.node("node-a");
+        create(
+            &fx,
+            &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": "default",
+                "ownerReferences": [owner("DaemonSet", "apps/v1", "agent", Some(true))]},
+                "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x:1"}]}}),
+        );
+        let got = read_plan(
+            &fx.client("node-a"),
+            "node-a",
+            &DrainOptions::default(),
+            now(),
+        );
+        if with {
+            let plan = got.unwrap();
+            // the DaemonSet was read: gone, so the drain is refused
+            assert_eq!(
+                plan.refusals(),
+                ["cannot delete daemonsets.apps \"agent\" not found: default/agent"]
+            );
+        } else {
+            let e = format!("{:#}", got.unwrap_err());
+            assert!(
+                e.contains("listing the disruption budgets of namespace default")
+                    && e.contains("403 Forbidden"),
+                "{e}"
+            );
+        }
+    }
+}
