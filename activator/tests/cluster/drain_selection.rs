@@ -23,6 +23,7 @@ use kubeslot_activator::cluster::pods::{
     budget_check, read_plan, Action, BudgetCheck, DrainOptions, List, Plan, Pod,
     PodDisruptionBudget,
 };
+use kubeslot_activator::cluster::Client;
 use serde_json::{json, Value};
 
 use fake_apiserver::{admin_request, create_as_admin};
@@ -417,8 +418,8 @@ fn read_set(fx: &Fixture, set: &Set) -> (Vec<Pod>, Vec<PodDisruptionBudget>) {
 
 /// The plan as the activator reads it: through its own API client with
 /// the admin's kubeconfig.
-fn plan_of(fx: &Fixture, set: &Set) -> Plan {
-    read_plan(&fx.client("admin"), &set.node, &set.opts, now()).unwrap()
+fn plan_of(client: &Client, set: &Set) -> Plan {
+    read_plan(client, &set.node, &set.opts, now()).unwrap()
 }
 
 fn predicted(plan: &Plan) -> Outcome {
@@ -458,10 +459,11 @@ fn drain_selection_matches_kubectl_drain_dry_run_on_generated_pod_sets() {
     if let Some(at) = aged_since {
         std::thread::sleep(Duration::from_millis(3200).saturating_sub(at.elapsed()));
     }
+    let admin = fx.client("admin");
     let mut mismatches = Vec::new();
     let (mut refused, mut evicted, mut skipped_long) = (0, 0, 0);
     for set in &sets {
-        let plan = plan_of(&fx, set);
+        let plan = plan_of(&admin, set);
         let ours = predicted(&plan);
         let (theirs, transcript) = kubectl_drain(&fx, set);
         if ours != theirs {
@@ -504,9 +506,10 @@ fn drain_selection_matches_kubectl_drain_dry_run_on_generated_pod_sets() {
 /// budget allows zero disruptions (or is stale), 500 where several budgets
 /// select the pod, 201 otherwise.
 fn budgets_match_the_eviction_api(fx: &Fixture, sets: &[Set]) {
+    let admin = fx.client("admin");
     let (mut blocked, mut allowed, mut several) = (0, 0, 0);
     for set in sets {
-        let first = plan_of(fx, set);
+        let first = plan_of(&admin, set);
         for target in first.with(Action::Evict) {
             let (pods, pdbs) = read_set(fx, set);
             let Some(pod) = pods.iter().find(|p| p.metadata.uid == target.uid) else {
