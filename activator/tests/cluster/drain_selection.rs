@@ -13,6 +13,9 @@
 //! selector. kubectl's flags vary per set (`--force`, and mostly but not
 //! always `--ignore-daemonsets`, `--delete-emptydir-data`, and
 //! `--skip-wait-for-delete-timeout`).
+//!
+//! The seed is fixed (`KUBESLOT_DRAIN_SEED=N` tries another); a mismatch
+//! prints the set, both outcomes, kubectl's transcript and the plan.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
