@@ -17,7 +17,8 @@
 //! * [`gate`] — preflight before the flip, the health gate after it, the
 //!   diagnostics of a failed gate.
 //! * [`cluster`] — the Kubernetes API client the drain, the cluster gate
-//!   and the node's reports use (below `gate`).
+//!   and the node's reports use (below `gate`), and which pods a drain
+//!   evicts and why.
 //!
 //! The periphery:
 //!

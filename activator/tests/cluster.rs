@@ -11,6 +11,8 @@ use fake_apiserver::{admin_request, config::Config, create_as_admin};
 use kubeslot_activator::cluster::{path, Client, Kubeconfig, PatchType};
 use serde_json::{json, Value};
 
+mod drain_selection;
+
 pub struct Fixture {
     pub dir: tempfile::TempDir,
     pub srv: Arc<Server>,
