@@ -16,6 +16,9 @@
 //!   host settings).
 //! * [`gate`] — preflight before the flip, the health gate after it, the
 //!   diagnostics of a failed gate.
+//! * [`cluster`] — the Kubernetes API client the drain, the cluster gate
+//!   and the node's reports use (below `gate`), and which pods a drain
+//!   evicts and why.
 //!
 //! The periphery:
 //!
@@ -27,7 +30,7 @@
 //!   [`progress`], [`failpoint`] and, for tests, `testing`.
 //!
 //! Arrows run down: ground floor and config < fetch < slots < render <
-//! gate < host < activate < the binary's `cli` (`ci/lint/modules.py`
+//! cluster < gate < host < activate < the binary's `cli` (`ci/lint/modules.py`
 //! refuses an arrow up and a cycle).
 //!
 //! It is given a root handle (`/` in production, a temp dir in tests) and
@@ -37,6 +40,7 @@
 //! "Invariants").
 
 pub mod activate;
+pub mod cluster;
 pub mod fetch;
 pub mod gate;
 pub mod render;

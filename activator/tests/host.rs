@@ -37,6 +37,7 @@ mod adopt;
 mod boot;
 mod fetch;
 mod package;
+mod plan_drain;
 mod preflight;
 mod rollback;
 mod status;

@@ -83,7 +83,7 @@ mod resolve;
 mod rollback;
 
 pub use boot::MACHINES_TARGET;
-pub use preview::{preview, Preview};
+pub use preview::{preview, preview_drain, DrainPreview, Preview};
 pub use resolve::{disk_use, open_verified, open_verified_paced, resolve, Rendered, Resolved};
 pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview};
 

@@ -14,10 +14,12 @@ use std::path::{Component, Path, PathBuf};
 use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
 
+mod cluster;
 pub mod node;
 mod pods;
 mod registries;
 
+pub use cluster::{Cluster, ClusterGate, Drain};
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
 
@@ -81,6 +83,10 @@ pub struct Config {
     /// How a slot's tree is made (overlay of shared layers, or a copy).
     #[serde(default)]
     pub slots: Slots,
+    /// The Kubernetes API: drain before a flip, the cluster gate after
+    /// it, what the node reports (unset: none of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Cluster>,
 }
 
 /// How slot trees are made.
@@ -565,6 +571,13 @@ impl Config {
         }
         if self.download.deadline_secs == 0 {
             return Err(invalid("download.deadline_secs", "must be positive"));
+        }
+        if let Some(c) = &self.cluster {
+            c.check().map_err(|(field, reason)| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })?;
         }
         node::check(self).map_err(|e| ConfigError::Invalid {
             path: path.to_path_buf(),

@@ -53,7 +53,7 @@ pub mod host_settings;
 mod write;
 
 pub use crate::config::node::registry_mirrors;
-pub use facts::{gather, gather_with, HostFacts};
+pub use facts::{gather, gather_with, node_name_of, HostFacts};
 pub use write::{diff, save_inputs, unified, write, SECRET_CHANGED};
 
 /// The render oneshot template unit, installed by [`render`] so the drop-in
