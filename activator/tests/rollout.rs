@@ -2,22 +2,19 @@
 //! against the fixture API server over HTTPS, with the node authorizer on
 //! and only the permissions `deploy/rollout.yaml` grants: each node takes
 //! leases with its rollout identity (group `kubeslot:rollout`), as a fleet
-//! would. The calls go through [`Api`], the lease and node calls as plain
-//! REST requests (the activator's own cluster client plugs into the same
-//! traits).
+//! would, through the activator's own API client (`rollout::api`).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fake_apiserver::api::Server;
-use fake_apiserver::client::Client;
 use fake_apiserver::config::Config;
 use fake_apiserver::{admin_request, create_as_admin};
-use kubeslot_activator::rollout::halt::{FleetApi, NodeInfo, LAST_DIGEST, LAST_RESULT};
-use kubeslot_activator::rollout::lease::{
-    lease_from, Acquired, Lease, LeaseApi, LeaseError, MaxUnavailable,
-};
+use kubeslot_activator::cluster::{Client, Kubeconfig};
+use kubeslot_activator::rollout::api::ClusterApi;
+use kubeslot_activator::rollout::halt::{LAST_DIGEST, LAST_RESULT};
+use kubeslot_activator::rollout::lease::{lease_from, Acquired, Lease, LeaseError, MaxUnavailable};
 use kubeslot_activator::rollout::{admit, Admission, Settings, Waiting};
 use serde_json::{json, Value};
 
@@ -121,17 +118,15 @@ pub fn fleet(nodes: &[String], grants: Vec<Value>) -> Fleet {
 }
 
 impl Fleet {
-    /// The API as `who` (`rollout-<n>`, `node-<n>`, `admin`).
-    pub fn api(&self, who: &str) -> Api {
+    /// The activator's API client as `who` (`rollout-<n>`, `node-<n>`).
+    pub fn api(&self, who: &str) -> ClusterApi {
         let kc = self
             .dir
             .path()
             .join("pki")
             .join(format!("{who}.kubeconfig"));
-        Api {
-            c: Client::from_kubeconfig(&kc).unwrap(),
-            ns: NS.into(),
-        }
+        let kc = Kubeconfig::load(&kc, &|p: &Path| p.to_path_buf()).unwrap();
+        ClusterApi::new(Client::new(&kc, Duration::from_secs(10)).unwrap(), NS)
     }
 
     pub fn admin(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
@@ -172,95 +167,6 @@ impl Fleet {
             None,
         )
         .1
-    }
-}
-
-/// The rollout's calls as plain REST requests through the fixture's client.
-pub struct Api {
-    c: Client,
-    ns: String,
-}
-
-impl Api {
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
-        let a = self
-            .c
-            .request(method, path, "application/json", body)
-            .map_err(|e| format!("{method} {path}: {}", e.0))?;
-        Ok((a.status, a.body))
-    }
-
-    fn leases(&self) -> String {
-        format!("/apis/coordination.k8s.io/v1/namespaces/{}/leases", self.ns)
-    }
-}
-
-fn lease_answer(
-    method: &str,
-    path: &str,
-    r: Result<(u16, Value), String>,
-) -> Result<Lease, LeaseError> {
-    match r.map_err(LeaseError::Api)? {
-        (200 | 201, v) => Ok(lease_from(&v)),
-        (409, _) => Err(LeaseError::Conflict),
-        (code, v) => Err(LeaseError::Api(format!(
-            "{method} {path}: {code} {}",
-            v["message"]
-        ))),
-    }
-}
-
-impl LeaseApi for Api {
-    fn get_lease(&mut self, name: &str) -> Result<Option<Lease>, LeaseError> {
-        let path = format!("{}/{name}", self.leases());
-        match self.call("GET", &path, None).map_err(LeaseError::Api)? {
-            (404, _) => Ok(None),
-            (200, v) => Ok(Some(lease_from(&v))),
-            (code, v) => Err(LeaseError::Api(format!(
-                "GET {path}: {code} {}",
-                v["message"]
-            ))),
-        }
-    }
-    fn create_lease(&mut self, body: &Value) -> Result<Lease, LeaseError> {
-        let path = self.leases();
-        lease_answer("POST", &path, self.call("POST", &path, Some(body)))
-    }
-    fn update_lease(&mut self, name: &str, body: &Value) -> Result<Lease, LeaseError> {
-        let path = format!("{}/{name}", self.leases());
-        lease_answer("PUT", &path, self.call("PUT", &path, Some(body)))
-    }
-}
-
-impl FleetApi for Api {
-    fn list_nodes(&mut self, selector: &str) -> Result<Vec<NodeInfo>, String> {
-        let path = format!(
-            "/api/v1/nodes?labelSelector={}",
-            selector.replace('=', "%3D")
-        );
-        match self.call("GET", &path, None)? {
-            (200, v) => Ok(v["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|n| NodeInfo {
-                    name: n["metadata"]["name"].as_str().unwrap().into(),
-                    annotations: serde_json::from_value(n["metadata"]["annotations"].clone())
-                        .unwrap_or_default(),
-                })
-                .collect()),
-            (code, v) => Err(format!("{code} {}", v["message"])),
-        }
-    }
-    fn get_config_map(&mut self, name: &str) -> Result<Option<BTreeMap<String, String>>, String> {
-        let path = format!("/api/v1/namespaces/{}/configmaps/{name}", self.ns);
-        match self.call("GET", &path, None)? {
-            (404, _) => Ok(None),
-            (200, v) => Ok(Some(
-                serde_json::from_value(v["data"].clone()).unwrap_or_default(),
-            )),
-            (code, v) => Err(format!("{code} {}", v["message"])),
-        }
     }
 }
 

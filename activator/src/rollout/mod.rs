@@ -10,6 +10,7 @@
 //! ([`lease::LeaseApi`], [`halt::FleetApi`]); what a node may do there is
 //! `deploy/rollout.yaml` (docs/fleet.md).
 
+pub mod api;
 pub mod halt;
 pub mod lease;
 
