@@ -54,13 +54,13 @@ fn lease_error(e: Error) -> LeaseError {
 }
 
 impl LeaseApi for ClusterApi {
-    fn get_lease(&mut self, name: &str) -> Result<Option<Lease>, LeaseError> {
+    fn list_leases(&mut self) -> Result<Vec<Lease>, LeaseError> {
         self.count();
-        match self.client.get(&self.leases(Some(name))) {
-            Ok(v) => Ok(Some(lease_from(&v))),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(lease_error(e)),
-        }
+        let items = self
+            .client
+            .list(&self.leases(None), &[])
+            .map_err(lease_error)?;
+        Ok(items.iter().map(lease_from).collect())
     }
 
     fn create_lease(&mut self, body: &Value) -> Result<Lease, LeaseError> {

@@ -60,10 +60,14 @@ impl fmt::Display for LeaseError {
 
 impl std::error::Error for LeaseError {}
 
-/// The three calls the limit needs, in one namespace.
+/// The calls the limit needs, in one namespace: list, create, update.
 pub trait LeaseApi {
-    /// `None` for a 404.
-    fn get_lease(&mut self, name: &str) -> Result<Option<Lease>, LeaseError>;
+    /// Every Lease in the namespace (one request: a waiting node's poll).
+    fn list_leases(&mut self) -> Result<Vec<Lease>, LeaseError>;
+    /// One lease as listed (after a conflict); `None` when it is gone.
+    fn get_lease(&mut self, name: &str) -> Result<Option<Lease>, LeaseError> {
+        Ok(self.list_leases()?.into_iter().find(|l| l.name == name))
+    }
     /// POST; [`LeaseError::Conflict`] for 409 AlreadyExists.
     fn create_lease(&mut self, body: &Value) -> Result<Lease, LeaseError>;
     /// PUT with the body's `resourceVersion`; [`LeaseError::Conflict`] for 409.
@@ -189,14 +193,20 @@ impl Limit {
         })
     }
 
-    /// Tries each lease once, from this node's place: takes the first free,
+    /// Lists the leases (one request), then tries each that is not held by
+    /// a live node once, from this node's place: takes the first free,
     /// expired or already its own; otherwise says who holds them.
     pub fn acquire(&self, api: &mut dyn LeaseApi, now_us: i64) -> Result<Acquired, LeaseError> {
         let n = self.slots.max(1);
+        let mut listed: std::collections::BTreeMap<String, Lease> = api
+            .list_leases()?
+            .into_iter()
+            .map(|l| (l.name.clone(), l))
+            .collect();
         let mut held = Vec::new();
         for k in 0..n {
             let name = self.name((self.start() + k) % n);
-            let Some(lease) = api.get_lease(&name)? else {
+            let Some(lease) = listed.remove(&name) else {
                 match api.create_lease(&self.body(&name, None, now_us, now_us, 0)) {
                     Ok(l) => return Ok(Acquired::Got(l)),
                     Err(LeaseError::Conflict) => continue,
