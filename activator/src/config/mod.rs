@@ -17,9 +17,13 @@ use serde::{Deserialize, Serialize};
 pub mod node;
 mod pods;
 mod registries;
+mod rollout;
 
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
+pub use rollout::{
+    ClockTime, Follow, Rollout, SourceSettings, UtcOffset, Weekday, Window, WindowState,
+};
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
@@ -81,6 +85,16 @@ pub struct Config {
     /// How a slot's tree is made (overlay of shared layers, or a copy).
     #[serde(default)]
     pub slots: Slots,
+    /// Where the host finds releases by itself (`source.follow`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub source: SourceSettings,
+    /// When a found release may start: maintenance windows.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rollout: Rollout,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// How slot trees are made.
@@ -485,6 +499,9 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(reason) = self.source.check() {
+            return Err(invalid("source.follow", &reason));
+        }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()
                 && root
