@@ -488,7 +488,26 @@ impl Config {
                 source,
             })?;
         config.validate(path)?;
-        Ok(config)
+        Ok(config.following())
+    }
+
+    /// The config with `image` naming the followed tag (`source.follow`
+    /// by tag): in the same repository, layout or archive.
+    fn following(mut self) -> Config {
+        if let Some(Follow::Tag(tag)) = &self.source.follow {
+            self.image = match self.image {
+                ImageSource::Registry(r) => ImageSource::Registry(r.with_tag(tag)),
+                ImageSource::Layout { dir, .. } => ImageSource::Layout {
+                    dir,
+                    tag: Some(tag.clone()),
+                },
+                ImageSource::Archive { file, .. } => ImageSource::Archive {
+                    file,
+                    tag: Some(tag.clone()),
+                },
+            };
+        }
+        self
     }
 
     /// Checks what serde cannot.
