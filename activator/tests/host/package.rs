@@ -30,7 +30,7 @@ fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
     )
     .unwrap();
     fs::write(dir.path().join("kubeslot-activator.path"), &path_unit).unwrap();
-    let out = Command::new(analyze)
+    let out = Command::new(&analyze)
         .arg("verify")
         .arg(dir.path().join("kubeslot-activator.service"))
         .arg(dir.path().join("kubeslot-activator.path"))
