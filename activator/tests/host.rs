@@ -36,6 +36,7 @@ mod activate;
 mod adopt;
 mod boot;
 mod fetch;
+mod follow;
 mod package;
 mod plan_drain;
 mod preflight;

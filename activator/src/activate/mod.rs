@@ -74,6 +74,7 @@ mod boot;
 #[cfg(test)]
 mod fixture;
 mod flip;
+pub mod follow;
 pub mod plan;
 mod prepare;
 mod preview;
@@ -152,6 +153,10 @@ pub enum ActivateError {
     Stage(#[from] StageError),
     #[error(transparent)]
     Verify(#[from] VerifyError),
+    /// A following host's release statement is missing, expired or not
+    /// trusted: the update stops, the node untouched.
+    #[error(transparent)]
+    Statement(#[from] kubeslot_image::statement::StatementError),
     #[error(transparent)]
     Source(#[from] Box<SourceError>),
     /// `rollback` refused before anything changed (see

@@ -48,6 +48,10 @@ pub struct Preview {
     /// Diffs of the host settings (sysctl, modules-load drop-ins) the next
     /// flip writes and applies (empty when they are current).
     pub host_settings: Vec<render::FileDiff>,
+    /// A following host's gates for the image found (`source.follow`, a
+    /// flip to another image): the statement, the node's place and wave,
+    /// the window; or why the statement stops the update.
+    pub rollout: Option<Result<super::follow::Admission, String>>,
 }
 
 /// Decides what `activate` with `opts` would do (asking `systemd` which
@@ -75,6 +79,7 @@ pub fn preview(
             if_down: None,
             diffs: Vec::new(),
             host_settings,
+            rollout: None,
         });
     }
     let config = Config::load(config_path)?;
@@ -139,7 +144,20 @@ pub fn preview(
             .filter(|d| !d.diff.is_empty())
             .collect();
     }
+    let rollout = (config.source.follow.is_some()
+        && flip.is_some()
+        && situation.state.active_digest() != Some(resolved.digest()))
+    .then(|| {
+        super::follow::preview(
+            root,
+            &config,
+            &resolved,
+            &super::follow::node_name(&config, &facts.hostname),
+        )
+        .map_err(|e| kubeslot_image::error_chain(&e))
+    });
     Ok(Preview {
+        rollout,
         state,
         image: Some(config.image.to_string()),
         decision: plan::decide(&situation),

@@ -215,6 +215,11 @@ fn to_json(p: &Preview) -> serde_json::Value {
         "files": p.diffs.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
         "host_settings": p.host_settings.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
     });
+    match &p.rollout {
+        Some(Ok(a)) => v["rollout"] = serde_json::json!(a),
+        Some(Err(e)) => v["rollout"] = serde_json::json!({ "refused": e }),
+        None => {}
+    }
     match &p.decision {
         Decision::UpToDate { slot, digest } => {
             v["action"] = "none".into();
@@ -252,6 +257,11 @@ fn to_text(p: &Preview) -> String {
     };
     if let Decision::Refused(reason) = &p.decision {
         s += &format!("activate would exit {}\n", reason.exit_code());
+    }
+    match &p.rollout {
+        Some(Ok(a)) => s += &a.to_text(),
+        Some(Err(e)) => s += &format!("  refused by source.follow: {e}\n"),
+        None => {}
     }
     if let Some(note) = unchecked_note(p) {
         s += &note;

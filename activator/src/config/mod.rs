@@ -18,10 +18,14 @@ mod cluster;
 pub mod node;
 mod pods;
 mod registries;
+mod rollout;
 
 pub use cluster::{Cluster, ClusterGate, Drain};
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
+pub use rollout::{
+    ClockTime, Follow, Rollout, SourceSettings, UtcOffset, Weekday, Window, WindowState,
+};
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
@@ -87,6 +91,16 @@ pub struct Config {
     /// it, what the node reports (unset: none of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<Cluster>,
+    /// Where the host finds releases by itself (`source.follow`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub source: SourceSettings,
+    /// When a found release may start: maintenance windows.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rollout: Rollout,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// How slot trees are made.
@@ -480,7 +494,26 @@ impl Config {
                 source,
             })?;
         config.validate(path)?;
-        Ok(config)
+        Ok(config.following())
+    }
+
+    /// The config with `image` naming the followed tag (`source.follow`
+    /// by tag): in the same repository, layout or archive.
+    fn following(mut self) -> Config {
+        if let Some(Follow::Tag(tag)) = &self.source.follow {
+            self.image = match self.image {
+                ImageSource::Registry(r) => ImageSource::Registry(r.with_tag(tag)),
+                ImageSource::Layout { dir, .. } => ImageSource::Layout {
+                    dir,
+                    tag: Some(tag.clone()),
+                },
+                ImageSource::Archive { file, .. } => ImageSource::Archive {
+                    file,
+                    tag: Some(tag.clone()),
+                },
+            };
+        }
+        self
     }
 
     /// Checks what serde cannot.
@@ -491,6 +524,9 @@ impl Config {
             reason: reason.to_string(),
         };
         self.validate_kubelet(path)?;
+        if let Some(reason) = self.source.check() {
+            return Err(invalid("source.follow", &reason));
+        }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()
                 && root
