@@ -245,8 +245,13 @@ fn node(
         };
         let now = now_us();
         {
-            let killed = sh.killed.lock().unwrap();
-            if let Some((_, at)) = killed.iter().find(|(l, at)| *l == lease.name && *at < now) {
+            // the first holder after a killed one: the lease recovered
+            let mut killed = sh.killed.lock().unwrap();
+            if let Some(i) = killed
+                .iter()
+                .position(|(l, at)| *l == lease.name && *at < now)
+            {
+                let (_, at) = killed.remove(i);
                 sh.recovery_us.fetch_max(now - at, Ordering::SeqCst);
             }
         }

@@ -427,3 +427,28 @@ fn acquire_tries_every_lease_once_when_all_are_held() {
     who.sort();
     assert_eq!(who, ["n000", "n001"]);
 }
+
+/// The renewer keeps a lease held past its duration while the node works,
+/// and stopping it hands back the lease to release; without renewals the
+/// same wait lets another node take over.
+#[test]
+fn the_renewer_keeps_the_lease_while_the_node_works() {
+    use kubeslot_activator::rollout::{now_us, Renewer};
+    let nodes = names(2);
+    let f = fleet(&nodes, manifest_grants());
+    let mut s = Settings::new(NS, MaxUnavailable::Count(1));
+    s.lease_duration_s = 1;
+    let limit = s.limit("n000", 0);
+    let l = lease_of(start(&f, &s, "n000", now_us()).unwrap());
+    let renewer = Renewer::start(Box::new(f.api("rollout-n000")), limit.clone(), l);
+    std::thread::sleep(Duration::from_millis(1600));
+    let other = start(&f, &s, "n001", now_us()).unwrap();
+    assert!(matches!(other, Admission::Wait(_)), "{other:?}");
+    let l = renewer.stop().unwrap();
+    assert!(l.renew_us > NOW);
+    // silent for longer than the duration: taken over
+    std::thread::sleep(Duration::from_millis(1200));
+    lease_of(start(&f, &s, "n001", now_us()).unwrap());
+    limit.release(&mut f.api("rollout-n000"), &l).unwrap();
+    assert_eq!(f.lease(&l.name)["spec"]["holderIdentity"], "n001");
+}
