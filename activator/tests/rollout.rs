@@ -452,3 +452,37 @@ fn the_renewer_keeps_the_lease_while_the_node_works() {
     limit.release(&mut f.api("rollout-n000"), &l).unwrap();
     assert_eq!(f.lease(&l.name)["spec"]["holderIdentity"], "n001");
 }
+
+/// `source.follow.annotation`: a node reads its own Node's
+/// `kubeslot.io/desired-image` with its node credentials; another node's
+/// Node is refused by the node authorizer.
+#[test]
+fn a_node_reads_its_desired_image_with_its_own_credentials() {
+    use kubeslot_activator::rollout::desired::desired_image;
+    let nodes = names(2);
+    let f = fleet(&nodes, manifest_grants());
+    let client = |who: &str| {
+        let kc = f.dir.path().join("pki").join(format!("{who}.kubeconfig"));
+        let kc = Kubeconfig::load(&kc, &|p: &Path| p.to_path_buf()).unwrap();
+        Client::new(&kc, Duration::from_secs(10)).unwrap()
+    };
+    let own = client("node-n000");
+    assert_eq!(desired_image(&own, "n000", "kubeslot.io/").unwrap(), None);
+    let (code, v) = f.admin(
+        "PATCH",
+        "/api/v1/nodes/n000",
+        Some(&json!({"metadata": {"annotations": {"kubeslot.io/desired-image": "ghcr.io/org/kubeslot/ubuntu2404:1.36.4"}}})),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        desired_image(&own, "n000", "kubeslot.io/")
+            .unwrap()
+            .as_deref(),
+        Some("ghcr.io/org/kubeslot/ubuntu2404:1.36.4")
+    );
+    let err = desired_image(&client("node-n001"), "n000", "kubeslot.io/").unwrap_err();
+    assert!(
+        err.starts_with("reading kubeslot.io/desired-image of Node n000: ") && err.contains("403"),
+        "{err}"
+    );
+}

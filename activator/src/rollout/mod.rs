@@ -11,6 +11,7 @@
 //! `deploy/rollout.yaml` (docs/fleet.md).
 
 pub mod api;
+pub mod desired;
 pub mod halt;
 pub mod lease;
 
