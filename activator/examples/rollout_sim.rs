@@ -6,7 +6,11 @@
 //! flip and gate are a sleep of FLIP_MS.
 //!
 //!   rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K]
+//!               [--outage-ms O]
 //!
+//! `--outage-ms O`: the nodes reach the API server through a TCP relay;
+//! once half of them are done, the relay drops every connection and
+//! refuses new ones for O ms (an API server restarting).
 //! `--kill K`: once a quarter of the nodes are done, the next K nodes to
 //! take a lease die holding it (no renewal, no release); the report says
 //! how long until other nodes held those leases. Prints one `key: value`
@@ -69,11 +73,12 @@ struct Args {
     lease_s: i64,
     poll: Duration,
     kill: usize,
+    outage: Duration,
 }
 
 fn args() -> Args {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K]";
+    let usage = "usage: rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K] [--outage-ms O]";
     let num = |s: &str| -> u64 {
         s.parse()
             .unwrap_or_else(|_| panic!("{usage}: {s:?} is no number"))
@@ -86,6 +91,7 @@ fn args() -> Args {
         lease_s: 5,
         poll: Duration::from_millis(500),
         kill: 0,
+        outage: Duration::ZERO,
     };
     let mut i = 3;
     while i + 1 < a.len() + 1 && i < a.len() {
@@ -97,6 +103,7 @@ fn args() -> Args {
             "--lease-s" => r.lease_s = v as i64,
             "--poll-ms" => r.poll = Duration::from_millis(v),
             "--kill" => r.kill = v as usize,
+            "--outage-ms" => r.outage = Duration::from_millis(v),
             other => panic!("{usage}: unknown {other}"),
         }
         i += 2;
@@ -118,6 +125,41 @@ struct Shared {
     recovery_us: AtomicI64,
 }
 
+/// A TCP relay to `to`; while `down` is set it cuts every connection and
+/// refuses (closes) new ones.
+fn relay(
+    to: std::net::SocketAddr,
+    down: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<std::net::TcpStream>>>,
+) -> std::net::SocketAddr {
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { continue };
+            if down.load(Ordering::SeqCst) {
+                let _ = c.shutdown(Shutdown::Both);
+                continue;
+            }
+            let Ok(s) = TcpStream::connect(to) else {
+                continue;
+            };
+            open.lock().unwrap().push(c.try_clone().unwrap());
+            for (mut r, mut w) in [(c.try_clone().unwrap(), s.try_clone().unwrap()), (s, c)] {
+                let down = down.clone();
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut r, &mut w);
+                    let _ = w.shutdown(Shutdown::Both);
+                    let _ = r.shutdown(Shutdown::Both);
+                    drop(down);
+                });
+            }
+        }
+    });
+    addr
+}
+
 fn main() {
     let a = args();
     let dir = tempfile::tempdir().unwrap();
@@ -133,7 +175,7 @@ fn main() {
     });
     let config = fake_apiserver::config::Config::parse(&config.to_string(), "sim").unwrap();
     let p = fake_apiserver::prepare("127.0.0.1:0", &dir.path().join("pki"), config).unwrap();
-    let (srv, _) = fake_apiserver::spawn(p);
+    let (srv, url) = fake_apiserver::spawn(p);
     let names: Vec<String> = (0..a.nodes).map(|i| format!("sim-{i:05}")).collect();
     for n in &names {
         fake_apiserver::create_as_admin(
@@ -142,15 +184,34 @@ fn main() {
         )
         .unwrap();
     }
-    let kc = Kubeconfig::load(&dir.path().join("pki/rollout.kubeconfig"), &|p: &Path| {
+    let down = Arc::new(AtomicBool::new(false));
+    let fixture_addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
+    let open = Arc::new(Mutex::new(Vec::new()));
+    let through = relay(fixture_addr, down.clone(), open.clone());
+    let mut kc = Kubeconfig::load(&dir.path().join("pki/rollout.kubeconfig"), &|p: &Path| {
         p.to_path_buf()
     })
     .unwrap();
+    kc.server = format!("https://{through}");
     let api = ClusterApi::new(Client::new(&kc, Duration::from_secs(30)).unwrap(), NS);
     let mut settings = Settings::new(NS, MaxUnavailable::Count(a.limit));
     settings.lease_duration_s = a.lease_s;
     let shared = Arc::new(Shared::default());
     let start = Instant::now();
+    if !a.outage.is_zero() {
+        let (sh, half, outage) = (shared.clone(), a.nodes / 2, a.outage);
+        std::thread::spawn(move || {
+            while sh.done.load(Ordering::SeqCst) < half {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            down.store(true, Ordering::SeqCst);
+            for c in open.lock().unwrap().drain(..) {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+            std::thread::sleep(outage);
+            down.store(false, Ordering::SeqCst);
+        });
+    }
     let threads: Vec<_> = names
         .iter()
         .enumerate()
