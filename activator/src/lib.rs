@@ -19,6 +19,8 @@
 //! * [`cluster`] — the Kubernetes API client the drain, the cluster gate
 //!   and the node's reports use (below `gate`), and which pods a drain
 //!   evicts and why.
+//! * [`rollout`] — the fleet's cluster-wide limit (Leases), the halt and
+//!   the Node's desired image, on the `cluster` client (above `gate`).
 //!
 //! The periphery:
 //!
@@ -30,7 +32,7 @@
 //!   [`progress`], [`failpoint`] and, for tests, `testing`.
 //!
 //! Arrows run down: ground floor and config < fetch < slots < render <
-//! cluster < gate < host < activate < the binary's `cli` (`ci/lint/modules.py`
+//! cluster < gate < rollout < host < activate < the binary's `cli` (`ci/lint/modules.py`
 //! refuses an arrow up and a cycle).
 //!
 //! It is given a root handle (`/` in production, a temp dir in tests) and
