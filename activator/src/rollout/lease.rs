@@ -358,3 +358,42 @@ impl std::str::FromStr for MaxUnavailable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_times_round_trip_with_six_digits() {
+        let us = 1_796_000_000_123_456;
+        let t = micro_time(us);
+        assert_eq!(t, "2026-11-30T00:53:20.123456Z");
+        assert_eq!(parse_micro_time(&t), Some(us));
+        assert_eq!(
+            parse_micro_time("2026-11-30T00:53:20Z"),
+            Some(1_796_000_000_000_000)
+        );
+        assert_eq!(
+            parse_micro_time("2026-11-30T00:53:20.5Z"),
+            Some(1_796_000_000_500_000)
+        );
+    }
+
+    #[test]
+    fn max_unavailable_is_a_count_or_a_percentage_rounded_down_never_zero() {
+        let p = |s: &str| s.parse::<MaxUnavailable>();
+        assert_eq!(p("5"), Ok(MaxUnavailable::Count(5)));
+        assert_eq!(p("10%"), Ok(MaxUnavailable::Percent(10)));
+        for bad in ["0", "0%", "101%", "-1", "ten", ""] {
+            let e = p(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("max_unavailable {bad:?}: expected")),
+                "{e}"
+            );
+        }
+        assert_eq!(slots_for(&MaxUnavailable::Percent(10), 1000), 100);
+        assert_eq!(slots_for(&MaxUnavailable::Percent(10), 19), 1);
+        assert_eq!(slots_for(&MaxUnavailable::Percent(30), 3), 1);
+        assert_eq!(slots_for(&MaxUnavailable::Count(7), 0), 7);
+    }
+}
