@@ -16,6 +16,11 @@
 //!   host settings).
 //! * [`gate`] — preflight before the flip, the health gate after it, the
 //!   diagnostics of a failed gate.
+//! * [`cluster`] — the Kubernetes API client the drain, the cluster gate
+//!   and the node's reports use (below `gate`), and which pods a drain
+//!   evicts and why.
+//! * [`rollout`] — the fleet's cluster-wide limit (Leases), the halt and
+//!   the Node's desired image, on the `cluster` client (above `gate`).
 //!
 //! The periphery:
 //!
@@ -28,7 +33,7 @@
 //!   [`progress`], [`failpoint`] and, for tests, `testing`.
 //!
 //! Arrows run down: ground floor and config < fetch < slots < render <
-//! gate < host < activate < the binary's `cli` (`ci/lint/modules.py`
+//! cluster < gate < rollout < host < activate < the binary's `cli` (`ci/lint/modules.py`
 //! refuses an arrow up and a cycle).
 //!
 //! It is given a root handle (`/` in production, a temp dir in tests) and
@@ -38,9 +43,11 @@
 //! "Invariants").
 
 pub mod activate;
+pub mod cluster;
 pub mod fetch;
 pub mod gate;
 pub mod render;
+pub mod rollout;
 pub mod slots;
 
 pub mod host;

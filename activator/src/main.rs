@@ -14,10 +14,11 @@ enum Cli {
     Version,
     // about text: the doc comment of `cli::unpack::Args`
     Unpack(cli::unpack::Args),
-    // host side: flip, fetch, plan, status, rollback, wait, preflight, adopt,
+    // host side: flip, fetch, follow, plan, status, rollback, wait, preflight, adopt,
     // uninstall, gc, verify-layers (about text: each Args)
     Activate(cli::activate::Args),
     Fetch(cli::fetch::Args),
+    Follow(cli::follow::Args),
     Plan(cli::plan::Args),
     Status(cli::status::Args),
     Rollback(cli::rollback::Args),
@@ -36,7 +37,7 @@ fn main() {
     // The commands that fetch and unpack report progress on stderr.
     if matches!(
         cli,
-        Cli::Unpack(_) | Cli::Activate(_) | Cli::Fetch(_) | Cli::Rollback(_)
+        Cli::Unpack(_) | Cli::Activate(_) | Cli::Fetch(_) | Cli::Follow(_) | Cli::Rollback(_)
     ) {
         kubeslot_activator::progress::enable();
     }
@@ -48,6 +49,7 @@ fn main() {
         Cli::Unpack(args) => cli::unpack::run(args),
         Cli::Activate(args) => cli::activate::run(args),
         Cli::Fetch(args) => cli::fetch::run(args),
+        Cli::Follow(args) => cli::follow::run(args),
         Cli::Plan(args) => cli::plan::run(args),
         Cli::Status(args) => cli::status::run(args),
         Cli::Rollback(args) => cli::rollback::run(args),

@@ -5,6 +5,7 @@
 //! other process-wide state; the binary's own runs get theirs through
 //! `Command`).
 
+mod cluster;
 mod config_reference;
 mod differential;
 mod fetch;
@@ -14,6 +15,7 @@ mod identity;
 mod keyless;
 mod overlay;
 mod render;
+mod rollout;
 mod security;
 mod throttle;
 mod unpack;

@@ -22,6 +22,7 @@ mod registry;
 mod rootfs;
 mod sbom;
 mod sign;
+mod statement;
 mod transfer;
 
 use clap::{Parser, Subcommand};
@@ -55,6 +56,7 @@ enum Command {
     Copy(cmd::copy::CopyArgs),
     Sbom(cmd::sbom::SbomArgs),
     Diff(cmd::diff::DiffArgs),
+    Statement(cmd::statement::StatementArgs),
 }
 
 fn main() {
@@ -89,6 +91,7 @@ fn main() {
             Command::Copy(args) => cmd::copy::run(args, &global).await,
             Command::Sbom(args) => cmd::sbom::run(args, &global).await,
             Command::Diff(args) => cmd::diff::run(args, &global).await,
+            Command::Statement(args) => cmd::statement::run(args, &global).await,
         }
     });
     if let Err(e) = result {

@@ -36,7 +36,7 @@ use crate::registry::{RegistryError, RegistryOptions, Remote};
 use crate::sign::Artifact;
 
 /// The attachment kinds carried along with an image.
-pub const ATTACHMENT_KINDS: &[&str] = &["sig", "sbom"];
+pub const ATTACHMENT_KINDS: &[&str] = &["sig", "sbom", "release"];
 
 /// Why a transfer failed; every variant names the image, path or digest.
 #[derive(Debug, thiserror::Error)]

@@ -314,6 +314,24 @@ fn two_releases_go_through_build_verify_sbom_notes_and_promote() {
         assert!(all.contains(&t.to_string()), "{all:?}");
     }
     assert!(all.iter().any(|t| t.ends_with(".sig")) && all.iter().any(|t| t.ends_with(".sbom")));
+    // The release statements went with the images; the scheduled renewal
+    // re-issues latest's, keeping its waves, and reads it back.
+    let latest_hex = digests[1].trim_start_matches("sha256:").to_string();
+    assert!(
+        all.contains(&format!("sha256-{latest_hex}.release")),
+        "{all:?}"
+    );
+    let renewed = run.ok("renew.sh", &[("KUBESLOT_SIGNING_KEY", &private)]);
+    assert!(
+        renewed.contains(&format!(
+            "release statement sha256-{latest_hex}.release for "
+        )) && renewed.contains(", expires "),
+        "{renewed}"
+    );
+    assert!(
+        run.transcript.borrow().contains("(renewed: schedule kept)"),
+        "the renewal started a new schedule"
+    );
     // The annotations GitHub's variables give.
     let index: Value = serde_json::from_slice(
         &skopeo(&["inspect", "--raw", &format!("docker://{image}:latest")]).stdout,
@@ -335,7 +353,8 @@ fn two_releases_go_through_build_verify_sbom_notes_and_promote() {
     // left in TMPDIR.
     let modes = std::fs::read_to_string(run.path().join("key-modes")).unwrap();
     let lines: Vec<&str> = modes.lines().collect();
-    assert_eq!(lines.len(), 2, "{modes}");
+    // per release: `sign` and `statement issue`; then the renewal's
+    assert_eq!(lines.len(), 5, "{modes}");
     for l in lines {
         let (mode, path) = l.split_once(' ').unwrap();
         assert_eq!(mode, "600", "{l}");

@@ -8,6 +8,7 @@
 #   debian-base.sh     --packages base-files (the minbase alone)
 #   fetch.sh           --rootfs SMALL
 #   fleet.sh           --hosts 5 --image-mb 1 (every topology)
+#   rollout.sh         --nodes 40 --limit 4 --flip-ms 200 (2 holders killed, 1 s outage)
 #   unpack.sh          --rootfs SMALL
 #   update.sh          --rootfs SMALL 1 (a 1 MB Kubernetes layer)
 # SMALL is a ~14 MB slice of the tests' Debian rootfs (ci/lib/debian-rootfs.sh
@@ -35,7 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
 
-all=(activator-size build debian-base fetch fleet unpack update)
+all=(activator-size build debian-base fetch fleet rollout unpack update)
 # Every bench has a smoke size: a script added under ci/bench/ without one
 # fails here.
 for f in ci/bench/*.sh; do
@@ -134,6 +135,7 @@ bench() {
     debian-base) cmd=(ci/bench/debian-base.sh --packages base-files) ;;
     fetch) cmd=(ci/bench/fetch.sh --rootfs "$small") ;;
     fleet) needs_lock=1 cmd=(ci/bench/fleet.sh --hosts 5 --image-mb 1) ;;
+    rollout) cmd=(ci/bench/rollout.sh --nodes 40 --limit 4 --flip-ms 200 --lease-s 2 --poll-ms 100 --kill 2 --outage-ms 1000) ;;
     unpack) cmd=(env BENCH_DIR="$work/unpack" ci/bench/unpack.sh --rootfs "$small") ;;
     update) needs_lock=1 cmd=(ci/bench/update.sh --rootfs "$small" 1) ;;
   esac

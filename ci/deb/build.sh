@@ -73,7 +73,8 @@ doc=$pkg/usr/share/doc/kubeslot-activator
 install -d -m 0755 "$pkg/usr/bin"
 strip --strip-all -o "$pkg/usr/bin/kubeslot-activator" "$binary"
 chmod 0755 "$pkg/usr/bin/kubeslot-activator"
-for unit in kubeslot-activator.service kubeslot-activator.path; do
+for unit in kubeslot-activator.service kubeslot-activator.path \
+  kubeslot-activator-follow.service kubeslot-activator-follow.timer; do
   install -D -m 0644 "$REPO/activator/units/$unit" "$pkg/usr/lib/systemd/system/$unit"
 done
 install -D -m 0644 "$REPO/activator/dist/activator.example.json" "$doc/examples/activator.json"

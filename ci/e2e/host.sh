@@ -22,6 +22,8 @@ install_deb() {
   outer dpkg -i /var/tmp/kubeslot-activator.deb >"$WORK/logs/dpkg-install.log" 2>&1 ||
     { cat "$WORK/logs/dpkg-install.log" >&2; die "dpkg -i of the activator package failed"; }
   outer systemctl disable --now --quiet kubeslot-activator.path
+  # the follow scenarios start follow runs themselves
+  outer systemctl disable --now --quiet kubeslot-activator-follow.timer
   log "installed $(basename "$DEB") in the outer host"
 }
 
@@ -86,6 +88,7 @@ scenario_deb_install() {
   local f
   for f in /usr/bin/kubeslot-activator /usr/lib/systemd/system/kubeslot-activator.service \
     /usr/lib/systemd/system/kubeslot-activator.path \
+    /usr/lib/systemd/system/kubeslot-activator-follow.timer \
     /usr/share/doc/kubeslot-activator/examples/activator.json /usr/share/doc/kubeslot-activator/README.Debian; do
     check "package installed $f" test -f "$OUTER$f" || return 1
   done
@@ -93,8 +96,10 @@ scenario_deb_install() {
   check "kubeslot-activator.path started on install" outer systemctl is-active --quiet kubeslot-activator.path || return 1
   check "kubeslot-activator.service enabled on install (runs at boot)" unit_enabled kubeslot-activator.service || return 1
   check "no activation without a config" bash -c "[ \"\$(nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl show kubeslot-activator.service -p ExecMainStartTimestampMonotonic --value)\" = 0 ]" || return 1
+  check "kubeslot-activator-follow.timer enabled on install" unit_enabled kubeslot-activator-follow.timer || return 1
   # back to the harness's convention: the scenarios start activations
   outer systemctl disable --now --quiet kubeslot-activator.path
+  outer systemctl disable --now --quiet kubeslot-activator-follow.timer
 }
 
 # unbounded_kube1: kube1 as unbounded-agent leaves a host (seed-unbounded.md

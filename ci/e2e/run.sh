@@ -50,6 +50,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/proxy.sh"
 # shellcheck source=ci/e2e/keyless.sh
 . "$REPO/ci/e2e/keyless.sh"
+# shellcheck source=ci/e2e/follow.sh
+. "$REPO/ci/e2e/follow.sh"
 # shellcheck source=ci/e2e/security.sh
 . "$REPO/ci/e2e/security.sh"
 # shellcheck source=ci/e2e/api.sh
@@ -304,6 +306,9 @@ SCENARIOS=(
   gpu_setup
   gpu_cdi_injection
   gpu_setup_failure_rolls_back
+  follow_tag_updates
+  expired_statement_refused
+  window_closed_waits
 )
 
 # What the copy-mode pass of ci/test.sh leaves out: scenarios whose outcome
@@ -336,6 +341,8 @@ SLOT_INDEPENDENT=(
   adopt_refuses_untrusted_kubelet_flags
   # checks inside a running node
   cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
+  # a following host that waits for its window touches no slot
+  window_closed_waits
 )
 
 SCENARIO_PID=""

@@ -53,7 +53,11 @@ LAYERS = {
         ("fetch", {"fetch"}),
         ("slots", {"slots"}),
         ("render", {"render"}),
+        # the Kubernetes API client (issue 38): the drain, the cluster gate
+        # and the node's reports (gate, activate) stand on it
+        ("cluster", {"cluster"}),
         ("gate", {"gate"}),
+        ("rollout", {"rollout"}),
         ("host", {"host"}),
         ("activate", {"activate"}),
         ("cli", {"cli"}),

@@ -112,6 +112,11 @@ fi
 
 log "sign oci:$WORK/layout:$TAG as $IDENTITY"
 kb sign --key "$signing_key" --identity "$IDENTITY" "oci:$WORK/layout:$TAG" >&2
+# The release statement (expires; renew.sh re-issues it on the workflow's
+# schedule) rides with the image into the archive and the registry.
+log "release statement for oci:$WORK/layout:$TAG (valid ${KUBESLOT_STATEMENT_HOURS:-168} h)"
+kb statement issue --key "$signing_key" --identity "$IDENTITY" \
+  --valid-hours "${KUBESLOT_STATEMENT_HOURS:-168}" "oci:$WORK/layout:$TAG" >&2
 rm -f "$signing_key"
 
 key=$(trusted_key)

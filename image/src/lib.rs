@@ -23,6 +23,7 @@ pub mod registry;
 pub mod retry;
 pub mod signature;
 pub mod source;
+pub mod statement;
 pub mod time;
 pub mod unpack;
 pub mod verify;

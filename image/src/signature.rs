@@ -174,6 +174,12 @@ impl TrustedKeys {
         self.keys.is_empty()
     }
 
+    /// Whether one signature (base64 DER) over `bytes` is by a trusted key
+    /// (for other signed documents: release statements).
+    pub fn accepts_signature(&self, bytes: &[u8], signature_b64: &str) -> bool {
+        self.accepts(bytes, signature_b64)
+    }
+
     /// Checks one signature (base64 DER) over `payload` bytes.
     fn accepts(&self, payload: &[u8], signature_b64: &str) -> bool {
         let Ok(der) = base64::engine::general_purpose::STANDARD.decode(signature_b64.trim()) else {

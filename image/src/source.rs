@@ -567,7 +567,13 @@ impl Source {
 
     /// The cosign `.sig` artifact attached to `digest`, if there is one.
     pub fn signature(&self, digest: &Digest) -> Result<Option<Manifest>, SourceError> {
-        let tag = digest.attachment_tag("sig");
+        self.attachment(digest, "sig")
+    }
+
+    /// The artifact tagged `sha256-<hex>.<kind>` (`sig`; `release`, a
+    /// release statement), if there is one.
+    pub fn attachment(&self, digest: &Digest, kind: &str) -> Result<Option<Manifest>, SourceError> {
+        let tag = digest.attachment_tag(kind);
         let bytes = match self {
             Source::Registry { client, image, .. } => {
                 match client
@@ -586,7 +592,7 @@ impl Source {
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             self.doc_err(
                 *digest,
-                format!("signature artifact {tag}: invalid manifest: {e}"),
+                format!("{kind} artifact {tag}: invalid manifest: {e}"),
             )
         })
     }

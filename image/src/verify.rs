@@ -134,6 +134,11 @@ impl Policy {
     }
 
     /// The identity signatures must name, when one is required.
+    /// The trusted public keys (release statements are checked with them).
+    pub fn keys(&self) -> &TrustedKeys {
+        &self.keys
+    }
+
     pub fn identity(&self) -> Option<&Identity> {
         self.identity.as_ref()
     }

@@ -232,3 +232,36 @@ pub fn bundle_archive(
     write_archive(dir, out);
     built.index
 }
+
+/// Stores `statement` as the `sha256-<hex>.release` entry of its digest,
+/// signed by `signer`, as `kubeslot-builder statement issue` does
+/// (replacing one there). Returns the tag.
+pub fn issue_statement(
+    layout: &Layout,
+    statement: &kubeslot_image::statement::Statement,
+    signer: &SigningKey,
+) -> String {
+    use kubeslot_image::statement::{ATTACHMENT_KIND, MEDIA_TYPE_STATEMENT};
+    let bytes = statement.to_bytes();
+    let pd = layout.blobs().put_bytes(&bytes).unwrap();
+    let sig: Signature = signer.sign(&bytes);
+    let mut layer = Descriptor::new(MEDIA_TYPE_STATEMENT, pd, bytes.len() as u64);
+    layer.annotations.insert(
+        ANNOTATION_COSIGN_SIGNATURE.into(),
+        base64::engine::general_purpose::STANDARD.encode(sig.to_der().as_bytes()),
+    );
+    let cd = layout.blobs().put_bytes(b"{}").unwrap();
+    let m = Manifest {
+        schema_version: 2,
+        media_type: Some(MEDIA_TYPE_MANIFEST.into()),
+        artifact_type: None,
+        config: Descriptor::new(MEDIA_TYPE_CONFIG, cd, 2),
+        layers: vec![layer],
+        subject: None,
+        annotations: Default::default(),
+    };
+    let (md, ms) = put_json(layout, &m);
+    let tag = statement.digest.attachment_tag(ATTACHMENT_KIND);
+    tag_entry(layout, &tag, Descriptor::new(MEDIA_TYPE_MANIFEST, md, ms));
+    tag
+}

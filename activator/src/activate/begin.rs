@@ -158,6 +158,23 @@ pub(super) fn begin(
         }
         Decision::Flip(f) => f,
     };
+    // A following host takes another image only through the gates; the
+    // running image (a re-render) never meets them.
+    if config.source.follow.is_some() && state.active_digest() != Some(digest) {
+        let admission = super::follow::admit(
+            root,
+            &config,
+            &resolved,
+            &super::follow::node_name(&config, &facts.hostname),
+        )?;
+        let waiting = admission.waiting.is_some();
+        report.rollout = Some(admission);
+        if waiting {
+            report.slot = state.active;
+            report.outcome = Some(Outcome::Waiting);
+            return Ok(None);
+        }
+    }
     report.slot = Some(flip.to);
     Ok(Some(Begun {
         situation,

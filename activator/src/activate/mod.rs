@@ -74,6 +74,7 @@ mod boot;
 #[cfg(test)]
 mod fixture;
 mod flip;
+pub mod follow;
 pub mod plan;
 mod prepare;
 mod preview;
@@ -83,7 +84,7 @@ mod resolve;
 mod rollback;
 
 pub use boot::MACHINES_TARGET;
-pub use preview::{preview, Preview};
+pub use preview::{preview, preview_drain, DrainPreview, Preview};
 pub use resolve::{disk_use, open_verified, open_verified_paced, resolve, Rendered, Resolved};
 pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview};
 
@@ -152,6 +153,10 @@ pub enum ActivateError {
     Stage(#[from] StageError),
     #[error(transparent)]
     Verify(#[from] VerifyError),
+    /// A following host's release statement is missing, expired or not
+    /// trusted: the update stops, the node untouched.
+    #[error(transparent)]
+    Statement(#[from] kubeslot_image::statement::StatementError),
     #[error(transparent)]
     Source(#[from] Box<SourceError>),
     /// `rollback` refused before anything changed (see

@@ -10,9 +10,12 @@
 //! read-only: the host settings the flip writes and applies first count
 //! as applied.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::activate::plan::{self, Command, Committed, Decision, Situation};
+use crate::cluster::pods::{self, DrainOptions, Plan};
+use crate::cluster::{Client, Kubeconfig};
 use crate::config::Config;
 use crate::gate::health::{Check, Failure};
 use crate::gate::preflight;
@@ -45,6 +48,10 @@ pub struct Preview {
     /// Diffs of the host settings (sysctl, modules-load drop-ins) the next
     /// flip writes and applies (empty when they are current).
     pub host_settings: Vec<render::FileDiff>,
+    /// A following host's gates for the image found (`source.follow`, a
+    /// flip to another image): the statement, the node's place and wave,
+    /// the window; or why the statement stops the update.
+    pub rollout: Option<Result<super::follow::Admission, String>>,
 }
 
 /// Decides what `activate` with `opts` would do (asking `systemd` which
@@ -72,6 +79,7 @@ pub fn preview(
             if_down: None,
             diffs: Vec::new(),
             host_settings,
+            rollout: None,
         });
     }
     let config = Config::load(config_path)?;
@@ -136,7 +144,20 @@ pub fn preview(
             .filter(|d| !d.diff.is_empty())
             .collect();
     }
+    let rollout = (config.source.follow.is_some()
+        && flip.is_some()
+        && situation.state.active_digest() != Some(resolved.digest()))
+    .then(|| {
+        super::follow::preview(
+            root,
+            &config,
+            &resolved,
+            &super::follow::node_name(&config, &facts.hostname),
+        )
+        .map_err(|e| kubeslot_image::error_chain(&e))
+    });
     Ok(Preview {
+        rollout,
         state,
         image: Some(config.image.to_string()),
         decision: plan::decide(&situation),
@@ -144,6 +165,55 @@ pub fn preview(
         situation: Some(situation),
         diffs,
         host_settings,
+    })
+}
+
+/// The drain a flip (or a rollback) does before it stops the running
+/// machine, as the cluster stands now: which pods it would evict, which it
+/// skips and why, and which budgets allow zero disruptions.
+pub struct DrainPreview {
+    /// The Node drained.
+    pub node: String,
+    /// The kubeconfig the cluster was read with.
+    pub kubeconfig: PathBuf,
+    pub plan: Plan,
+}
+
+/// Reads the drain of this host's Node (`node`, else the config's
+/// `kubelet.node_name`, else the host name) through `kubeconfig`, with
+/// `kubectl drain --ignore-daemonsets --delete-emptydir-data`'s choices;
+/// reads only (pods, budgets, DaemonSets). Errors name the kubeconfig and
+/// the request that failed.
+pub fn preview_drain(
+    root: &Root,
+    config_path: &Path,
+    kubeconfig: &Path,
+    node: Option<&str>,
+) -> anyhow::Result<DrainPreview> {
+    use anyhow::Context as _;
+    let node = match node {
+        Some(n) => n.to_string(),
+        None => {
+            let config = Config::load(config_path)?;
+            render::node_name_of(root, &config)?
+        }
+    };
+    let kc = Kubeconfig::load(kubeconfig, &|p: &Path| p.to_path_buf())?;
+    let client = Client::new(&kc, Duration::from_secs(30))?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let plan =
+        pods::read_plan(&client, &node, &DrainOptions::default(), now).with_context(|| {
+            format!(
+                "the drain of node {node} (kubeconfig {})",
+                kubeconfig.display()
+            )
+        })?;
+    Ok(DrainPreview {
+        node,
+        kubeconfig: kubeconfig.to_path_buf(),
+        plan,
     })
 }
 

@@ -54,6 +54,9 @@ pub enum Outcome {
     RolledBack,
     /// The run failed before touching any machine, or could not recover.
     Failed,
+    /// A following host found a release it may not take yet (its wave or
+    /// the maintenance window is not open): `rollout` says until when.
+    Waiting,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +160,10 @@ pub struct Report {
     /// again. Absent when the run sent no request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_requests: Option<Traffic>,
+    /// A following host's gates for the image found: its release
+    /// statement, the node's wave and the maintenance window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::activate::follow::Admission>,
     /// The boot the run happened in (`/proc/sys/kernel/random/boot_id`):
     /// `wait --provisioned` waits for a commit of this boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +202,7 @@ impl Report {
             slot_mode: None,
             gc: None,
             registry_requests: None,
+            rollout: None,
             boot_id: None,
             datapoints: Datapoints::default(),
             diagnostics: None,
@@ -302,6 +310,9 @@ impl Report {
         }
         if let Some(sl) = self.slot {
             s += &format!("  slot: {sl}\n");
+        }
+        if let Some(r) = &self.rollout {
+            s += &r.to_text();
         }
         if let Some(r) = &self.recovered {
             s += &format!("  recovered: {r}\n");

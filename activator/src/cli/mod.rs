@@ -5,6 +5,7 @@
 pub mod activate;
 pub mod adopt;
 pub mod fetch;
+pub mod follow;
 pub mod gc;
 pub mod plan;
 pub mod preflight;

@@ -7,7 +7,11 @@
 //! the same decision as `rollback`'s).
 
 use kubeslot_activator::activate::plan::{Decision, Reason};
-use kubeslot_activator::activate::{self, Options, Preview, RollbackOptions, RollbackPreview};
+use std::path::PathBuf;
+
+use kubeslot_activator::activate::{
+    self, DrainPreview, Options, Preview, RollbackOptions, RollbackPreview,
+};
 use kubeslot_activator::systemd::SystemCtl;
 
 use super::HostArgs;
@@ -46,24 +50,59 @@ pub struct Args {
     /// With --rollback: plan as `rollback --clean` would.
     #[arg(long, requires = "rollback")]
     pub clean: bool,
+    /// Also show the drain the flip does first, read from the cluster with
+    /// this kubeconfig: the pods it would evict, those it skips and why
+    /// (as `kubectl drain --ignore-daemonsets --delete-emptydir-data`),
+    /// and the disruption budgets that allow zero disruptions now. Reads
+    /// pods, budgets and DaemonSets; changes nothing.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: the Node to drain. Default: the config's
+    /// kubelet.node_name, else the host name.
+    #[arg(long, value_name = "NAME", requires = "kubeconfig")]
+    pub node: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let drain = match &args.kubeconfig {
+        Some(kc) => Some(
+            activate::preview_drain(
+                &args.host.root(),
+                &args.host.config_path(),
+                kc,
+                args.node.as_deref(),
+            )
+            .map_err(|e| super::Failed {
+                code: 1,
+                message: format!("{e:#}"),
+            })?,
+        ),
+        None => None,
+    };
     if args.rollback {
         let opts = RollbackOptions {
             clean: args.clean,
             force: false,
         };
-        return show_rollback(&args.host, &opts, args.json);
+        return show_rollback(&args.host, &opts, args.json, drain.as_ref());
     }
     let opts = Options {
         force: args.force,
         ..Options::default()
     };
-    show(&args.host, &opts, args.json)
+    show_with(&args.host, &opts, args.json, drain.as_ref())
 }
 
 pub fn show(host: &HostArgs, opts: &Options, json: bool) -> anyhow::Result<()> {
+    show_with(host, opts, json, None)
+}
+
+fn show_with(
+    host: &HostArgs,
+    opts: &Options,
+    json: bool,
+    drain: Option<&DrainPreview>,
+) -> anyhow::Result<()> {
     let p =
         activate::preview(&host.root(), &host.config_path(), &SystemCtl, opts).map_err(|e| {
             let code = e.exit_code();
@@ -72,15 +111,28 @@ pub fn show(host: &HostArgs, opts: &Options, json: bool) -> anyhow::Result<()> {
                 message: kubeslot_image::error_chain(&e),
             }
         })?;
+    let flips = matches!(p.decision, Decision::Flip(_));
     if json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&p))?);
+        let mut v = to_json(&p);
+        if let Some(d) = drain {
+            v["drain"] = drain_json(d, flips);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", to_text(&p));
+        if let Some(d) = drain {
+            print!("{}", drain_text(d, flips.then_some("flip")));
+        }
     }
     Ok(())
 }
 
-fn show_rollback(host: &HostArgs, opts: &RollbackOptions, json: bool) -> anyhow::Result<()> {
+fn show_rollback(
+    host: &HostArgs,
+    opts: &RollbackOptions,
+    json: bool,
+    drain: Option<&DrainPreview>,
+) -> anyhow::Result<()> {
     let p = activate::preview_rollback(&host.root(), &SystemCtl, opts).map_err(|e| {
         let code = e.exit_code();
         super::Failed {
@@ -88,10 +140,18 @@ fn show_rollback(host: &HostArgs, opts: &RollbackOptions, json: bool) -> anyhow:
             message: kubeslot_image::error_chain(&e),
         }
     })?;
+    let flips = p.decision.is_ok();
     if json {
-        println!("{}", serde_json::to_string_pretty(&rollback_json(&p))?);
+        let mut v = rollback_json(&p);
+        if let Some(d) = drain {
+            v["drain"] = drain_json(d, flips);
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", rollback_text(&p));
+        if let Some(d) = drain {
+            print!("{}", drain_text(d, flips.then_some("rollback")));
+        }
     }
     match p.exit_code() {
         0 => Ok(()),
@@ -155,6 +215,11 @@ fn to_json(p: &Preview) -> serde_json::Value {
         "files": p.diffs.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
         "host_settings": p.host_settings.iter().map(|d| serde_json::json!({"path": d.path, "diff": d.diff})).collect::<Vec<_>>(),
     });
+    match &p.rollout {
+        Some(Ok(a)) => v["rollout"] = serde_json::json!(a),
+        Some(Err(e)) => v["rollout"] = serde_json::json!({ "refused": e }),
+        None => {}
+    }
     match &p.decision {
         Decision::UpToDate { slot, digest } => {
             v["action"] = "none".into();
@@ -192,6 +257,11 @@ fn to_text(p: &Preview) -> String {
     };
     if let Decision::Refused(reason) = &p.decision {
         s += &format!("activate would exit {}\n", reason.exit_code());
+    }
+    match &p.rollout {
+        Some(Ok(a)) => s += &a.to_text(),
+        Some(Err(e)) => s += &format!("  refused by source.follow: {e}\n"),
+        None => {}
     }
     if let Some(note) = unchecked_note(p) {
         s += &note;
@@ -242,4 +312,34 @@ fn unchecked_note(p: &Preview) -> Option<String> {
         other => format!("{other}"),
     };
     Some(format!("{first}; if it does not come up: {then}\n"))
+}
+
+/// The drain as text: a header naming the node and whether the planned
+/// run drains (`run`: "flip", "rollback"), then a line per pod.
+fn drain_text(d: &DrainPreview, run: Option<&str>) -> String {
+    let when = match run {
+        Some(run) => format!("before the {run}"),
+        None => "if a flip ran now (none is planned)".into(),
+    };
+    format!(
+        "drain of node {} {when}, as kubectl drain --ignore-daemonsets --delete-emptydir-data (kubeconfig {}):\n{}",
+        d.node,
+        d.kubeconfig.display(),
+        d.plan
+    )
+}
+
+fn drain_json(d: &DrainPreview, planned: bool) -> serde_json::Value {
+    let plan = &d.plan;
+    serde_json::json!({
+        "node": d.node,
+        "kubeconfig": d.kubeconfig,
+        "planned": planned,
+        "options": plan.options,
+        "evict": plan.evictions().iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect::<Vec<_>>(),
+        "refusals": plan.refusals(),
+        "warnings": plan.warnings(),
+        "blocking_budgets": plan.blocking_budgets(),
+        "pods": plan.pods,
+    })
 }

@@ -14,14 +14,20 @@ use std::path::{Component, Path, PathBuf};
 use kubeslot_image::reference::ImageSource;
 use serde::{Deserialize, Serialize};
 
+mod cluster;
 pub mod node;
 mod pods;
 mod proxy;
 mod registries;
+mod rollout;
 
+pub use cluster::{Cluster, ClusterGate, Drain};
 pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 pub use proxy::ProxyConfig;
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
+pub use rollout::{
+    ClockTime, Follow, Rollout, SourceSettings, UtcOffset, Weekday, Window, WindowState,
+};
 
 /// The default config path on a host (relative to the root handle).
 pub const DEFAULT_PATH: &str = "etc/kubeslot/activator.json";
@@ -91,6 +97,20 @@ pub struct Config {
     /// and the node's containerd and kubelet get it as their environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyConfig>,
+    /// The Kubernetes API: drain before a flip, the cluster gate after
+    /// it, what the node reports (unset: none of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Cluster>,
+    /// Where the host finds releases by itself (`source.follow`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub source: SourceSettings,
+    /// When a found release may start: maintenance windows.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rollout: Rollout,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 fn default_kvm() -> bool {
@@ -502,7 +522,26 @@ impl Config {
                 source,
             })?;
         config.validate(path)?;
-        Ok(config)
+        Ok(config.following())
+    }
+
+    /// The config with `image` naming the followed tag (`source.follow`
+    /// by tag): in the same repository, layout or archive.
+    fn following(mut self) -> Config {
+        if let Some(Follow::Tag(tag)) = &self.source.follow {
+            self.image = match self.image {
+                ImageSource::Registry(r) => ImageSource::Registry(r.with_tag(tag)),
+                ImageSource::Layout { dir, .. } => ImageSource::Layout {
+                    dir,
+                    tag: Some(tag.clone()),
+                },
+                ImageSource::Archive { file, .. } => ImageSource::Archive {
+                    file,
+                    tag: Some(tag.clone()),
+                },
+            };
+        }
+        self
     }
 
     /// Checks what serde cannot.
@@ -519,6 +558,9 @@ impl Config {
                 field,
                 reason,
             })?;
+        }
+        if let Some(reason) = self.source.check() {
+            return Err(invalid("source.follow", &reason));
         }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()
@@ -607,6 +649,13 @@ impl Config {
         }
         if self.download.deadline_secs == 0 {
             return Err(invalid("download.deadline_secs", "must be positive"));
+        }
+        if let Some(c) = &self.cluster {
+            c.check().map_err(|(field, reason)| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })?;
         }
         node::check(self).map_err(|e| ConfigError::Invalid {
             path: path.to_path_buf(),

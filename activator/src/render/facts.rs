@@ -185,6 +185,15 @@ fn read_registry_cas(
     Ok(out)
 }
 
+/// The name of this host's Node: `kubelet.node_name`, else the host name
+/// (lowercased, as the kubelet registers it).
+pub fn node_name_of(root: &Root, config: &Config) -> Result<String, RenderError> {
+    match &config.kubelet.node_name {
+        Some(name) => Ok(name.clone()),
+        None => Ok(read_hostname(root)?.to_lowercase()),
+    }
+}
+
 fn read_hostname(root: &Root) -> Result<String, RenderError> {
     let candidates = [root.etc_hostname(), root.kernel_hostname()];
     for p in &candidates {

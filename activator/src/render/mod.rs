@@ -54,7 +54,7 @@ pub mod proxy;
 mod write;
 
 pub use crate::config::node::registry_mirrors;
-pub use facts::{gather, gather_with, HostFacts};
+pub use facts::{gather, gather_with, node_name_of, HostFacts};
 pub use write::{diff, save_inputs, unified, write, SECRET_CHANGED};
 
 /// The render oneshot template unit, installed by [`render`] so the drop-in

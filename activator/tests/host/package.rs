@@ -30,7 +30,7 @@ fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
     )
     .unwrap();
     fs::write(dir.path().join("kubeslot-activator.path"), &path_unit).unwrap();
-    let out = Command::new(analyze)
+    let out = Command::new(&analyze)
         .arg("verify")
         .arg(dir.path().join("kubeslot-activator.service"))
         .arg(dir.path().join("kubeslot-activator.path"))
@@ -39,6 +39,30 @@ fn shipped_units_run_the_installed_binary_and_pass_systemd_analyze() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("kubeslot-activator.service:"), "{text}");
+
+    // the follow timer: `follow` at a random moment of each hour
+    let follow = fs::read_to_string(units.join("kubeslot-activator-follow.service")).unwrap();
+    let timer = fs::read_to_string(units.join("kubeslot-activator-follow.timer")).unwrap();
+    assert!(
+        follow.contains(&format!("ExecStart={bin} follow\n")),
+        "{follow}"
+    );
+    assert!(timer.contains("RandomizedDelaySec="), "{timer}");
+    fs::write(
+        dir.path().join("kubeslot-activator-follow.service"),
+        follow.replace(bin, env!("CARGO_BIN_EXE_kubeslot-activator")),
+    )
+    .unwrap();
+    fs::write(dir.path().join("kubeslot-activator-follow.timer"), &timer).unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(dir.path().join("kubeslot-activator-follow.service"))
+        .arg(dir.path().join("kubeslot-activator-follow.timer"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("kubeslot-activator-follow"), "{text}");
 }
 
 /// What `ci/deb/build.sh` runs.

@@ -13,6 +13,7 @@ pub mod lock;
 pub mod push;
 pub mod sbom;
 pub mod sign;
+pub mod statement;
 
 use std::path::PathBuf;
 

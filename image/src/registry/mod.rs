@@ -39,6 +39,13 @@ pub use proxy::{bypassed as no_proxy_bypasses, ProxySettings};
 
 pub use challenge::{parse_challenge, Challenge};
 
+/// The registry client's TLS provider (suites, curves, signature checks;
+/// no private keys), for other HTTPS clients of the activator to start
+/// from: the cluster client adds its key provider for client certificates.
+pub fn tls_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    tls::provider()
+}
+
 use crate::digest::Digest;
 use crate::layout::MAX_DOCUMENT_BYTES;
 use crate::oci::{

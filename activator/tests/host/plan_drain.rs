@@ -1,0 +1,121 @@
+//! `plan --kubeconfig`: the drain the flip does first, read from the
+//! fixture API server with the admin's kubeconfig: evicted, skipped and
+//! refusing pods with why, the budget that allows zero disruptions, in
+//! text and JSON; a refused drain; a missing Node.
+
+use serde_json::json;
+
+use super::*;
+use crate::cluster::{start, CONFIG};
+
+#[test]
+fn plan_shows_the_drain_its_skips_and_the_blocking_budget() {
+    let img = images();
+    let h = Host::new(&img);
+    let fx = start(CONFIG);
+    fx.node("node-a");
+    let owner = |kind: &str, name: &str| json!([{"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": format!("u-{name}"), "controller": true}]);
+    for (name, owners, annotations) in [
+        ("web-1", owner("ReplicaSet", "web"), json!({})),
+        ("agent-1", owner("DaemonSet", "agent"), json!({})),
+        (
+            "static-1",
+            json!([]),
+            json!({"kubernetes.io/config.mirror": "abc"}),
+        ),
+    ] {
+        fx.create(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": name},
+                "ownerReferences": owners, "annotations": annotations},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x:1"}]}}));
+    }
+    fx.create(json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "agent-1"}}, "template": {"metadata": {"labels": {"app": "agent-1"}},
+            "spec": {"containers": [{"name": "c", "image": "x:1"}]}}}}));
+    fx.set_ready("web-1");
+    fx.create(
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web-1"}}}}),
+    );
+    let kc = fx.kubeconfig("admin");
+    let kc = kc.to_str().unwrap();
+
+    let (code, out, err) = h.cmd(&["plan", "--kubeconfig", kc]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("flip to kube1 ({})", img.v1)),
+        "{out}"
+    );
+    let drain = out
+        .split_once("drain of node node-a before the flip")
+        .unwrap_or_else(|| panic!("{out}"))
+        .1;
+    let lines: Vec<&str> = drain.lines().skip(1).collect();
+    assert_eq!(
+        lines,
+        [
+            "  skip default/agent-1: DaemonSet agent",
+            "  skip default/static-1: mirror pod of a static pod",
+            "  evict default/web-1: its controller replaces it; blocked: budget web allows zero disruptions (needs 1 healthy pods, has 1)",
+            "  budgets allowing zero disruptions now: default/web",
+        ],
+        "{out}"
+    );
+
+    let (code, out, err) = h.cmd(&["plan", "--kubeconfig", kc, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let d = &v["drain"];
+    assert_eq!(d["node"], "node-a");
+    assert_eq!(d["planned"], true);
+    assert_eq!(d["evict"], json!(["default/web-1"]));
+    assert_eq!(d["blocking_budgets"], json!(["default/web"]));
+    assert_eq!(d["refusals"], json!([]));
+    assert_eq!(
+        d["warnings"],
+        json!(["ignoring DaemonSet-managed Pods: default/agent-1"])
+    );
+    let reasons: Vec<(String, String)> = d["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["action"].as_str().unwrap().to_string(),
+                p["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("skip".to_string(), "daemon-set".to_string()),
+            ("skip".into(), "mirror".into()),
+            ("evict".into(), "controlled".into())
+        ]
+    );
+    assert_eq!(d["pods"][2]["budget"]["budget"], "blocks");
+
+    // a pod without a controller refuses the whole drain, as kubectl does
+    fx.pod("bare", "node-a", json!({}));
+    let (code, out, err) = h.cmd(&["plan", "--kubeconfig", kc]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("  refuse default/bare: no controller: nothing recreates it\n"),
+        "{out}"
+    );
+    assert!(out.contains("  (evict) default/web-1"), "{out}");
+    assert!(
+        out.contains("  the drain is refused: cannot delete Pods that declare no controller (use --force to override): default/bare\n"),
+        "{out}"
+    );
+
+    // a Node the cluster does not have: plan fails naming it
+    let (code, _, err) = h.cmd(&["plan", "--kubeconfig", kc, "--node", "node-x"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("the drain of node node-x") && err.contains("nodes \"node-x\" not found"),
+        "{err}"
+    );
+}

@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# REF_vN/DIGEST_vN are assigned by images.sh (printf -v), sourced first by run.sh.
+# shellcheck disable=SC2154
+# The following host's scenarios (source.follow by tag, issue 39), sourced
+# by ci/e2e/run.sh: the tag `stable` in the e2e repository is moved to a
+# release, its release statement issued with `kubeslot-builder statement
+# issue` (the images' key), and `kubeslot-activator follow` (what the
+# packaged timer runs) takes it, refuses it, or waits. Each picks as its
+# release v1 or v2, whichever is not running, and the config allows a
+# downgrade, so they run after any scenario that leaves a node up.
+
+# follow_target: the release (v1 or v2) the running node does not run.
+follow_target() {
+  local file
+  file=$(status_json) || return 1
+  if jq -e --arg d "${PLATFORM_DIGEST[$DIGEST_v2]:-$DIGEST_v2}" --arg i "$DIGEST_v2" \
+    '.state.slots[.state.active].digest as $a | $a == $d or $a == $i' "$file" >/dev/null; then
+    echo v1
+  else
+    echo v2
+  fi
+}
+
+# publish_stable VERSION HOURS: the tag `stable` moved to VERSION, with a
+# release statement valid HOURS (0: expired at once) whose one wave opens now.
+publish_stable() {
+  push_one "oci:$IMAGE_LAYOUT:$1" "$REGISTRY/$IMAGE_REPO:stable"
+  "$BUILDER" statement issue --key "$WORK/keys/e2e.key" --identity "$REGISTRY/$IMAGE_REPO" \
+    --valid-hours "$2" --schedule 0:100 --new-schedule "$REGISTRY/$IMAGE_REPO:stable" \
+    >>"$WORK/logs/statement.log" 2>&1 ||
+    { cat "$WORK/logs/statement.log" >&2; fail "kubeslot-builder statement issue"; return 1; }
+  log "  stable -> $1, statement valid $2 h"
+}
+
+# write_follow_config [ROLLOUT_JSON]: the e2e config following `stable`.
+write_follow_config() {
+  local rollout=${1:-'{}'}
+  config_json "$REF_v1" /etc/kubeslot/trust/e2e.pub |
+    jq --argjson rollout "$rollout" '.source = {follow: {tag: "stable"}}
+      | .trust.allow_downgrade = true | .rollout = $rollout' >"$OUTER$CONFIG_IN_OUTER.tmp"
+  mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
+}
+
+# A new signed tag with its statement: the timer's run takes it through
+# the flip and the gate.
+scenario_follow_tag_updates() {
+  local before target v digest
+  before=$(running_machine) || return 1
+  target=$(other_machine "$before")
+  v=$(follow_target) || return 1
+  publish_stable "$v" 168 || return 1
+  write_follow_config
+  act follow || { show_log; log_report; fail "follow exited non-zero"; return 1; }
+  log_report
+  check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" committed || return 1
+  digest=DIGEST_$v
+  expect_status "$target" "${!digest}" || return 1
+  check "the report shows the statement" test -n "$(jq -r '.rollout.statement_expires // empty' "$(report_file)")"
+}
+
+# The same with an expired statement: nothing changes and the run says why;
+# a rollback and a restart of the committed node (as at boot) still work.
+scenario_expired_statement_refused() {
+  local before v rc=0 m
+  before=$(node_snapshot) || return 1
+  v=$(follow_target) || return 1
+  publish_stable "$v" 0 || return 1
+  write_follow_config
+  act follow || rc=$?
+  [ $rc != 0 ] || { show_log; fail "follow took a release under an expired statement"; return 1; }
+  log "  refused (exit $rc): $(act_error)"
+  check "the error says the statement expired" grep -q 'release statement expired at .* (a mirror may be frozen)' <<<"$(act_error)" || { show_log; return 1; }
+  check "the report says so too" grep -q 'expired at' <<<"$(jq -r .error "$(report_file)")" || return 1
+  expect_unchanged "$before" || return 1
+  # the committed node stopped (a host coming back): started again
+  m=$(running_machine) || return 1
+  outer systemctl stop "systemd-nspawn@$m.service"
+  act follow || true
+  check "the committed node is started although the statement expired" machine_wait_healthy "$m" 30 || { show_log; return 1; }
+  # and a rollback does not look at statements
+  act rollback || { show_log; log_report; fail "rollback under an expired statement"; return 1; }
+  check_eq "machine after the rollback" "$(running_machine)" "$(other_machine "$m")"
+}
+
+# A release outside the maintenance window waits: the run ends "waiting"
+# (exit 0), nothing changes, plan and status say until when.
+scenario_window_closed_waits() {
+  local before v open close rollout
+  before=$(node_snapshot) || return 1
+  v=$(follow_target) || return 1
+  publish_stable "$v" 168 || return 1
+  # a one-hour window that opens in two hours (UTC)
+  open=$((($(date -u +%s) + 7200) / 60 % 1440))
+  close=$(((open + 60) % 1440))
+  rollout=$(jq -nc --arg s "$(printf '%02d:%02d' $((open / 60)) $((open % 60)))" \
+    --arg e "$(printf '%02d:%02d' $((close / 60)) $((close % 60)))" \
+    '{windows: [{start: $s, end: $e, utc_offset: "+00:00"}]}')
+  write_follow_config "$rollout"
+  act follow || { show_log; fail "a closed window is a wait, not a failure"; return 1; }
+  check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" waiting || return 1
+  check "the report says why" grep -q 'outside the maintenance windows' <<<"$(jq -r .rollout.waiting "$(report_file)")" || return 1
+  check "status says it waits" grep -q 'waiting: outside the maintenance windows' <<<"$(outer kubeslot-activator status)" || return 1
+  check "plan shows the window" grep -q 'window closed until' <<<"$(outer kubeslot-activator plan)" || return 1
+  expect_unchanged "$before"
+}
