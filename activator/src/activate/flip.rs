@@ -19,8 +19,37 @@ use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State
 use super::{fallback_health, load_slot_config, ActivateError, Run};
 
 impl Run<'_> {
-    /// Steps 6 and 7 for the pending flip in `state`.
+    /// Steps 6 and 7 for the pending flip in `state`, drained first when
+    /// a machine runs and the cluster is configured; the Node kubeslot
+    /// cordoned is uncordoned after the commit or the rollback.
     pub(super) fn try_flip(
+        &self,
+        state: &mut State,
+        gate: &Gate,
+        gpu_devices: &[String],
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
+        let from = state.pending.as_ref().and_then(|p| p.from);
+        if let Some(from) = from {
+            if self.running(from)? {
+                if let Err(e) = self.drain_before_stop(state, report) {
+                    // nothing was stopped: the try is not used up, the
+                    // target stays staged
+                    state.pending = None;
+                    self.save(state)?;
+                    return Err(e);
+                }
+            }
+        }
+        let result = self.flip_drained(state, gate, gpu_devices, report);
+        if state.cordoned.is_some() {
+            let line = self.uncordon_recorded(state);
+            super::drain::note(report, line);
+        }
+        result
+    }
+
+    fn flip_drained(
         &self,
         state: &mut State,
         gate: &Gate,

@@ -9,7 +9,9 @@
 //! reports to the cluster all use it; it uses only the ground floor.
 
 pub mod client;
+pub mod drain;
 pub mod kubeconfig;
+pub mod node;
 pub mod pods;
 
 pub use client::{path, Client, Error, PatchType, Status};

@@ -1,0 +1,237 @@
+//! The drain around a flip (issue 38): before the running machine stops,
+//! the Node is cordoned (recorded in the state first, so that a run killed
+//! at any point leaves the next run, or the boot's, a record to uncordon
+//! from) and its pods evicted; after the commit or the rollback, or when
+//! the drain gives up, it is uncordoned and the record cleared.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::activate::report::{DrainSummary, Report};
+use crate::cluster::drain::{self, DrainError};
+use crate::cluster::{node, pods, Client};
+use crate::config::{Cluster, Config};
+use crate::failpoint;
+use crate::progress;
+use crate::slot::Slot;
+use crate::state::{Cordoned, State};
+
+use super::{ActivateError, Run};
+
+/// The cluster as one run sees it (from the config the run flips with).
+#[derive(Clone, Debug)]
+pub(super) struct ClusterRun {
+    pub cfg: Cluster,
+    pub node: String,
+    pub kubeconfig: PathBuf,
+    /// The machine whose host files the kubeconfig's paths name.
+    pub machine: String,
+}
+
+impl ClusterRun {
+    /// `None` when the config has no `cluster` section.
+    pub(super) fn of(
+        run: &Run<'_>,
+        config: &Config,
+        machine: Slot,
+    ) -> Result<Option<ClusterRun>, ActivateError> {
+        let Some(cfg) = config.cluster.clone() else {
+            return Ok(None);
+        };
+        let node = crate::render::node_name_of(run.root, config)?;
+        let kubeconfig = node::kubeconfig_path(
+            run.root,
+            &cfg,
+            config.kubelet.exec_credential.is_some(),
+            machine.machine(),
+        );
+        Ok(Some(ClusterRun {
+            cfg,
+            node,
+            kubeconfig,
+            machine: machine.machine().to_string(),
+        }))
+    }
+
+    fn client(&self, run: &Run<'_>) -> anyhow::Result<Client> {
+        node::client(
+            run.root,
+            &self.machine,
+            &self.kubeconfig,
+            Duration::from_secs(self.cfg.request_timeout_secs),
+        )
+    }
+}
+
+impl Run<'_> {
+    /// Before the running machine stops: cordon and evict. `Ok` lets the
+    /// flip go on (drained, or undrained where the config allows it, the
+    /// report says which); an error ends the run before anything stopped,
+    /// the Node uncordoned.
+    pub(super) fn drain_before_stop(
+        &self,
+        state: &mut State,
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
+        let Some(c) = self.cluster.get().cloned().flatten() else {
+            return Ok(());
+        };
+        if !c.cfg.drain.enabled {
+            return Ok(());
+        }
+        report.phase("drain");
+        let mut summary = DrainSummary {
+            node: c.node.clone(),
+            ..DrainSummary::default()
+        };
+        let no_api = |summary: &mut DrainSummary, why: String| {
+            if c.cfg.drain.required {
+                summary.result = "unavailable".into();
+                summary.note = Some(format!(
+                    "no flip: the API is not reachable and cluster.drain.required is set: {why}"
+                ));
+                Err(ActivateError::Drain(why))
+            } else {
+                summary.result = "undrained".into();
+                summary.note = Some(format!(
+                    "flipping undrained: the API is not reachable: {why}"
+                ));
+                Ok(())
+            }
+        };
+        let client = match c.client(self) {
+            Ok(cl) => cl,
+            Err(e) => {
+                let r = no_api(&mut summary, kubeslot_image::error_chain(&*e));
+                report.drain = Some(summary);
+                return r;
+            }
+        };
+        // recorded before the cordon: a run killed after it leaves the
+        // record (an extra uncordon of a Node nobody cordoned is harmless
+        // only when kubeslot cordoned it: so the record is dropped again
+        // when the Node was cordoned already)
+        state.cordoned = Some(Cordoned {
+            node: c.node.clone(),
+            kubeconfig: c.kubeconfig.clone(),
+            machine: c.machine.clone(),
+            request_timeout_secs: c.cfg.request_timeout_secs,
+        });
+        self.save(state)?;
+        match drain::cordon(&client, &c.node) {
+            Ok(ours) => {
+                summary.cordoned = ours;
+                if !ours {
+                    state.cordoned = None;
+                    self.save(state)?;
+                }
+            }
+            Err(e) => {
+                state.cordoned = None;
+                self.save(state)?;
+                let r = if e.is_unreachable() {
+                    no_api(&mut summary, e.to_string())
+                } else {
+                    summary.result = "failed".into();
+                    Err(ActivateError::Drain(format!(
+                        "cordoning node {}: {e}",
+                        c.node
+                    )))
+                };
+                report.drain = Some(summary);
+                return r;
+            }
+        }
+        progress::line(|| format!("drain: node {} cordoned", c.node));
+        failpoint::hit("after-cordon");
+        let settings = node::drain_settings(&c.cfg);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let result = pods::read_plan(&client, &c.node, &settings.options, now)
+            .map_err(|e| DrainError::Read {
+                node: c.node.clone(),
+                message: kubeslot_image::error_chain(&*e),
+            })
+            .and_then(|plan| {
+                drain::evict(&client, &c.node, &plan, &settings, &|l| {
+                    progress::line(|| format!("drain: {l}"))
+                })
+            });
+        match result {
+            Ok(d) => {
+                summary.result = "drained".into();
+                summary.evicted = d.evicted;
+                summary.skipped = d.skipped;
+                summary.duration_ms = Some(d.duration_ms);
+                report.drain = Some(summary);
+                failpoint::hit("after-drain");
+                Ok(())
+            }
+            Err(e) => {
+                summary.result = match &e {
+                    DrainError::Blocked { stuck, .. } => {
+                        summary.stuck = stuck.clone();
+                        "blocked"
+                    }
+                    DrainError::Refused { .. } => "refused",
+                    _ => "failed",
+                }
+                .into();
+                report.drain = Some(summary);
+                // no flip: the Node takes pods again
+                let line = self.uncordon_recorded(state);
+                note(report, line);
+                Err(ActivateError::Drain(e.to_string()))
+            }
+        }
+    }
+
+    /// Uncordons the Node the state records as kubeslot's and clears the
+    /// record; a failure is the report's note and the record stays for the
+    /// next run. Returns what it did, for recovery's line.
+    pub(super) fn uncordon_recorded(&self, state: &mut State) -> Option<String> {
+        let rec = state.cordoned.clone()?;
+        let done = node::client(
+            self.root,
+            &rec.machine,
+            &rec.kubeconfig,
+            Duration::from_secs(rec.request_timeout_secs),
+        )
+        .and_then(|cl| drain::uncordon(&cl, &rec.node).map_err(anyhow::Error::new));
+        let line = match done {
+            Ok(()) => {
+                state.cordoned = None;
+                if let Err(e) = self.save(state) {
+                    format!(
+                        "uncordoned node {}, but the state could not be saved: {e}",
+                        rec.node
+                    )
+                } else {
+                    format!("uncordoned node {}", rec.node)
+                }
+            }
+            Err(e) => format!(
+                "node {} is still cordoned (kubeslot's cordon; the next run uncordons it): {}",
+                rec.node,
+                kubeslot_image::error_chain(&*e)
+            ),
+        };
+        progress::line(|| format!("drain: {line}"));
+        Some(line)
+    }
+}
+
+/// Adds `line` to the report's drain note.
+pub(super) fn note(report: &mut Report, line: Option<String>) {
+    let (Some(line), Some(d)) = (line, report.drain.as_mut()) else {
+        return;
+    };
+    d.note = Some(match d.note.take() {
+        Some(n) => format!("{n}; {line}"),
+        None => line,
+    });
+}
+
+#[cfg(test)]
+mod tests;
