@@ -24,13 +24,43 @@ impl Drop for Api {
     }
 }
 
-const FIXTURE: &str = r#"{
-  "client_certs": [{"name": "node-a", "user": "system:node:node-a", "groups": ["system:nodes"]}],
-  "grants": [{"subjects": [{"kind": "Group", "name": "system:nodes"}],
-    "rules": [{"verbs": ["list"], "api_groups": ["policy"], "resources": ["poddisruptionbudgets"]},
-              {"verbs": ["get"], "api_groups": ["apps"], "resources": ["daemonsets"]}]}],
-  "remove_pods_after_grace": false
-}"#;
+/// The fixture's config: node-a's certificate, and as grants exactly the
+/// ClusterRole `deploy/kubeslot-node.yaml` ships, bound as it binds it
+/// (the node authorizer and NodeRestriction do the rest).
+fn fixture_config() -> FixtureConfig {
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubeslot-node.yaml"),
+    )
+    .unwrap();
+    let docs: Vec<Value> = manifest
+        .split("\n---\n")
+        .map(|d| crate::cluster::kubeconfig::parse(d).unwrap())
+        .collect();
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRoleBinding")
+        .unwrap();
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let rules: Vec<Value> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| json!({"verbs": r["verbs"], "api_groups": r["apiGroups"], "resources": r["resources"]}))
+        .collect();
+    let subjects: Vec<Value> = binding["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| json!({"kind": s["kind"], "name": s["name"]}))
+        .collect();
+    let config = json!({
+        "client_certs": [{"name": "node-a", "user": "system:node:node-a", "groups": ["system:nodes"]}],
+        "grants": [{"subjects": subjects, "rules": rules}],
+        "remove_pods_after_grace": false,
+    });
+    FixtureConfig::parse(&config.to_string(), "fixture").unwrap()
+}
 
 /// The fixture with Node `node-a`, the node's kubeconfig where the kubelet
 /// leaves it (`/var/lib/kubelet` is the node state on the host), and a
@@ -38,12 +68,7 @@ const FIXTURE: &str = r#"{
 fn api(s: &Setup) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
-    let p = fake_apiserver::prepare(
-        "127.0.0.1:0",
-        &pki,
-        FixtureConfig::parse(FIXTURE, "fixture").unwrap(),
-    )
-    .unwrap();
+    let p = fake_apiserver::prepare("127.0.0.1:0", &pki, fixture_config()).unwrap();
     let (srv, url) = fake_apiserver::spawn(p);
     let node_state = s.root.node_state().join("kubelet");
     std::fs::create_dir_all(node_state.join("pki")).unwrap();
