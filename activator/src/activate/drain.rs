@@ -12,6 +12,8 @@ use crate::cluster::drain::{self, DrainError};
 use crate::cluster::{node, pods, Client};
 use crate::config::{Cluster, Config};
 use crate::failpoint;
+use crate::gate::cluster::{self as gate_cluster, ClusterGate};
+use crate::gate::health::Failure;
 use crate::progress;
 use crate::slot::Slot;
 use crate::state::{Cordoned, State};
@@ -185,6 +187,41 @@ impl Run<'_> {
                 Err(ActivateError::Drain(e.to_string()))
             }
         }
+    }
+
+    /// The cluster gate after `/healthz` and CRI passed (none without a
+    /// `cluster` section), until `deadline`: the health gate's timeout.
+    pub(super) fn cluster_gate(
+        &self,
+        slot: Slot,
+        flip_at: i64,
+        deadline: std::time::Instant,
+        interval: Duration,
+        report: &mut Report,
+    ) -> Result<(), Failure> {
+        let Some(c) = self.cluster.get().cloned().flatten() else {
+            return Ok(());
+        };
+        if c.cfg.gate.skip_node_ready && c.cfg.gate.daemonsets.is_empty() {
+            return Ok(());
+        }
+        report.phase("cluster-gate");
+        let make = || c.client(self);
+        let g = ClusterGate {
+            node: c.node.clone(),
+            node_ready: !c.cfg.gate.skip_node_ready,
+            daemonsets: c.cfg.gate.daemonsets.clone(),
+            required: c.cfg.drain.required,
+            client: &make,
+        };
+        let note = gate_cluster::wait(&g, slot.machine(), flip_at, deadline, interval)?;
+        let line = note
+            .unwrap_or_else(|| format!("the API server sees node {} Ready after the flip", c.node));
+        report.health = Some(match report.health.take() {
+            Some(h) => format!("{h}; {line}"),
+            None => line,
+        });
+        Ok(())
     }
 
     /// Uncordons the Node the state records as kubeslot's and clears the

@@ -75,6 +75,10 @@ impl Run<'_> {
         failpoint::hit("after-stop-old");
 
         report.phase("start");
+        let flip_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let gate_deadline = std::time::Instant::now() + gate.timeout;
         let started = self.systemd.start(&pending.to.unit());
         failpoint::hit("after-start-new");
         if started.is_ok() {
@@ -90,9 +94,18 @@ impl Run<'_> {
             }),
             Ok(()) => health::wait_healthy(self.systemd, pending.to, gate, gpu_devices),
         };
+        let verdict = match verdict {
+            Ok(()) => self.cluster_gate(pending.to, flip_at, gate_deadline, gate.interval, report),
+            failed => failed,
+        };
         match verdict {
             Ok(()) => {
-                report.health = gate.ownership_note();
+                // the cluster gate's line (when it ran) after the ownership note
+                let cluster = report.health.take();
+                report.health = match (gate.ownership_note(), cluster) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.or(b),
+                };
                 report.mark(Datapoint::KubeletHealthy);
                 failpoint::hit("after-health");
                 report.phase("commit");

@@ -64,6 +64,12 @@ pub enum Check {
     CriNetworkReady,
     /// A bound GPU device is not visible inside the machine.
     GpuDevices,
+    /// The API server does not see the Node `Ready` with a heartbeat newer
+    /// than the flip (the cluster gate, issue 38).
+    NodeReady,
+    /// A DaemonSet named in `cluster.gate.daemonsets` has no Ready pod on
+    /// the node.
+    DaemonSetReady,
 }
 
 impl Check {
@@ -76,6 +82,8 @@ impl Check {
             Check::CriRuntimeReady => "cri-runtime-ready",
             Check::CriNetworkReady => "cri-network-ready",
             Check::GpuDevices => "gpu-devices",
+            Check::NodeReady => "node-ready",
+            Check::DaemonSetReady => "daemonset-ready",
         }
     }
 }

@@ -16,6 +16,8 @@ struct Api {
     srv: Arc<fake_apiserver::api::Server>,
     _dir: tempfile::TempDir,
     stop: Arc<AtomicBool>,
+    /// What the kubelet played by the test reports: Ready or not.
+    ready: Arc<AtomicBool>,
 }
 
 impl Drop for Api {
@@ -91,9 +93,27 @@ fn api(s: &Setup) -> Api {
     )
     .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let (srv2, stop2) = (srv.clone(), stop.clone());
+    let ready = Arc::new(AtomicBool::new(true));
+    let (srv2, stop2, ready2) = (srv.clone(), stop.clone(), ready.clone());
     std::thread::spawn(move || {
         while !stop2.load(Ordering::Relaxed) {
+            // the node's heartbeat, as a kubelet posts its status
+            let status = if ready2.load(Ordering::Relaxed) {
+                "True"
+            } else {
+                "False"
+            };
+            admin_request(
+                &srv2,
+                "PATCH",
+                "/api/v1/nodes/node-a/status",
+                "application/strategic-merge-patch+json",
+                Some(
+                    &json!({"status": {"conditions": [{"type": "Ready", "status": status,
+                    "reason": if status == "True" { "KubeletReady" } else { "KubeletNotReady" },
+                    "lastHeartbeatTime": kubeslot_image::time::now_rfc3339()}]}}),
+                ),
+            );
             let (_, pods) = admin_request(&srv2, "GET", "/api/v1/pods", "", None);
             for p in pods["items"].as_array().into_iter().flatten() {
                 if p["metadata"]["deletionTimestamp"].is_string() {
@@ -118,6 +138,7 @@ fn api(s: &Setup) -> Api {
         srv,
         _dir: dir,
         stop,
+        ready,
     }
 }
 
@@ -326,5 +347,46 @@ fn no_api_refuses_the_flip_only_when_the_drain_is_required() {
     assert!(
         d.note.as_deref().unwrap().contains("flipping undrained"),
         "{d:?}"
+    );
+}
+
+#[test]
+fn a_node_the_api_server_never_sees_ready_rolls_back_and_is_uncordoned() {
+    let (s, fake, _) = setup("healthy", None, "off");
+    assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+    let api = api(&s);
+    with_cluster(&s, json!({}), "b");
+    api.ready.store(false, Ordering::Relaxed);
+    let r = run(&s, &fake);
+    assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");
+    let e = r.error.as_deref().unwrap();
+    assert!(
+        e.contains("health check node-ready failed") && e.contains("KubeletNotReady"),
+        "{e}"
+    );
+    let st = State::load(&s.root).unwrap();
+    assert_eq!((st.active, st.cordoned), (Some(Slot::Kube1), None));
+    assert_eq!(
+        fake.active_units().into_iter().collect::<Vec<_>>(),
+        ["systemd-nspawn@kube1.service"]
+    );
+    assert!(!api.unschedulable());
+    // Ready again: the next try (forced: the image is marked bad) commits
+    api.ready.store(true, Ordering::Relaxed);
+    let r = run_opts(
+        &s,
+        &fake,
+        Options {
+            force: true,
+            ..Options::default()
+        },
+    );
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    assert!(
+        r.health
+            .as_deref()
+            .unwrap()
+            .contains("sees node node-a Ready"),
+        "{r:?}"
     );
 }
