@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::activate::report::{DrainSummary, Report};
 use crate::cluster::drain::{self, DrainError};
+use crate::cluster::report as cluster_report;
 use crate::cluster::{node, pods, Client};
 use crate::config::{Cluster, Config};
 use crate::failpoint;
@@ -86,21 +87,8 @@ impl Run<'_> {
             node: c.node.clone(),
             ..DrainSummary::default()
         };
-        let no_api = |summary: &mut DrainSummary, why: String| {
-            if c.cfg.drain.required {
-                summary.result = "unavailable".into();
-                summary.note = Some(format!(
-                    "no flip: the API is not reachable and cluster.drain.required is set: {why}"
-                ));
-                Err(ActivateError::Drain(why))
-            } else {
-                summary.result = "undrained".into();
-                summary.note = Some(format!(
-                    "flipping undrained: the API is not reachable: {why}"
-                ));
-                Ok(())
-            }
-        };
+        let no_api =
+            |summary: &mut DrainSummary, why: String| no_api(c.cfg.drain.required, summary, why);
         let client = match c.client(self) {
             Ok(cl) => cl,
             Err(e) => {
@@ -145,6 +133,11 @@ impl Run<'_> {
             }
         }
         progress::line(|| format!("drain: node {} cordoned", c.node));
+        self.tell(Tell {
+            phase: "draining",
+            annotations: Vec::new(),
+            event: None,
+        });
         failpoint::hit("after-cordon");
         let settings = node::drain_settings(&c.cfg);
         let now = std::time::SystemTime::now()
@@ -166,6 +159,7 @@ impl Run<'_> {
                 summary.evicted = d.evicted;
                 summary.skipped = d.skipped;
                 summary.duration_ms = Some(d.duration_ms);
+                self.tell(drained_tell(&summary));
                 report.drain = Some(summary);
                 failpoint::hit("after-drain");
                 Ok(())
@@ -206,6 +200,11 @@ impl Run<'_> {
             return Ok(());
         }
         report.phase("cluster-gate");
+        self.tell(Tell {
+            phase: "gating",
+            annotations: Vec::new(),
+            event: None,
+        });
         let make = || c.client(self);
         let g = ClusterGate {
             node: c.node.clone(),
@@ -256,6 +255,170 @@ impl Run<'_> {
         };
         progress::line(|| format!("drain: {line}"));
         Some(line)
+    }
+}
+
+/// What one step tells the cluster: the phase annotation, more
+/// annotations, and an Event (`reason`, warning, message).
+pub(super) struct Tell<'a> {
+    pub phase: &'static str,
+    pub annotations: Vec<(&'a str, String)>,
+    pub event: Option<(&'static str, bool, String)>,
+}
+
+impl Run<'_> {
+    /// Annotates the Node and writes the Event, with the node's own
+    /// credentials; best effort (a failure is a progress line).
+    pub(super) fn tell(&self, t: Tell<'_>) {
+        let Some(c) = self.cluster.get().cloned().flatten() else {
+            return;
+        };
+        let client = match c.client(self) {
+            Ok(cl) => cl,
+            Err(e) => {
+                progress::line(|| format!("cluster: not told ({}): {e}", t.phase));
+                return;
+            }
+        };
+        let mut values = vec![("phase", t.phase.to_string())];
+        values.extend(t.annotations);
+        if let Err(e) =
+            cluster_report::annotate(&client, &c.node, &c.cfg.annotation_prefix, &values)
+        {
+            progress::line(|| format!("cluster: annotating node {}: {e}", c.node));
+        }
+        if let Some((reason, warning, message)) = t.event {
+            if let Err(e) = cluster_report::event(&client, &c.node, reason, warning, &message) {
+                progress::line(|| format!("cluster: event {reason}: {e}"));
+            }
+        }
+    }
+
+    /// The run's end as the cluster and the host see it: annotations and
+    /// an Event for the commit or the rollback, the metrics file.
+    pub(super) fn tell_result(
+        &self,
+        report: &Report,
+        to: Slot,
+        result: &Result<(), ActivateError>,
+    ) {
+        let Some(c) = self.cluster.get().cloned().flatten() else {
+            return;
+        };
+        let image = report.image.clone().unwrap_or_default();
+        let digest = report.digest.map(|d| d.to_string()).unwrap_or_default();
+        let (phase, res, reason, event) = match result {
+            Ok(()) => (
+                "committed",
+                "committed",
+                String::new(),
+                (
+                    "KubeslotCommit",
+                    false,
+                    format!("committed {image} ({digest}) in {to}"),
+                ),
+            ),
+            Err(e @ ActivateError::RolledBack { .. }) => (
+                "rolled-back",
+                "rolled-back",
+                e.to_string(),
+                (
+                    "KubeslotRollback",
+                    true,
+                    format!("rolled back from {image} ({digest}): {e}"),
+                ),
+            ),
+            Err(e @ ActivateError::Drain(_)) => (
+                "committed",
+                "drain-blocked",
+                e.to_string(),
+                ("KubeslotDrainBlocked", true, e.to_string()),
+            ),
+            Err(e) => (
+                "committed",
+                "failed",
+                e.to_string(),
+                ("KubeslotRollback", true, e.to_string()),
+            ),
+        };
+        let mut annotations = vec![("last-result", res.to_string()), ("last-reason", reason)];
+        if result.is_ok() {
+            annotations.extend([
+                ("image", image.clone()),
+                ("digest", digest.clone()),
+                ("slot", to.to_string()),
+            ]);
+        }
+        self.tell(Tell {
+            phase,
+            annotations,
+            event: Some(event),
+        });
+        if let Some(file) = &c.cfg.metrics_file {
+            let running = result.is_ok();
+            let m = cluster_report::Metrics {
+                digest: running.then(|| digest.clone()),
+                slot: Some(if running {
+                    to.to_string()
+                } else {
+                    c.machine.clone()
+                }),
+                image: running.then(|| image.clone()),
+                result: res.to_string(),
+                finished_unix: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                flip_downtime_ms: report
+                    .datapoints
+                    .kubelet_healthy_ms
+                    .zip(report.datapoints.staged_ms)
+                    .map(|(h, s)| h.saturating_sub(s)),
+                drain_duration_ms: report.drain.as_ref().and_then(|d| d.duration_ms),
+                evicted_pods: report.drain.as_ref().map_or(0, |d| d.evicted.len()),
+            };
+            let path = self.root.join(&file.to_string_lossy());
+            if let Err(e) = cluster_report::write_metrics(&path, &m) {
+                progress::line(|| format!("cluster: {e}"));
+            }
+        }
+    }
+}
+
+/// No API: `required` refuses the flip, else it goes on undrained.
+fn no_api(required: bool, summary: &mut DrainSummary, why: String) -> Result<(), ActivateError> {
+    if required {
+        summary.result = "unavailable".into();
+        summary.note = Some(format!(
+            "no flip: the API is not reachable and cluster.drain.required is set: {why}"
+        ));
+        Err(ActivateError::Drain(why))
+    } else {
+        summary.result = "undrained".into();
+        summary.note = Some(format!(
+            "flipping undrained: the API is not reachable: {why}"
+        ));
+        Ok(())
+    }
+}
+
+/// The Event of a finished drain.
+fn drained_tell(summary: &DrainSummary) -> Tell<'static> {
+    let evicted = if summary.evicted.is_empty() {
+        "no pods".to_string()
+    } else {
+        summary.evicted.join(", ")
+    };
+    Tell {
+        phase: "flipping",
+        annotations: Vec::new(),
+        event: Some((
+            "KubeslotDrain",
+            false,
+            format!(
+                "drained in {:.1} s: evicted {evicted}",
+                summary.duration_ms.unwrap_or(0) as f64 / 1000.0
+            ),
+        )),
     }
 }
 

@@ -33,6 +33,11 @@ impl Run<'_> {
         if let Some(from) = from {
             if self.running(from)? {
                 if let Err(e) = self.drain_before_stop(state, report) {
+                    let failed = Err(e);
+                    if let Some(p) = &state.pending {
+                        self.tell_result(report, p.to, &failed);
+                    }
+                    let Err(e) = failed else { unreachable!() };
                     // nothing was stopped: the try is not used up, the
                     // target stays staged
                     state.pending = None;
@@ -41,7 +46,22 @@ impl Run<'_> {
                 }
             }
         }
+        let to = state.pending.as_ref().map(|p| p.to);
+        if let (Some(from), Some(to)) = (from, to) {
+            self.tell(super::drain::Tell {
+                phase: "flipping",
+                annotations: Vec::new(),
+                event: Some((
+                    "KubeslotFlip",
+                    false,
+                    format!("stopping {from}, starting {to}"),
+                )),
+            });
+        }
         let result = self.flip_drained(state, gate, gpu_devices, report);
+        if let Some(to) = to {
+            self.tell_result(report, to, &result);
+        }
         if state.cordoned.is_some() {
             let line = self.uncordon_recorded(state);
             super::drain::note(report, line);

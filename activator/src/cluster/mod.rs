@@ -13,6 +13,7 @@ pub mod drain;
 pub mod kubeconfig;
 pub mod node;
 pub mod pods;
+pub mod report;
 
 pub use client::{path, Client, Error, PatchType, Status};
 pub use kubeconfig::{Credential, Kubeconfig};

@@ -216,6 +216,23 @@ fn with_cluster(s: &Setup, cluster: Value, label: &str) {
     std::fs::write(&s.config, serde_json::to_vec(&c).unwrap()).unwrap();
 }
 
+/// The Events about node-a: `(reason, message)`.
+fn events(api: &Api) -> Vec<(String, String)> {
+    let (_, list) = api.get("/api/v1/namespaces/default/events");
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == "node-a")
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap().to_string(),
+                e["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 fn pod_exists(api: &Api, name: &str) -> bool {
     api.get(&format!("/api/v1/namespaces/default/pods/{name}"))
         .0
@@ -228,9 +245,38 @@ fn a_flip_drains_first_and_uncordons_after_the_commit() {
     assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
     let api = api(&s);
     api.workload();
-    with_cluster(&s, json!({}), "b");
+    with_cluster(
+        &s,
+        json!({"metrics_file": "/var/lib/node_exporter/textfile/kubeslot.prom"}),
+        "b",
+    );
     let r = run(&s, &fake);
     assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+    // what the cluster sees
+    let a = api.get("/api/v1/nodes/node-a").1["metadata"]["annotations"].clone();
+    assert_eq!(a["kubeslot.io/phase"], "committed", "{a}");
+    assert_eq!(a["kubeslot.io/slot"], "kube2");
+    assert_eq!(a["kubeslot.io/last-result"], "committed");
+    assert_eq!(a["kubeslot.io/digest"], r.digest.unwrap().to_string());
+    assert_eq!(a["kubeslot.io/image"], r.image.clone().unwrap());
+    let mut reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();
+    reasons.sort();
+    assert_eq!(reasons, ["KubeslotCommit", "KubeslotDrain", "KubeslotFlip"]);
+    // and the host
+    let m = std::fs::read_to_string(s.root.join("var/lib/node_exporter/textfile/kubeslot.prom"))
+        .unwrap();
+    assert!(
+        m.contains(&format!(
+            "kubeslot_image_info{{digest=\"{}\",slot=\"kube2\"",
+            r.digest.unwrap()
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains("kubeslot_activations_total{result=\"committed\"} 1\n"),
+        "{m}"
+    );
+    assert!(m.contains("kubeslot_evicted_pods 1\n"), "{m}");
     let d = r.drain.as_ref().expect("a drain");
     assert_eq!(d.result, "drained", "{d:?}");
     assert_eq!(d.evicted, ["default/web-1"]);
@@ -278,6 +324,15 @@ fn a_budget_that_holds_past_the_timeout_means_no_flip_and_an_uncordoned_node() {
     );
     assert!(pod_exists(&api, "web-1"));
     assert!(!api.unschedulable());
+    let ev = events(&api);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].0, "KubeslotDrainBlocked");
+    assert!(
+        ev[0].1.contains("default/web-1 (budget default/web"),
+        "{ev:?}"
+    );
+    let a = api.get("/api/v1/nodes/node-a").1["metadata"]["annotations"].clone();
+    assert_eq!(a["kubeslot.io/last-result"], "drain-blocked", "{a}");
     let st = State::load(&s.root).unwrap();
     assert_eq!(
         (st.active, st.pending.is_none(), st.cordoned),
@@ -371,6 +426,21 @@ fn a_node_the_api_server_never_sees_ready_rolls_back_and_is_uncordoned() {
         ["systemd-nspawn@kube1.service"]
     );
     assert!(!api.unschedulable());
+    let a = api.get("/api/v1/nodes/node-a").1["metadata"]["annotations"].clone();
+    assert_eq!(a["kubeslot.io/phase"], "rolled-back", "{a}");
+    assert!(
+        a["kubeslot.io/last-reason"]
+            .as_str()
+            .unwrap()
+            .contains("node-ready"),
+        "{a}"
+    );
+    let mut reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["KubeslotDrain", "KubeslotFlip", "KubeslotRollback"]
+    );
     // Ready again: the next try (forced: the image is marked bad) commits
     api.ready.store(true, Ordering::Relaxed);
     let r = run_opts(
