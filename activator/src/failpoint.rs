@@ -28,6 +28,11 @@
 //! | `after-rollback-start` | the old machine is started again (rollback path)  |
 //! | `state-between-writes` | inside a state save: state written, sidecar not   |
 //!
+//! With a `cluster` section (issue 38) a flip from a running machine also
+//! passes, before `after-trying`, the boundaries of [`CLUSTER`]:
+//! `after-cordon` (the Node cordoned, recorded in the state) and
+//! `after-drain` (its pods evicted and gone).
+//!
 //! `fetch` passes the same boundaries up to `after-staged` (without
 //! `after-render`), and `state-between-writes` in each of its saves.
 
@@ -55,9 +60,16 @@ pub const ALL: &[&str] = &[
     "state-between-writes",
 ];
 
+/// The drain's boundaries (reached only with the cluster configured, so
+/// not in [`ALL`], which every activation passes).
+pub const CLUSTER: &[&str] = &["after-cordon", "after-drain"];
+
 /// Aborts the process if `KUBESLOT_FAILPOINT` names this boundary.
 pub fn hit(name: &'static str) {
-    debug_assert!(ALL.contains(&name), "undeclared failpoint {name}");
+    debug_assert!(
+        ALL.contains(&name) || CLUSTER.contains(&name),
+        "undeclared failpoint {name}"
+    );
     if std::env::var_os(ENV).is_some_and(|v| v == name) {
         eprintln!("kubeslot-activator: failpoint {name}: aborting");
         std::process::abort();

@@ -176,6 +176,23 @@ pub struct State {
     /// Per signing identity, the newest release committed on this host.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub releases: BTreeMap<String, Release>,
+    /// The Node kubeslot cordoned for a drain and has not uncordoned yet
+    /// (saved before the cordon): the next run, or the boot's, uncordons
+    /// it. A Node an operator cordoned is never recorded here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cordoned: Option<Cordoned>,
+}
+
+/// What uncordoning needs without the config (recovery runs before it is
+/// read): the Node, the kubeconfig and the machine whose files it names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cordoned {
+    pub node: String,
+    /// The kubeconfig as a path under the root.
+    pub kubeconfig: PathBuf,
+    pub machine: String,
+    pub request_timeout_secs: u64,
 }
 
 impl Default for State {
@@ -190,6 +207,7 @@ impl Default for State {
             pending: None,
             bad: Vec::new(),
             releases: BTreeMap::new(),
+            cordoned: None,
         }
     }
 }

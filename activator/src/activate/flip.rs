@@ -19,8 +19,57 @@ use crate::state::{FlipKind, Pending, PendingPhase, SlotState, SlotStatus, State
 use super::{fallback_health, load_slot_config, ActivateError, Run};
 
 impl Run<'_> {
-    /// Steps 6 and 7 for the pending flip in `state`.
+    /// Steps 6 and 7 for the pending flip in `state`, drained first when
+    /// a machine runs and the cluster is configured; the Node kubeslot
+    /// cordoned is uncordoned after the commit or the rollback.
     pub(super) fn try_flip(
+        &self,
+        state: &mut State,
+        gate: &Gate,
+        gpu_devices: &[String],
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
+        let from = state.pending.as_ref().and_then(|p| p.from);
+        if let Some(from) = from {
+            if self.running(from)? {
+                if let Err(e) = self.drain_before_stop(state, report) {
+                    let failed = Err(e);
+                    if let Some(p) = &state.pending {
+                        self.tell_result(report, p.to, &failed);
+                    }
+                    let Err(e) = failed else { unreachable!() };
+                    // nothing was stopped: the try is not used up, the
+                    // target stays staged
+                    state.pending = None;
+                    self.save(state)?;
+                    return Err(e);
+                }
+            }
+        }
+        let to = state.pending.as_ref().map(|p| p.to);
+        if let (Some(from), Some(to)) = (from, to) {
+            self.tell(super::drain::Tell {
+                phase: "flipping",
+                annotations: Vec::new(),
+                event: Some((
+                    "KubeslotFlip",
+                    false,
+                    format!("stopping {from}, starting {to}"),
+                )),
+            });
+        }
+        let result = self.flip_drained(state, gate, gpu_devices, report);
+        if let Some(to) = to {
+            self.tell_result(report, to, &result);
+        }
+        if state.cordoned.is_some() {
+            let line = self.uncordon_recorded(state);
+            super::drain::note(report, line);
+        }
+        result
+    }
+
+    fn flip_drained(
         &self,
         state: &mut State,
         gate: &Gate,
@@ -46,6 +95,10 @@ impl Run<'_> {
         failpoint::hit("after-stop-old");
 
         report.phase("start");
+        let flip_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let gate_deadline = std::time::Instant::now() + gate.timeout;
         let started = self.systemd.start(&pending.to.unit());
         failpoint::hit("after-start-new");
         if started.is_ok() {
@@ -61,9 +114,18 @@ impl Run<'_> {
             }),
             Ok(()) => health::wait_healthy(self.systemd, pending.to, gate, gpu_devices),
         };
+        let verdict = match verdict {
+            Ok(()) => self.cluster_gate(pending.to, flip_at, gate_deadline, gate.interval, report),
+            failed => failed,
+        };
         match verdict {
             Ok(()) => {
-                report.health = gate.ownership_note();
+                // the cluster gate's line (when it ran) after the ownership note
+                let cluster = report.health.take();
+                report.health = match (gate.ownership_note(), cluster) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.or(b),
+                };
                 report.mark(Datapoint::KubeletHealthy);
                 failpoint::hit("after-health");
                 report.phase("commit");

@@ -71,6 +71,7 @@
 
 mod begin;
 mod boot;
+mod drain;
 #[cfg(test)]
 mod fixture;
 mod flip;
@@ -184,6 +185,9 @@ pub enum ActivateError {
     NotIntact { slot: Slot, reason: String },
     #[error("host settings: {reason}")]
     HostSettings { reason: String },
+    /// The drain before the flip did not finish: nothing was stopped.
+    #[error("{0}; not flipped, the running machine is untouched")]
+    Drain(String),
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
     #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]
@@ -211,6 +215,7 @@ impl ActivateError {
             ActivateError::Refused(reason) => reason.exit_code(),
             ActivateError::Rollback(refusal) => refusal.exit_code(),
             ActivateError::Lock(LockError::Busy { .. }) => exit::BUSY,
+            ActivateError::Drain(_) => exit::DRAIN,
             ActivateError::RolledBack {
                 old_failure: None, ..
             } => exit::ROLLED_BACK,
@@ -301,6 +306,9 @@ struct Run<'a> {
     root: &'a Root,
     systemd: &'a dyn Systemd,
     pacing: OnceCell<Arc<Pacing>>,
+    /// The cluster, once the config the run flips with is read (`None`:
+    /// no `cluster` section).
+    cluster: OnceCell<Option<drain::ClusterRun>>,
 }
 
 impl<'a> Run<'a> {
@@ -309,6 +317,7 @@ impl<'a> Run<'a> {
             root,
             systemd,
             pacing: OnceCell::new(),
+            cluster: OnceCell::new(),
         }
     }
 
@@ -349,6 +358,10 @@ fn run_activate(
     // An archive's extraction (when staging did not take it) is not needed.
     drop(b.source.take());
     let gate = Gate::on_host(&b.config.health, run.root);
+    let machine = b.state.active.unwrap_or(b.flip.to);
+    let _ = run
+        .cluster
+        .set(drain::ClusterRun::of(run, &b.config, machine)?);
     run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
     // GC: what neither slot needs any more goes (the commit stands whatever

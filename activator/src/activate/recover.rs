@@ -55,6 +55,14 @@ impl Run<'_> {
                 ));
             }
         }
+        // last: after the dead run's flip is finished or undone, the Node
+        // a dead run cordoned takes pods again
+        if state.cordoned.is_some() {
+            done.extend(
+                self.uncordon_recorded(state)
+                    .map(|l| format!("a dead run's drain: {l}")),
+            );
+        }
         Ok((!done.is_empty()).then(|| done.join("; ")))
     }
 

@@ -35,6 +35,62 @@ pub mod exit {
     pub const BAD_IMAGE: i32 = 4;
     /// Another run holds the lock.
     pub const BUSY: i32 = 5;
+    /// The drain before the flip did not finish (a budget held a pod past
+    /// `cluster.drain.timeout_secs`, a pod it may not evict, or no API
+    /// with `cluster.drain.required`): no flip, the Node uncordoned.
+    pub const DRAIN: i32 = 8;
+}
+
+/// The drain of a run: the Node, what it came to, which pods went, which
+/// stayed and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainSummary {
+    pub node: String,
+    /// `drained`, `blocked`, `refused`, `failed`, `undrained` (no API,
+    /// flipped anyway), `unavailable` (no API, flip refused).
+    pub result: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evicted: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Pods still there when the drain gave up, with the budget that held
+    /// each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stuck: Vec<crate::cluster::drain::Stuck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Whether kubeslot cordoned the Node (an operator's cordon stays).
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl DrainSummary {
+    fn to_text(&self) -> String {
+        let mut s = format!("  drain of node {}: {}", self.node, self.result);
+        if let Some(ms) = self.duration_ms {
+            s += &format!(" in {:.1} s", ms as f64 / 1000.0);
+        }
+        if !self.evicted.is_empty() {
+            s += &format!("; evicted {}", self.evicted.join(", "));
+        }
+        s.push('\n');
+        for st in &self.stuck {
+            s += &format!(
+                "    still there: {}{}: {}\n",
+                st.pod,
+                st.budget
+                    .as_ref()
+                    .map_or(String::new(), |b| format!(" (budget {b})")),
+                st.why
+            );
+        }
+        if let Some(n) = &self.note {
+            s += &format!("    {n}\n");
+        }
+        s
+    }
 }
 
 /// What a run ended in.
@@ -146,6 +202,9 @@ pub struct Report {
     /// on a root whose `/proc` cannot tell), when it passed all the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<String>,
+    /// The drain before the flip (issue 38), when the cluster is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainSummary>,
     /// How the staged slot's tree was made (`overlay` or `copy`) and, when
     /// the config left it open and overlay could not be used, why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +258,7 @@ impl Report {
             host_settings: None,
             preflight: Vec::new(),
             health: None,
+            drain: None,
             slot_mode: None,
             gc: None,
             registry_requests: None,
@@ -322,6 +382,9 @@ impl Report {
         }
         if let Some(h) = &self.host_settings {
             s += &format!("  host settings: {h}\n");
+        }
+        if let Some(d) = &self.drain {
+            s += &d.to_text();
         }
         for f in &self.preflight {
             s += &format!(

@@ -135,6 +135,16 @@ pub(super) fn run_rollback(
     });
     state.save(root)?;
     failpoint::hit("after-pending");
+    // the drain's settings: the host's config (the one an operator edits),
+    // else the config the running slot was activated with
+    let cluster_config = crate::config::Config::load(&root.default_config())
+        .ok()
+        .or_else(|| load_slot_config(root, rb.from).ok());
+    if let Some(c) = cluster_config {
+        let _ = run
+            .cluster
+            .set(super::drain::ClusterRun::of(&run, &c, rb.from)?);
+    }
     run.try_flip(&mut state, &gate, &gpu, report)?;
     report.outcome = Some(Outcome::Committed);
     Ok(())

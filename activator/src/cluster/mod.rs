@@ -9,8 +9,11 @@
 //! reports to the cluster all use it; it uses only the ground floor.
 
 pub mod client;
+pub mod drain;
 pub mod kubeconfig;
+pub mod node;
 pub mod pods;
+pub mod report;
 
 pub use client::{path, Client, Error, PatchType, Status};
 pub use kubeconfig::{Credential, Kubeconfig};

@@ -73,6 +73,12 @@ pub enum Check {
     /// The NVIDIA image's `kubeslot-nvidia-setup.service` failed inside a
     /// machine with GPUs bound (libraries not linked, no CDI spec).
     GpuSetup,
+    /// The API server does not see the Node `Ready` with a heartbeat newer
+    /// than the flip (the cluster gate, issue 38).
+    NodeReady,
+    /// A DaemonSet named in `cluster.gate.daemonsets` has no Ready pod on
+    /// the node.
+    DaemonSetReady,
 }
 
 impl Check {
@@ -87,6 +93,8 @@ impl Check {
             Check::CriNetworkReady => "cri-network-ready",
             Check::GpuDevices => "gpu-devices",
             Check::GpuSetup => "gpu-setup",
+            Check::NodeReady => "node-ready",
+            Check::DaemonSetReady => "daemonset-ready",
         }
     }
 }

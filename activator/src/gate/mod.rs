@@ -7,6 +7,7 @@
 //! They check and tell; what a failure means (a refused flip, a rollback,
 //! a bad mark) is decided by [`crate::activate`].
 
+pub mod cluster;
 pub mod diagnostics;
 pub mod health;
 pub mod listener;
