@@ -5,20 +5,26 @@
 # by ci/e2e/run.sh: the tag `stable` in the e2e repository is moved to a
 # release, its release statement issued with `kubeslot-builder statement
 # issue` (the images' key), and `kubeslot-activator follow` (what the
-# packaged timer runs) takes it, refuses it, or waits. Each picks as its
-# release v1 or v2, whichever is not running, and the config allows a
+# packaged timer runs) takes it, refuses it, or waits. Each picks a release
+# that is not running and not marked bad, and the config allows a
 # downgrade, so they run after any scenario that leaves a node up.
 
-# follow_target: the release (v1 or v2) the running node does not run.
+# follow_target: a release (v1, v2, v4, v6, in that order) the running node
+# does not run and this host has not marked bad (a rollback marks the image
+# it left).
 follow_target() {
-  local file
+  local file v d
   file=$(status_json) || return 1
-  if jq -e --arg d "${PLATFORM_DIGEST[$DIGEST_v2]:-$DIGEST_v2}" --arg i "$DIGEST_v2" \
-    '.state.slots[.state.active].digest as $a | $a == $d or $a == $i' "$file" >/dev/null; then
-    echo v1
-  else
-    echo v2
-  fi
+  for v in v1 v2 v4 v6; do
+    d=DIGEST_$v
+    if ! jq -e --arg d "${PLATFORM_DIGEST[${!d}]:-${!d}}" --arg i "${!d}" \
+      '[.state.slots[.state.active].digest] + [(.state.bad // [])[].digest] | any(. == $d or . == $i)' \
+      "$file" >/dev/null; then
+      echo "$v"
+      return 0
+    fi
+  done
+  fail "every candidate release runs here or is marked bad"
 }
 
 # publish_stable VERSION HOURS: the tag `stable` moved to VERSION, with a
