@@ -176,45 +176,92 @@ pub struct DrainPreview {
     pub node: String,
     /// The kubeconfig the cluster was read with.
     pub kubeconfig: PathBuf,
-    pub plan: Plan,
+    /// The plan, or why the cluster could not be read (only when the
+    /// kubeconfig came from the config: a `--kubeconfig` that fails fails
+    /// the plan).
+    pub plan: Result<Plan, String>,
+    /// `cluster.drain.required`: an unreadable cluster refuses the flip.
+    pub required: bool,
 }
 
 /// Reads the drain of this host's Node (`node`, else the config's
-/// `kubelet.node_name`, else the host name) through `kubeconfig`, with
-/// `kubectl drain --ignore-daemonsets --delete-emptydir-data`'s choices;
-/// reads only (pods, budgets, DaemonSets). Errors name the kubeconfig and
-/// the request that failed.
+/// `kubelet.node_name`, else the host name) through `kubeconfig`, else the
+/// config's `cluster.kubeconfig` (a host path under `root`, as the files it
+/// names), with the config's `cluster.drain` knobs (`kubectl drain
+/// --ignore-daemonsets --delete-emptydir-data`'s choices without one).
+/// `None`: no kubeconfig given and none configured (no `cluster` section,
+/// `cluster.drain.enabled: false`, or the node's own kubeconfig, which
+/// only `activate` reads), or a config that does not load (the plan says
+/// why). Reads only (the Node, pods, budgets, DaemonSets); errors name the
+/// kubeconfig and the request that failed.
 pub fn preview_drain(
     root: &Root,
     config_path: &Path,
-    kubeconfig: &Path,
+    kubeconfig: Option<&Path>,
     node: Option<&str>,
-) -> anyhow::Result<DrainPreview> {
+) -> anyhow::Result<Option<DrainPreview>> {
     use anyhow::Context as _;
-    let node = match node {
-        Some(n) => n.to_string(),
-        None => {
-            let config = Config::load(config_path)?;
-            render::node_name_of(root, &config)?
+    let config = match (Config::load(config_path), kubeconfig) {
+        (Ok(c), _) => Some(c),
+        (Err(e), Some(_)) if node.is_none() => return Err(e.into()),
+        (Err(_), Some(_)) => None,
+        (Err(_), None) => return Ok(None),
+    };
+    let cluster = config.as_ref().and_then(|c| c.cluster.clone());
+    let drain = cluster
+        .as_ref()
+        .map(|c| c.drain.clone())
+        .unwrap_or_default();
+    let (kubeconfig, from_config) = match (
+        kubeconfig,
+        cluster.as_ref().and_then(|c| c.kubeconfig.as_ref()),
+    ) {
+        (Some(k), _) => (k.to_path_buf(), false),
+        (None, Some(k)) if drain.enabled => (root.join(&k.to_string_lossy()), true),
+        (None, _) => return Ok(None),
+    };
+    // a configured kubeconfig is a host file, as the files it names
+    let translate = |p: &Path| {
+        if from_config {
+            root.join(&p.to_string_lossy())
+        } else {
+            p.to_path_buf()
         }
     };
-    let kc = Kubeconfig::load(kubeconfig, &|p: &Path| p.to_path_buf())?;
-    let client = Client::new(&kc, Duration::from_secs(30))?;
+    let node = match (node, &config) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(config)) => render::node_name_of(root, config)?,
+        (None, None) => unreachable!("a config that does not load returned above"),
+    };
+    let opts = DrainOptions {
+        force: drain.force,
+        delete_emptydir_data: drain.delete_emptydir_data,
+        ..DrainOptions::default()
+    };
+    let timeout = Duration::from_secs(cluster.as_ref().map_or(30, |c| c.request_timeout_secs));
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    let plan =
-        pods::read_plan(&client, &node, &DrainOptions::default(), now).with_context(|| {
+    let read = Kubeconfig::load(&kubeconfig, &translate)
+        .and_then(|kc| Client::new(&kc, timeout))
+        .and_then(|client| pods::read_plan(&client, &node, &opts, now))
+        .with_context(|| {
             format!(
                 "the drain of node {node} (kubeconfig {})",
                 kubeconfig.display()
             )
-        })?;
-    Ok(DrainPreview {
+        });
+    let plan = match read {
+        Ok(plan) => Ok(plan),
+        Err(e) if from_config => Err(format!("{e:#}")),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(DrainPreview {
         node,
-        kubeconfig: kubeconfig.to_path_buf(),
+        kubeconfig,
         plan,
-    })
+        required: drain.required,
+    }))
 }
 
 #[cfg(test)]

@@ -50,11 +50,12 @@ pub struct Args {
     /// With --rollback: plan as `rollback --clean` would.
     #[arg(long, requires = "rollback")]
     pub clean: bool,
-    /// Also show the drain the flip does first, read from the cluster with
-    /// this kubeconfig: the pods it would evict, those it skips and why
-    /// (as `kubectl drain --ignore-daemonsets --delete-emptydir-data`),
-    /// and the disruption budgets that allow zero disruptions now. Reads
-    /// pods, budgets and DaemonSets; changes nothing.
+    /// Show the drain the flip does first, read from the cluster with this
+    /// kubeconfig (default: the config's cluster.kubeconfig): the pods it
+    /// would evict, those it skips and why (as `kubectl drain
+    /// --ignore-daemonsets --delete-emptydir-data`, with cluster.drain's
+    /// knobs), and the disruption budgets that allow zero disruptions now.
+    /// Reads the Node, pods, budgets and DaemonSets; changes nothing.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// With --kubeconfig: the Node to drain. Default: the config's
@@ -64,21 +65,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let drain = match &args.kubeconfig {
-        Some(kc) => Some(
-            activate::preview_drain(
-                &args.host.root(),
-                &args.host.config_path(),
-                kc,
-                args.node.as_deref(),
-            )
-            .map_err(|e| super::Failed {
-                code: 1,
-                message: format!("{e:#}"),
-            })?,
-        ),
-        None => None,
-    };
+    let drain = activate::preview_drain(
+        &args.host.root(),
+        &args.host.config_path(),
+        args.kubeconfig.as_deref(),
+        args.node.as_deref(),
+    )
+    .map_err(|e| super::Failed {
+        code: 1,
+        message: format!("{e:#}"),
+    })?;
     if args.rollback {
         let opts = RollbackOptions {
             clean: args.clean,
@@ -315,31 +311,60 @@ fn unchecked_note(p: &Preview) -> Option<String> {
 }
 
 /// The drain as text: a header naming the node and whether the planned
-/// run drains (`run`: "flip", "rollback"), then a line per pod.
+/// run drains (`run`: "flip", "rollback"), then a line per pod (or why the
+/// cluster could not be read, and what `activate` then does).
 fn drain_text(d: &DrainPreview, run: Option<&str>) -> String {
     let when = match run {
         Some(run) => format!("before the {run}"),
         None => "if a flip ran now (none is planned)".into(),
     };
-    format!(
-        "drain of node {} {when}, as kubectl drain --ignore-daemonsets --delete-emptydir-data (kubeconfig {}):\n{}",
+    let head = format!(
+        "drain of node {} {when} (kubeconfig {})",
         d.node,
-        d.kubeconfig.display(),
-        d.plan
-    )
+        d.kubeconfig.display()
+    );
+    match &d.plan {
+        Ok(plan) => format!(
+            "{head}, as kubectl drain --ignore-daemonsets --delete-emptydir-data{}{}:\n{plan}",
+            if plan.options.force { " --force" } else { "" },
+            if plan.options.delete_emptydir_data {
+                ""
+            } else {
+                " without --delete-emptydir-data"
+            },
+        ),
+        Err(e) => format!(
+            "{head}: the cluster cannot be read now: {e}\n  {}\n",
+            if d.required {
+                "activate would refuse the flip (cluster.drain.required)"
+            } else {
+                "activate would flip undrained (cluster.drain.required is false)"
+            }
+        ),
+    }
 }
 
 fn drain_json(d: &DrainPreview, planned: bool) -> serde_json::Value {
-    let plan = &d.plan;
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "node": d.node,
         "kubeconfig": d.kubeconfig,
         "planned": planned,
-        "options": plan.options,
-        "evict": plan.evictions().iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect::<Vec<_>>(),
-        "refusals": plan.refusals(),
-        "warnings": plan.warnings(),
-        "blocking_budgets": plan.blocking_budgets(),
-        "pods": plan.pods,
-    })
+        "required": d.required,
+    });
+    match &d.plan {
+        Ok(plan) => {
+            v["options"] = serde_json::json!(plan.options);
+            v["evict"] = serde_json::json!(plan
+                .evictions()
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .collect::<Vec<_>>());
+            v["refusals"] = serde_json::json!(plan.refusals());
+            v["warnings"] = serde_json::json!(plan.warnings());
+            v["blocking_budgets"] = serde_json::json!(plan.blocking_budgets());
+            v["pods"] = serde_json::json!(plan.pods);
+        }
+        Err(e) => v["error"] = e.clone().into(),
+    }
+    v
 }

@@ -3,6 +3,8 @@
 //! refusing pods with why, the budget that allows zero disruptions, in
 //! text and JSON; a refused drain; a missing Node.
 
+use std::path::Path;
+
 use serde_json::json;
 
 use super::*;
@@ -118,4 +120,72 @@ fn plan_shows_the_drain_its_skips_and_the_blocking_budget() {
         err.contains("the drain of node node-x") && err.contains("nodes \"node-x\" not found"),
         "{err}"
     );
+
+    // no flag: the config's cluster.kubeconfig (a host file naming host
+    // files) and its drain knobs (force: the bare pod is evicted)
+    let pki = h.root().join("etc/kubeslot/pki");
+    fs::create_dir_all(&pki).unwrap();
+    for f in ["ca.crt", "admin.crt", "admin.key"] {
+        fs::copy(fx.dir.path().join("pki").join(f), pki.join(f)).unwrap();
+    }
+    let write_kubeconfig = |name: &str, url: &str| {
+        let text = fake_apiserver::kubeconfig(
+            url,
+            Path::new("/etc/kubeslot/pki/ca.crt"),
+            Path::new("/etc/kubeslot/pki/admin.crt"),
+            Path::new("/etc/kubeslot/pki/admin.key"),
+            "kubernetes-admin",
+        );
+        fs::write(h.root().join("etc/kubeslot").join(name), text).unwrap();
+    };
+    write_kubeconfig("cluster.kubeconfig", &fx.url);
+    write_kubeconfig("gone.kubeconfig", "https://127.0.0.1:1");
+    let set_cluster = |cluster: serde_json::Value| {
+        let mut c = h.config("v1", json!({}));
+        c["cluster"] = cluster;
+        fs::write(h.config_path(), serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    };
+    set_cluster(
+        json!({"kubeconfig": "/etc/kubeslot/cluster.kubeconfig", "drain": {"force": true}}),
+    );
+    let (code, out, err) = h.cmd(&["plan"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("drain of node node-a before the flip (kubeconfig ")
+            && out
+                .contains("as kubectl drain --ignore-daemonsets --delete-emptydir-data --force:\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("  evict default/bare: no controller: nothing recreates it\n"),
+        "{out}"
+    );
+    assert!(!out.contains("refused"), "{out}");
+
+    // a configured cluster that cannot be read: the plan says what
+    // activate then does, and exits 0
+    set_cluster(
+        json!({"kubeconfig": "/etc/kubeslot/gone.kubeconfig", "drain": {"required": true}}),
+    );
+    let (code, out, err) = h.cmd(&["plan"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("the cluster cannot be read now: the drain of node node-a")
+            && out.contains("  activate would refuse the flip (cluster.drain.required)\n"),
+        "{out}"
+    );
+    let (_, out, _) = h.cmd(&["plan", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["drain"]["required"], true);
+    assert!(
+        v["drain"]["error"].as_str().unwrap().contains("no answer"),
+        "{v}"
+    );
+
+    // drain disabled: no drain shown
+    set_cluster(
+        json!({"kubeconfig": "/etc/kubeslot/cluster.kubeconfig", "drain": {"enabled": false}}),
+    );
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(!out.contains("drain of node"), "{out}");
 }
