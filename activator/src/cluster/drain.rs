@@ -199,11 +199,14 @@ pub fn evict(
         for mut g in going {
             let key = format!("{}/{}", g.namespace, g.name);
             let pod_path = path("v1", Some(&g.namespace), "pods", Some(&g.name));
+            let mut evicted_now = false;
             if !g.evicted && Instant::now() >= g.retry_at {
                 match client.create(&format!("{pod_path}/eviction"), &eviction(&g, settings)) {
                     Ok(_) => {
                         progress(&format!("evicting {key}"));
                         g.evicted = true;
+                        evicted_now = true;
+                        g.last = Some((None, "terminating".into()));
                     }
                     Err(e) if e.is_not_found() => {
                         drained.evicted.push(key);
@@ -221,7 +224,9 @@ pub fn evict(
                     Err(e) => return Err(api(format!("evicting {key}"), e)),
                 }
             }
-            if g.evicted {
+            // `present` was read before this pass's evictions: a pod
+            // evicted just now is looked for in the next read
+            if g.evicted && !evicted_now {
                 if !present.contains(&g.uid) {
                     drained.evicted.push(key);
                     continue;

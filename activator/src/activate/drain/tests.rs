@@ -412,6 +412,16 @@ fn a_node_the_api_server_never_sees_ready_rolls_back_and_is_uncordoned() {
     let api = api(&s);
     with_cluster(&s, json!({}), "b");
     api.ready.store(false, Ordering::Relaxed);
+    // the heartbeat is second-granular, as a kubelet's: the run starts
+    // once the API server has the NotReady heartbeat, not an older Ready
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while api.get("/api/v1/nodes/node-a").1["status"]["conditions"][0]["status"] != "False" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no NotReady heartbeat"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let r = run(&s, &fake);
     assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");
     let e = r.error.as_deref().unwrap();
