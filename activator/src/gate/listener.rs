@@ -137,6 +137,21 @@ pub fn listener(
     client: Option<SocketAddr>,
     machine: &str,
 ) -> Listener {
+    match holders(proc_dir, server, client, machine) {
+        // the answering process closed the connection between the read of
+        // `net/tcp` and the scan of the fds (an HTTP/1.0 server closes
+        // right after its answer): ask about the listener that accepted it
+        Listener::Nobody if client.is_some() => holders(proc_dir, server, None, machine),
+        seen => seen,
+    }
+}
+
+fn holders(
+    proc_dir: &Path,
+    server: SocketAddr,
+    client: Option<SocketAddr>,
+    machine: &str,
+) -> Listener {
     let Some(entries) = tcp_entries(proc_dir) else {
         return Listener::Unknown;
     };
