@@ -259,6 +259,10 @@ scenario_adopt_unbounded() {
 
   # uninstall takes off what is kubeslot's (kube2, rendered files, host
   # settings, state) and leaves the adopted kube1 running as it was
+  # --purge removes /etc/kubeslot too (issue 42): kept aside for the
+  # scenarios after this one, put back once the removal is seen
+  rm -rf "$WORK/etc-kubeslot.kept"
+  cp -a "$OUTER/etc/kubeslot" "$WORK/etc-kubeslot.kept"
   act uninstall --purge || { show_log; fail "uninstall --purge exited non-zero"; return 1; }
   check_eq "machines running after uninstall: the adopted node" "$(active_machines)" kube1 || return 1
   check "uninstall says it kept the adopted kube1" grep -q "kept the adopted machine kube1 (running" "$ACT_LOG" || { show_log; return 1; }
@@ -270,7 +274,9 @@ scenario_adopt_unbounded() {
     /etc/modules-load.d/kubeslot.conf /var/lib/kubeslot; do
     check "uninstall removed $p" test ! -e "$OUTER$p" || return 1
   done
-  check "uninstall kept the config" test -f "$cfg" || return 1
+  check "uninstall --purge removed the config and the trust keys" test ! -e "$OUTER/etc/kubeslot" || return 1
+  cp -a "$WORK/etc-kubeslot.kept" "$OUTER/etc/kubeslot"
+  check "the config is back for what follows" test -f "$cfg" || return 1
   # Without kubeslot's record kube1 is the agent's machine again: a second
   # uninstall refuses it (exit 3, nothing changed) until asked explicitly.
   local rc=0
