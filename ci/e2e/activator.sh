@@ -1107,7 +1107,12 @@ scenario_overlay_rollback_is_pristine() {
   check_eq "differences between kube1's image and the verified v1 ($WORK/logs/pristine-diff.txt)" "$rc" 0 || { head -20 "$WORK/logs/pristine-diff.txt" >&2; return 1; }
 
   # Back to an empty host for activate_v1.
+  # (--purge removes /etc/kubeslot too, issue 42: kept aside and put back)
+  rm -rf "$WORK/etc-kubeslot.kept"
+  cp -a "$OUTER/etc/kubeslot" "$WORK/etc-kubeslot.kept"
   act uninstall --purge || { show_log; fail "uninstall --purge exited non-zero"; return 1; }
+  check "uninstall --purge removed /etc/kubeslot" test ! -e "$OUTER/etc/kubeslot" || return 1
+  cp -a "$WORK/etc-kubeslot.kept" "$OUTER/etc/kubeslot"
   check_eq "mounts left under /var/lib/machines" "$(outer findmnt -rn -o TARGET | grep -c '^/var/lib/machines/' || true)" 0 || return 1
   check "layer store removed" outer test ! -e /var/lib/kubeslot/layers || return 1
   # uninstall disabled the package's boot-time activation; the scenarios
