@@ -405,7 +405,7 @@ scenario_gpu_setup_failure_rolls_back() {
   [ -s "$OUTER$archive" ] || { fail "no GPU image in the outer host: gpu_setup runs first"; return 1; }
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
-  [ -e "$OUTER/dev/nvidia0" ] || gpu_devices add
+  outer test -e /dev/nvidia0 || gpu_devices add
   gpu_install_driver "$GPU_DRIVER_NEW"
   config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
     jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .trust.identity = $id

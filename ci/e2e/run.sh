@@ -301,14 +301,14 @@ SCENARIOS=(
   cri_sandbox_pinned
   image_cache_survives_flip
   preloaded_pause
+  follow_tag_updates
+  expired_statement_refused
+  window_closed_waits
   airgap_archive
   keyless_verified_offline
   gpu_setup
   gpu_cdi_injection
   gpu_setup_failure_rolls_back
-  follow_tag_updates
-  expired_statement_refused
-  window_closed_waits
 )
 
 # What the copy-mode pass of ci/test.sh leaves out: scenarios whose outcome
