@@ -281,6 +281,9 @@ pub fn wait_healthy(
             Ok(true) => match probe(&gate.url, remaining(deadline)) {
                 Ok(()) => streak += 1,
                 Err(e) => {
+                    // a failed GPU setup keeps containerd, and with it the
+                    // kubelet, down for good: said at once, naming the unit
+                    gpu_setup_ok(systemd, &machine, gpu_devices)?;
                     streak = 0;
                     last = (Check::KubeletHealthz, e);
                 }
