@@ -204,6 +204,7 @@ fn rollback_text(p: &RollbackPreview) -> String {
 fn to_json(p: &Preview) -> serde_json::Value {
     let mut v = serde_json::json!({
         "image": p.image,
+        "variant": p.variant,
         "active": p.state.active,
         "pending": p.state.pending,
         "summary": p.decision.to_string(),
@@ -248,7 +249,10 @@ fn to_json(p: &Preview) -> serde_json::Value {
 
 fn to_text(p: &Preview) -> String {
     let mut s = match &p.image {
-        Some(image) => format!("image {image}\n{}\n", p.decision),
+        Some(image) => match &p.variant {
+            Some(v) => format!("image {image} ({}: {})\n{}\n", v.key, v.why, p.decision),
+            None => format!("image {image}\n{}\n", p.decision),
+        },
         None => format!("{}\n", p.decision),
     };
     if let Decision::Refused(reason) = &p.decision {

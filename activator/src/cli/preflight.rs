@@ -58,6 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         disk: Default::default(),
         swap_allowed: None,
         settings_pending: !host_settings::diff(&root).is_empty(),
+        image: None,
     };
     let mut gpu = Gpu::default();
     let mut slot_mode = None;
@@ -66,6 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             code: exit::CONFIG,
             message: error_chain(&e),
         })?;
+        // the variant this host runs (gpu_image on a GPU host)
+        let (config, _) = activate::variant::choose(&root, config);
+        inputs.image = Some(preflight::ImageChoice::of(&config));
         gpu = config.gpu.clone();
         inputs.swap_allowed = config.kubelet_allows_swap();
         slot_mode = config.slots.mode;
