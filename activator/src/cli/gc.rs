@@ -44,7 +44,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for d in &report.removed_blobs {
             println!("blob {d}");
         }
-        for p in report.removed_partials.iter().chain(&report.removed_layers) {
+        for p in report
+            .removed_partials
+            .iter()
+            .chain(&report.removed_layers)
+            .chain(&report.removed_bundles)
+        {
             println!("{}", p.display());
         }
         println!("{}", report.summary());
