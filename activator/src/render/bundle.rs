@@ -15,10 +15,17 @@
 //! and layers are all in the archive. [`list`] is the host file the
 //! node's import unit reads (`NAME DIGEST FILE` per line).
 //!
-//! The directory is bound read-only into the machine and the image's
+//! The node never sees `bundle_dir`: [`install`] (called by
+//! `render::write` before the `.nspawn` file) copies the archives into
+//! the root-only `/var/lib/kubeslot/bundles/<key>` ([`Copy`]) and verifies
+//! the copy, which is bound read-only into the machine; the image's
 //! `kubeslot-images.service` imports from it into containerd's `k8s.io`
-//! namespace before the kubelet starts. Writes nothing but a scratch
-//! directory (removed) for the archive's `index.json`.
+//! namespace before the kubelet starts. Once made, a copy that verifies
+//! is what [`verify`] checks and what every later render keeps: swapping
+//! an archive in `bundle_dir` changes nothing the node imports. [`prune`]
+//! (`gc`) removes the copies neither slot binds. [`verify`] writes
+//! nothing but a scratch directory (removed) for the archive's
+//! `index.json`.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
