@@ -55,7 +55,7 @@ impl GcReport {
     /// One line for the report and the command's text output.
     pub fn summary(&self) -> String {
         format!(
-            "{}{} blob(s), {} partial(s), {} layer dir(s), {} bundle copy(ies); {} bytes freed; {} blob(s) kept{}",
+            "{}{} blob(s), {} partial(s), {} layer dir(s){}; {} bytes freed; {} blob(s) kept{}",
             if self.dry_run {
                 "would remove "
             } else {
@@ -64,7 +64,10 @@ impl GcReport {
             self.removed_blobs.len(),
             self.removed_partials.len(),
             self.removed_layers.len(),
-            self.removed_bundles.len(),
+            match self.removed_bundles.len() {
+                0 => String::new(),
+                n => format!(", {n} bundle copy(ies)"),
+            },
             self.bytes_freed,
             self.kept_blobs,
             self.kept_all_because
