@@ -19,14 +19,6 @@ pub struct Variant {
     pub why: String,
 }
 
-/// An NVIDIA GPU on the PCI bus that is this host's: one given to virtual
-/// machines (`vfio-pci`, `pci-stub`) is not.
-pub fn host_gpu(root: &Root) -> Option<pci::PciGpu> {
-    pci::nvidia_gpus(root)
-        .into_iter()
-        .find(|g| !matches!(g.driver.as_deref(), Some("vfio-pci" | "pci-stub")))
-}
-
 /// `config` with `image` set to the variant this host runs, and which and
 /// why when the config names a `gpu_image` (`None` otherwise: `image`
 /// runs, nothing to choose).
@@ -42,7 +34,7 @@ pub fn choose(root: &Root, mut config: Config) -> (Config, Option<Variant>) {
         // the node gets no GPU: the NVIDIA variant has nothing to drive
         GpuMode::Off => return (config, Some(plain("\"gpu\" is \"off\""))),
         GpuMode::On => "\"gpu\" is \"on\"".to_string(),
-        GpuMode::Auto => match host_gpu(root) {
+        GpuMode::Auto => match pci::host_gpu(root) {
             Some(g) => format!("NVIDIA GPU {} on the PCI bus", g.address),
             None => return (config, Some(plain("no NVIDIA GPU on the PCI bus"))),
         },

@@ -82,7 +82,7 @@ pub fn image(root: &Root, gpus: &Discovery, image: Option<&ImageChoice>) -> Opti
     if gpus.setting.mode == GpuMode::Off {
         return None;
     }
-    let gpu = match crate::activate::variant::host_gpu(root) {
+    let gpu = match crate::render::gpu::pci::host_gpu(root) {
         Some(g) => format!("NVIDIA GPU {}", g.address),
         None if gpus.has_gpu() => "an NVIDIA GPU device node".to_string(),
         None => return None,
