@@ -128,6 +128,13 @@ impl Root {
             .join(format!("{machine}.tree"))
     }
 
+    /// `/var/lib/kubeslot/bundles`: the offline bundles' verified private
+    /// copies (root only), one directory per bundle list, bound read-only
+    /// into the machine instead of `images.bundle_dir`.
+    pub fn bundle_copies(&self) -> PathBuf {
+        self.state_dir().join("bundles")
+    }
+
     /// `/var/lib/kubeslot/layers`: the layer store of overlay slots, one
     /// directory per verified layer named by its diff_id's hex.
     pub fn layers_dir(&self) -> PathBuf {
@@ -513,7 +520,8 @@ pub mod machine {
     /// The egress proxy's environment for kubelet.service.
     pub const KUBELET_PROXY_DROPIN: &str =
         "/etc/systemd/system/kubelet.service.d/50-kubeslot-proxy.conf";
-    /// The offline bundle's archives (the host's `images.bundle_dir`).
+    /// The offline bundle's archives (a verified private copy of the
+    /// host's `images.bundle_dir`, `/var/lib/kubeslot/bundles/<key>`).
     pub const BUNDLE_DIR: &str = "/etc/kubeslot/bundle";
     /// The machine's private BPF filesystem.
     pub const BPFFS: &str = "/sys/fs/bpf";

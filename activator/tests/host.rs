@@ -44,6 +44,7 @@ mod rollback;
 mod status;
 mod stripped;
 mod uninstall;
+mod variant;
 
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----\n";
 

@@ -3,8 +3,9 @@
 # Offline image bundles (issue 28; docs/host/adopt.md, "Coming from the
 # unbounded agent"): container images an air-gapped host hands its node as OCI
 # archives in a host directory (the config's images.bundle_dir and
-# images.bundle), verified by the activator before the machine starts,
-# bound read-only and imported into containerd's k8s.io namespace by the
+# images.bundle), copied by the activator's render into a root-only
+# directory (/var/lib/kubeslot/bundles/<key>), verified there before the
+# machine starts, the copy bound read-only and imported into containerd's k8s.io namespace by the
 # image's kubeslot-images.service before the kubelet starts. Sourced by
 # run.sh.
 #
@@ -65,8 +66,9 @@ bundle_cgroup_layout() {
 # into the idle slot, whose kubeslot-images imported the bundle's image
 # before its kubelet started; containerd has it at the archive's digest and
 # the kubelet, finding it present, runs it as a static pod, though no
-# registry has it. A damaged
-# archive is then refused by the render, naming it, before the machine
+# registry has it. The machine binds the verified private copy: an
+# archive damaged after the render changes nothing the node imports, and
+# without a copy the render refuses it, naming it, before the machine
 # would start.
 scenario_offline_bundle_images() {
   local rc=0
@@ -123,10 +125,22 @@ EOF2
   check "the static pod printed the bundle image's line" grep -qx 'hello from the offline bundle' <<<"$out" || { echo "$out" >&2; return 1; }
   in_machine "$target" rm -f /etc/kubernetes/manifests/bundled.yaml
 
-  # damaged: the render refuses it (exit 3), naming the archive, and
-  # writes nothing
-  local archive=$OUTER/srv/kubeslot-bundle/bundled.oci.tar rc=0
+  # the node imports a verified private copy, not the live bundle_dir
+  local nspawn copy key
+  nspawn=$(outer cat "/etc/systemd/nspawn/$target.nspawn")
+  copy=$(sed -n 's|^BindReadOnly=\(/var/lib/kubeslot/bundles/[0-9a-f]*\):/etc/kubeslot/bundle$|\1|p' <<<"$nspawn")
+  check "$target binds the bundle's private copy" test -n "$copy" || { echo "$nspawn" >&2; return 1; }
+  key=${copy##*/}
+  check_eq "the copies' directory is root's alone" "$(stat -c '%U %a' "$OUTER/var/lib/kubeslot/bundles")" "root 700" || return 1
+  got=$(in_machine "$target" sha256sum /etc/kubeslot/bundle/bundled.oci.tar | cut -d' ' -f1)
+  check_eq "the node's archive is the verified one" "$got" "$(sha256sum <"$OUTER/srv/kubeslot-bundle/bundled.oci.tar" | cut -d' ' -f1)" || return 1
+
+  # damaged after the render: the next render keeps the verified copy (the
+  # node's archive is unchanged); without a copy, the render refuses it
+  # (exit 3), naming the archive, and writes nothing
+  local archive=$OUTER/srv/kubeslot-bundle/bundled.oci.tar rc=0 good
   cp "$archive" "$WORK/bundled.oci.tar.good"
+  good=$(sha256sum <"$archive" | cut -d' ' -f1)
   python3 - "$archive" <<'EOF'
 import sys
 p = sys.argv[1]
@@ -138,7 +152,16 @@ if i < 0:
 b[i] ^= 1
 open(p, "wb").write(bytes(b))
 EOF
+  act render "$target" || { show_log; fail "render with a verified copy and a swapped original exited non-zero"; return 1; }
+  got=$(sha256sum <"$OUTER$copy/bundled.oci.tar" | cut -d' ' -f1)
+  check_eq "the copy is still the verified archive" "$got" "$good" || return 1
+  got=$(in_machine "$target" sha256sum /etc/kubeslot/bundle/bundled.oci.tar | cut -d' ' -f1)
+  check_eq "the node's archive is still the verified one" "$got" "$good" || return 1
+  # the copy set aside (the machine keeps its bind): copied afresh, refused
+  mv "$OUTER$copy" "$OUTER/var/lib/kubeslot/bundles/saved-$key"
   act render "$target" || rc=$?
+  rm -rf "${OUTER:?}$copy"
+  mv "$OUTER/var/lib/kubeslot/bundles/saved-$key" "$OUTER$copy"
   check_eq "render of a damaged bundle exits" "$rc" 3 || { show_log; return 1; }
   check "the error names the archive" grep -q "images.bundle /srv/kubeslot-bundle/bundled.oci.tar ($BUNDLE_NAME)" <<<"$(act_error)" || { show_log; return 1; }
   cp "$WORK/bundled.oci.tar.good" "$archive"

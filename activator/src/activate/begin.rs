@@ -109,7 +109,7 @@ pub(super) fn begin(
     };
 
     report.phase("config");
-    let config = Config::load(config_path)?;
+    let (config, _) = super::variant::choose(root, Config::load(config_path)?);
     report.image = Some(config.image.to_string());
     let (facts, gpus) = gather(root, config_path, &config)?;
 
@@ -307,6 +307,7 @@ pub(super) fn preflight_inputs(
         disk,
         swap_allowed: config.kubelet_allows_swap(),
         settings_pending,
+        image: Some(preflight::ImageChoice::of(config)),
     }
 }
 

@@ -83,6 +83,7 @@ mod recover;
 pub mod report;
 mod resolve;
 mod rollback;
+pub mod variant;
 
 pub use boot::MACHINES_TARGET;
 pub use preview::{preview, preview_drain, DrainPreview, Preview};

@@ -36,6 +36,8 @@ pub struct Preview {
     /// The configured image; `None` when `activate` refuses before it
     /// reads the config (a machine it does not account for runs).
     pub image: Option<String>,
+    /// With a `gpu_image`: which variant this host runs, and why.
+    pub variant: Option<super::variant::Variant>,
     /// What the decision was made on (`None` in that case too).
     pub situation: Option<Situation>,
     /// What `activate` would do, with its exit code on a refusal.
@@ -74,6 +76,7 @@ pub fn preview(
         return Ok(Preview {
             state,
             image: None,
+            variant: None,
             situation: None,
             decision: Decision::Refused(reason),
             if_down: None,
@@ -82,7 +85,7 @@ pub fn preview(
             rollout: None,
         });
     }
-    let config = Config::load(config_path)?;
+    let (config, variant) = super::variant::choose(root, Config::load(config_path)?);
     let (facts, gpus) = gather(root, config_path, &config)?;
     let resolved = open_verified(root, &config)?;
     let files = Rendered::new(&config, &facts);
@@ -160,6 +163,7 @@ pub fn preview(
         rollout,
         state,
         image: Some(config.image.to_string()),
+        variant,
         decision: plan::decide(&situation),
         if_down: down.as_ref().map(plan::decide),
         situation: Some(situation),

@@ -8,13 +8,14 @@ use kubeslot_activator::state::State;
 
 use super::{Failed, HostArgs};
 
-/// Remove the blobs, partial downloads and layer directories neither slot
-/// needs.
+/// Remove the blobs, partial downloads, layer directories and offline
+/// bundle copies neither slot needs.
 ///
 /// Keeps every blob the two slots' images (and a pending flip's) reference
 /// — their platform manifests, configs and layers, read from the store —
-/// and the layer directories either slot's mount unit names; removes the
-/// rest and partial downloads no running fetch holds. When a slot's image
+/// and the layer directories either slot's mount unit names (and the
+/// bundle copies in /var/lib/kubeslot/bundles either slot's .nspawn file
+/// binds); removes the rest and partial downloads no running fetch holds. When a slot's image
 /// cannot be read from the store, every blob is kept (and the output says
 /// why). `activate` runs the same collection after each commit. Takes the
 /// run lock: exit 5 while another run holds it.
@@ -44,7 +45,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for d in &report.removed_blobs {
             println!("blob {d}");
         }
-        for p in report.removed_partials.iter().chain(&report.removed_layers) {
+        for p in report
+            .removed_partials
+            .iter()
+            .chain(&report.removed_layers)
+            .chain(&report.removed_bundles)
+        {
             println!("{}", p.display());
         }
         println!("{}", report.summary());

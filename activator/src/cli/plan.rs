@@ -24,7 +24,9 @@ use super::HostArgs;
 /// machine kubeslot has no record of, the preflight): a refusal is shown
 /// with the exit code `activate` would end with. A committed node that is
 /// not running is started and checked by `activate` first; the plan says
-/// so. Resolves and verifies the configured image (fetching no layer),
+/// so. With a "gpu_image" in the config, names the variant this host runs
+/// (the NVIDIA one where an NVIDIA GPU is on the PCI bus) and why.
+/// Resolves and verifies the configured image (fetching no layer),
 /// reads the state and asks systemd which machines run; writes nothing,
 /// starts nothing and does not take the run lock. Exit code 0 whatever the
 /// plan is, 1 or 3 when it cannot be computed.
@@ -204,6 +206,7 @@ fn rollback_text(p: &RollbackPreview) -> String {
 fn to_json(p: &Preview) -> serde_json::Value {
     let mut v = serde_json::json!({
         "image": p.image,
+        "variant": p.variant,
         "active": p.state.active,
         "pending": p.state.pending,
         "summary": p.decision.to_string(),
@@ -248,7 +251,10 @@ fn to_json(p: &Preview) -> serde_json::Value {
 
 fn to_text(p: &Preview) -> String {
     let mut s = match &p.image {
-        Some(image) => format!("image {image}\n{}\n", p.decision),
+        Some(image) => match &p.variant {
+            Some(v) => format!("image {image} ({}: {})\n{}\n", v.key, v.why, p.decision),
+            None => format!("image {image}\n{}\n", p.decision),
+        },
         None => format!("{}\n", p.decision),
     };
     if let Decision::Refused(reason) = &p.decision {

@@ -20,7 +20,8 @@ use super::{Failed, HostArgs};
 /// needed: systemd and systemd-container, cgroup v2 and its controllers,
 /// the overlay and br_netfilter modules, the kernel parameters the kubelet
 /// needs (sysctl-*), swap, free space under /var/lib/machines, /dev/kmsg,
-/// other container engines, and with GPUs the NVIDIA driver. Reads /proc,
+/// other container engines, and with GPUs the NVIDIA driver (and a warning,
+/// gpu-image, when the config names no "gpu_image" on a GPU host). Reads /proc,
 /// /sys and /dev under --root. overlay-slots (unless slots.mode is "copy")
 /// mounts a scratch overlay in /var/lib/kubeslot/layers and removes it: a
 /// whiteout device, an opaque dir and a write through the mount must work
@@ -58,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         disk: Default::default(),
         swap_allowed: None,
         settings_pending: !host_settings::diff(&root).is_empty(),
+        image: None,
     };
     let mut gpu = Gpu::default();
     let mut slot_mode = None;
@@ -66,6 +68,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             code: exit::CONFIG,
             message: error_chain(&e),
         })?;
+        // the variant this host runs (gpu_image on a GPU host)
+        let (config, _) = activate::variant::choose(&root, config);
+        inputs.image = Some(preflight::ImageChoice::of(&config));
         gpu = config.gpu.clone();
         inputs.swap_allowed = config.kubelet_allows_swap();
         slot_mode = config.slots.mode;

@@ -40,6 +40,10 @@ pub struct Config {
     /// The desired image: a registry reference (tag or digest), `oci:DIR` or
     /// `oci-archive:FILE`.
     pub image: ImageSource,
+    /// The NVIDIA variant of `image`, run instead of it on a host with an
+    /// NVIDIA GPU on its PCI bus (`activate::variant`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_image: Option<ImageSource>,
     /// Per-registry settings, keyed by registry host as written in `image`.
     #[serde(default)]
     pub registries: BTreeMap<String, RegistryConfig>,
@@ -529,19 +533,40 @@ impl Config {
     /// by tag): in the same repository, layout or archive.
     fn following(mut self) -> Config {
         if let Some(Follow::Tag(tag)) = &self.source.follow {
-            self.image = match self.image {
-                ImageSource::Registry(r) => ImageSource::Registry(r.with_tag(tag)),
-                ImageSource::Layout { dir, .. } => ImageSource::Layout {
-                    dir,
-                    tag: Some(tag.clone()),
-                },
-                ImageSource::Archive { file, .. } => ImageSource::Archive {
-                    file,
-                    tag: Some(tag.clone()),
-                },
+            let tagged = |image: ImageSource| -> ImageSource {
+                match image {
+                    ImageSource::Registry(r) => ImageSource::Registry(r.with_tag(tag)),
+                    ImageSource::Layout { dir, .. } => ImageSource::Layout {
+                        dir,
+                        tag: Some(tag.clone()),
+                    },
+                    ImageSource::Archive { file, .. } => ImageSource::Archive {
+                        file,
+                        tag: Some(tag.clone()),
+                    },
+                }
             };
+            self.gpu_image = self.gpu_image.map(tagged);
+            self.image = tagged(self.image);
         }
         self
+    }
+
+    /// `trust.identity`: a repository, required for a local image (`image`
+    /// or `gpu_image`) unless unsigned images are allowed.
+    fn validate_identity(&self) -> Result<(), String> {
+        if let Some(identity) = &self.trust.identity {
+            if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
+                return Err(e.reason.to_string());
+            }
+        } else if !self.trust.allow_unsigned
+            && std::iter::once(&self.image)
+                .chain(&self.gpu_image)
+                .any(|i| !matches!(i, ImageSource::Registry(_)))
+        {
+            return Err("required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/example-org/kubeslot/ubuntu2404), unless trust.allow_unsigned".into());
+        }
+        Ok(())
     }
 
     /// Checks what serde cannot.
@@ -583,16 +608,8 @@ impl Config {
                 });
             }
         }
-        if let Some(identity) = &self.trust.identity {
-            if let Err(e) = kubeslot_image::reference::Identity::repository(identity) {
-                return Err(invalid("trust.identity", e.reason));
-            }
-        } else if !self.trust.allow_unsigned && !matches!(self.image, ImageSource::Registry(_)) {
-            return Err(invalid(
-                "trust.identity",
-                "required for an oci: or oci-archive: image (the repository its signatures name, e.g. ghcr.io/example-org/kubeslot/ubuntu2404), unless trust.allow_unsigned",
-            ));
-        }
+        self.validate_identity()
+            .map_err(|reason| invalid("trust.identity", &reason))?;
         if let Some(m) = &self.containerd.registry_mirrors {
             for (host, mirror) in m {
                 if let Some(i) = mirror.mirrors.iter().position(|u| has_user_info(u)) {

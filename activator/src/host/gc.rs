@@ -40,6 +40,9 @@ pub struct GcReport {
     pub removed_partials: Vec<PathBuf>,
     /// Layer directories removed.
     pub removed_layers: Vec<PathBuf>,
+    /// Offline bundle copies neither slot's `.nspawn` file binds (host
+    /// paths, `/var/lib/kubeslot/bundles/<key>`).
+    pub removed_bundles: Vec<PathBuf>,
     /// Bytes freed by the removed blobs and partials (layer directories'
     /// bytes are not counted).
     pub bytes_freed: u64,
@@ -52,7 +55,7 @@ impl GcReport {
     /// One line for the report and the command's text output.
     pub fn summary(&self) -> String {
         format!(
-            "{}{} blob(s), {} partial(s), {} layer dir(s); {} bytes freed; {} blob(s) kept{}",
+            "{}{} blob(s), {} partial(s), {} layer dir(s){}; {} bytes freed; {} blob(s) kept{}",
             if self.dry_run {
                 "would remove "
             } else {
@@ -61,6 +64,10 @@ impl GcReport {
             self.removed_blobs.len(),
             self.removed_partials.len(),
             self.removed_layers.len(),
+            match self.removed_bundles.len() {
+                0 => String::new(),
+                n => format!(", {n} bundle copy(ies)"),
+            },
             self.bytes_freed,
             self.kept_blobs,
             self.kept_all_because
@@ -77,6 +84,8 @@ pub enum GcError {
     Io { path: PathBuf, error: io::Error },
     #[error("gc: {0}")]
     Layers(#[from] layers::LayerError),
+    #[error("gc: {0}")]
+    Bundles(#[from] crate::render::bundle::BundleError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> GcError + '_ {
@@ -167,5 +176,6 @@ pub fn collect(root: &Root, state: &State, dry_run: bool) -> Result<GcReport, Gc
     } else {
         layers::sweep(root)?
     };
+    report.removed_bundles = crate::render::bundle::prune(root, dry_run)?;
     Ok(report)
 }

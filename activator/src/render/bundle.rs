@@ -15,10 +15,17 @@
 //! and layers are all in the archive. [`list`] is the host file the
 //! node's import unit reads (`NAME DIGEST FILE` per line).
 //!
-//! The directory is bound read-only into the machine and the image's
+//! The node never sees `bundle_dir`: [`install`] (called by
+//! `render::write` before the `.nspawn` file) copies the archives into
+//! the root-only `/var/lib/kubeslot/bundles/<key>` ([`Copy`]) and verifies
+//! the copy, which is bound read-only into the machine; the image's
 //! `kubeslot-images.service` imports from it into containerd's `k8s.io`
-//! namespace before the kubelet starts. Writes nothing but a scratch
-//! directory (removed) for the archive's `index.json`.
+//! namespace before the kubelet starts. Once made, a copy that verifies
+//! is what [`verify`] checks and what every later render keeps: swapping
+//! an archive in `bundle_dir` changes nothing the node imports. [`prune`]
+//! (`gc`) removes the copies neither slot binds. [`verify`] writes
+//! nothing but a scratch directory (removed) for the archive's
+//! `index.json`.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -60,6 +67,14 @@ pub fn verify(root: &Root, images: &Images) -> Result<(), BundleError> {
     let Some(dir) = &images.bundle_dir else {
         return Ok(());
     };
+    // made by an earlier render: the copy is what the node imports, and
+    // what the original became since changes nothing
+    if let Some(copy) = Copy::of(images) {
+        let at = root.bundle_copies().join(&copy.key);
+        if at.is_dir() && copy.verify_in(&at, &copy.host_dir()).is_ok() {
+            return Ok(());
+        }
+    }
     trusted_dir(root, dir)?;
     for b in &images.bundle {
         let shown = dir.join(&b.file);
@@ -160,12 +175,27 @@ fn verify_one(
     b: &BundleImage,
     listed: &[&BundleImage],
 ) -> Result<(), BundleError> {
+    archive_file(path).map_err(|reason| BundleError::Image {
+        file: shown.to_path_buf(),
+        name: b.name.clone(),
+        reason,
+    })?;
+    verify_content(path, shown, b, listed)
+}
+
+/// The archive at `path` holds `b` as the config lists it, and only what
+/// `listed` lists (the module doc's checks but the file's owner).
+fn verify_content(
+    path: &Path,
+    shown: &Path,
+    b: &BundleImage,
+    listed: &[&BundleImage],
+) -> Result<(), BundleError> {
     let refuse = |reason: String| BundleError::Image {
         file: shown.to_path_buf(),
         name: b.name.clone(),
         reason,
     };
-    archive_file(path).map_err(refuse)?;
     let scratch = tempfile::tempdir().map_err(|e| refuse(format!("scratch dir: {e}")))?;
     let (layout, members, file) =
         archive::scan(path, scratch.path()).map_err(|source| BundleError::Archive {
@@ -295,6 +325,199 @@ pub fn list(images: &Images) -> String {
         s += &format!("{} {} {}\n", b.name, b.digest, b.file);
     }
     s
+}
+
+/// The offline bundle's private copy: the listed archives copied out of
+/// `images.bundle_dir` into `/var/lib/kubeslot/bundles/<key>/` (root only:
+/// `bundles` is 0700), verified there, and bound read-only into the
+/// machine in place of `bundle_dir`. Whoever swaps an archive in
+/// `bundle_dir` after the render changes nothing the node imports. `key`
+/// names the bundle list (each `file name digest`): a copy verified
+/// under it imports exactly those images, whatever bytes it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Copy {
+    /// The hex of the bundle list's sha256.
+    pub key: String,
+    pub images: Images,
+}
+
+impl Copy {
+    /// The copy `images` needs (`None` without a bundle).
+    pub fn of(images: &Images) -> Option<Copy> {
+        images.bundle_dir.as_ref()?;
+        if images.bundle.is_empty() {
+            return None;
+        }
+        let mut text = String::new();
+        for b in &images.bundle {
+            text += &format!("{}\0{}\0{}\n", b.file, b.name, b.digest);
+        }
+        Some(Copy {
+            key: kubeslot_image::Digest::of(text.as_bytes()).hex(),
+            images: images.clone(),
+        })
+    }
+
+    /// Its directory as the host sees it (what the `.nspawn` file binds).
+    pub fn host_dir(&self) -> PathBuf {
+        Root::new("/").bundle_copies().join(&self.key)
+    }
+
+    /// The archive files, each once, in config order.
+    fn files(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for b in &self.images.bundle {
+            if !out.contains(&b.file.as_str()) {
+                out.push(&b.file);
+            }
+        }
+        out
+    }
+
+    /// Every listed image of the copy in `dir` verified (the files are
+    /// kubeslot's own: their owner is not checked).
+    fn verify_in(&self, dir: &Path, shown: &Path) -> Result<(), BundleError> {
+        for b in &self.images.bundle {
+            let listed: Vec<&BundleImage> = self
+                .images
+                .bundle
+                .iter()
+                .filter(|o| o.file == b.file)
+                .collect();
+            verify_content(&dir.join(&b.file), &shown.join(&b.file), b, &listed)?;
+        }
+        Ok(())
+    }
+}
+
+/// Takes the lock of `/var/lib/kubeslot/bundles` (made 0700 first): held
+/// by a render from the copy to the `.nspawn` file that names it, and by
+/// `gc` while it removes copies, so neither removes what the other made.
+pub fn lock_copies(root: &Root) -> Result<std::fs::File, BundleError> {
+    let dir = root.bundle_copies();
+    let fail = |reason: String| BundleError::Image {
+        file: Root::new("/").bundle_copies(),
+        name: "images.bundle".into(),
+        reason,
+    };
+    crate::paths::private_dir(&dir).map_err(|e| fail(e.to_string()))?;
+    let handle = std::fs::File::open(&dir).map_err(|e| fail(format!("open: {e}")))?;
+    rustix::fs::flock(&handle, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| fail(format!("lock: {e}")))?;
+    Ok(handle)
+}
+
+/// Makes `copy` (see [`Copy`]): kept when it is there and verifies, else
+/// each archive copied (not following a link) into a directory beside it,
+/// verified there, then renamed into place; nothing half-written is ever
+/// under the name the `.nspawn` file binds. Returns the held lock of
+/// [`lock_copies`].
+pub fn install(root: &Root, copy: &Copy) -> Result<std::fs::File, BundleError> {
+    let lock = lock_copies(root)?;
+    let Some(src) = &copy.images.bundle_dir else {
+        return Ok(lock);
+    };
+    let copies = root.bundle_copies();
+    let target = copies.join(&copy.key);
+    let shown = copy.host_dir();
+    if target.is_dir() && copy.verify_in(&target, &shown).is_ok() {
+        return Ok(lock);
+    }
+    let fail = |file: &str, reason: String| BundleError::Image {
+        file: shown.join(file),
+        name: "images.bundle".into(),
+        reason,
+    };
+    let tmp = copies.join(format!(".tmp-{}", copy.key));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let made = (|| -> Result<(), BundleError> {
+        kubeslot_image::atomic::create_dir(&tmp, 0o755).map_err(|e| fail("", e.to_string()))?;
+        for file in copy.files() {
+            let from = root.join(&src.join(file).to_string_lossy());
+            copy_file(&from, &tmp.join(file))
+                .map_err(|e| fail(file, format!("copying {}: {e}", src.join(file).display())))?;
+        }
+        kubeslot_image::atomic::sync_dir(&tmp).map_err(|e| fail("", e.to_string()))?;
+        // the copy is what the node imports: the copy is what is verified
+        copy.verify_in(&tmp, &shown)?;
+        if target.exists() {
+            // a damaged copy: replaced whole
+            std::fs::remove_dir_all(&target).map_err(|e| fail("", format!("removing: {e}")))?;
+        }
+        std::fs::rename(&tmp, &target).map_err(|e| fail("", format!("renaming: {e}")))?;
+        kubeslot_image::atomic::sync_dir(&copies).map_err(|e| fail("", e.to_string()))
+    })();
+    if made.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    made.map(|()| lock)
+}
+
+/// Copies the regular file `from` (a link is refused) to `to`, new, mode
+/// 0644, synced.
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut src = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(from)?;
+    if !src.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(to)?;
+    std::io::copy(&mut src, &mut dst)?;
+    dst.sync_all()
+}
+
+/// The copies the two slots' `.nspawn` files bind (their keys).
+pub fn referenced(root: &Root) -> std::collections::BTreeSet<String> {
+    let prefix = format!("BindReadOnly={}/", Root::new("/").bundle_copies().display());
+    let mut keys = std::collections::BTreeSet::new();
+    for slot in crate::slot::Slot::ALL {
+        let Ok(text) = std::fs::read_to_string(root.nspawn_file(slot.machine())) else {
+            continue;
+        };
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix(&prefix) {
+                if let Some((key, _)) = rest.split_once(':') {
+                    keys.insert(key.to_string());
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Removes (unless `dry`) the copies neither slot binds and leftovers of
+/// an interrupted copy, under the lock; returns the host paths removed.
+pub fn prune(root: &Root, dry: bool) -> Result<Vec<PathBuf>, BundleError> {
+    if !root.bundle_copies().is_dir() {
+        return Ok(Vec::new());
+    }
+    let _lock = lock_copies(root)?;
+    let keep = referenced(root);
+    let mut removed = Vec::new();
+    let entries = std::fs::read_dir(root.bundle_copies()).map_err(|e| BundleError::Image {
+        file: Root::new("/").bundle_copies(),
+        name: "images.bundle".into(),
+        reason: e.to_string(),
+    })?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if keep.contains(&name) {
+            continue;
+        }
+        if !dry {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+        removed.push(Root::new("/").bundle_copies().join(name));
+    }
+    removed.sort();
+    Ok(removed)
 }
 
 #[cfg(test)]

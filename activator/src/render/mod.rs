@@ -78,6 +78,9 @@ pub struct RenderedFile {
 pub struct HostFiles {
     /// Sorted by path.
     pub files: Vec<RenderedFile>,
+    /// The offline bundle's private copy the `.nspawn` file binds: made
+    /// (and verified) by [`write`] before it writes the files.
+    pub bundle: Option<bundle::Copy>,
 }
 
 /// What [`write`] changed.
@@ -283,7 +286,10 @@ pub fn render(config: &Config, slot: Slot, facts: &HostFacts) -> HostFiles {
         }
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
-    HostFiles { files }
+    HostFiles {
+        files,
+        bundle: bundle::Copy::of(&config.images),
+    }
 }
 
 fn node_name(config: &Config, facts: &HostFacts) -> String {
@@ -441,13 +447,14 @@ fn host_binds(config: &Config, machine: &str, s: &mut String) {
             m.machine_path.display()
         );
     }
-    if let Some(dir) = config
-        .images
-        .bundle_dir
-        .as_ref()
-        .filter(|_| !config.images.bundle.is_empty())
-    {
-        let _ = writeln!(s, "BindReadOnly={}:{}", dir.display(), inside::BUNDLE_DIR);
+    // the verified private copy, never the live bundle_dir
+    if let Some(copy) = bundle::Copy::of(&config.images) {
+        let _ = writeln!(
+            s,
+            "BindReadOnly={}:{}",
+            copy.host_dir().display(),
+            inside::BUNDLE_DIR
+        );
     }
 }
 

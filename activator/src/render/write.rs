@@ -112,6 +112,11 @@ pub fn write(root: &Root, files: &HostFiles) -> Result<WriteOutcome, RenderError
                 .map_err(write_err(&dir))?;
         }
     }
+    // The bundle's private copy before the .nspawn file that binds it; its
+    // lock is held to the end, so gc never takes a copy not yet named.
+    if let Some(copy) = &files.bundle {
+        _locks.push(super::bundle::install(root, copy)?);
+    }
     for file in &files.files {
         let path = root.dir().join(&file.path);
         if is_current(&path, file) {

@@ -332,7 +332,7 @@ fn golden_pod_settings() {
 /// The unbounded agent's node settings kubeslot now renders (issue 28):
 /// extra host mounts, the host's kubelet extra arguments, containerd's
 /// sandbox image and metrics address, an offline image bundle (verified,
-/// bound read-only, listed for the import unit).
+/// its private copy bound read-only, listed for the import unit).
 #[test]
 fn golden_seed_parity() {
     let host = Host::new();
@@ -360,10 +360,15 @@ fn golden_seed_parity() {
     let files = render::render(&config, Slot::Kube1, &facts);
     check_invariants(&files, "kube1");
     let nspawn = file(&files, ".nspawn");
+    let copy = render::bundle::Copy::of(&config.images).unwrap();
     for line in [
         "BindReadOnly=/srv/models:/var/lib/models",
         "Bind=/var/log/node-audit:/var/log/audit",
-        "BindReadOnly=/srv/bundle:/etc/kubeslot/bundle",
+        // the verified private copy, not bundle_dir
+        &format!(
+            "BindReadOnly=/var/lib/kubeslot/bundles/{}:/etc/kubeslot/bundle",
+            copy.key
+        ),
         "BindReadOnly=/etc/kubeslot/host/kube1/containerd.toml:/etc/containerd/conf.d/50-kubeslot.toml",
     ] {
         assert!(nspawn.lines().any(|l| l == line), "{line}:\n{nspawn}");
@@ -411,6 +416,104 @@ fn golden_seed_parity() {
         e.starts_with("images.bundle /srv/bundle/pause.oci.tar (registry.example/e2e/pause:3.10.2): oci-archive"),
         "{e}"
     );
+}
+
+/// Issue 40 item 3: the bundle was verified at render time but the node
+/// imported later from the live `bundle_dir`. Now the render copies each
+/// archive into `/var/lib/kubeslot/bundles/<key>` (root only), verifies
+/// the copy and binds it: an archive swapped after the render is not what
+/// the node imports, at this start or the next render's.
+#[test]
+fn an_archive_swapped_after_the_render_is_not_what_the_node_imports() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let host = Host::new();
+    for d in ["srv/models", "var/log/node-audit", "srv/bundle"] {
+        fs::create_dir_all(host.path(d)).unwrap();
+    }
+    let work = tempfile::tempdir().unwrap();
+    let name = "registry.example/e2e/pause:3.10.2";
+    let archive = host.path("srv/bundle/pause.oci.tar");
+    let digest = kubeslot_test_support::image::bundle_archive(
+        &work.path().join("layout"),
+        name,
+        b"pause",
+        &archive,
+    );
+    let verified = fs::read(&archive).unwrap();
+    let text = fs::read_to_string(testdata("render/seed-parity/config.json"))
+        .unwrap()
+        .replace("@PAUSE_DIGEST@", &digest.to_string());
+    let config = Config::parse(Path::new("config.json"), text.as_bytes()).unwrap();
+    let render_and_write = || {
+        let facts = render::gather(&host.root, &config)?;
+        let files = render::render(&config, Slot::Kube1, &facts);
+        render::write(&host.root, &files)?;
+        Ok::<_, render::RenderError>(files)
+    };
+    let files = render_and_write().unwrap();
+    // what the node gets: the bound directory, as the .nspawn file names it
+    let nspawn = file(&files, ".nspawn");
+    let bound = nspawn
+        .lines()
+        .find_map(|l| l.strip_suffix(":/etc/kubeslot/bundle"))
+        .and_then(|l| l.strip_prefix("BindReadOnly="))
+        .unwrap_or_else(|| panic!("no bundle bind:\n{nspawn}"));
+    assert!(bound.starts_with("/var/lib/kubeslot/bundles/"), "{bound}");
+    let imported = || fs::read(host.path(&format!("{bound}/pause.oci.tar"))).unwrap();
+    assert_eq!(imported(), verified);
+    let mode = |p: &str| fs::metadata(host.path(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode("var/lib/kubeslot/bundles"), 0o700);
+    let leftovers = |dir: &str| -> Vec<String> {
+        fs::read_dir(host.path(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(leftovers("var/lib/kubeslot/bundles").len(), 1);
+
+    // swapped after the render: another image under the same name
+    kubeslot_test_support::image::bundle_archive(
+        &work.path().join("other"),
+        name,
+        b"PAYLOAD",
+        &archive,
+    );
+    assert_ne!(fs::read(&archive).unwrap(), verified);
+    // the next start's render keeps the verified copy; the node imports it
+    let again = render_and_write().unwrap();
+    assert_eq!(file(&again, ".nspawn"), nspawn);
+    assert_eq!(imported(), verified);
+
+    // without the copy the original is copied and verified again: refused
+    fs::remove_dir_all(host.path(bound)).unwrap();
+    let e = render_and_write().unwrap_err().to_string();
+    assert!(
+        e.starts_with(&format!("images.bundle /srv/bundle/pause.oci.tar ({name}): index.json names no image of digest {digest}")),
+        "{e}"
+    );
+    // a damaged copy is replaced by a verified one, nothing half-written
+    // stays beside it
+    kubeslot_test_support::image::bundle_archive(
+        &work.path().join("again"),
+        name,
+        b"pause",
+        &archive,
+    );
+    render_and_write().unwrap();
+    fs::write(host.path(&format!("{bound}/pause.oci.tar")), b"damaged").unwrap();
+    render_and_write().unwrap();
+    assert_eq!(imported(), verified);
+    assert_eq!(leftovers("var/lib/kubeslot/bundles").len(), 1);
+
+    // gc removes the copies no slot binds, keeps kube1's
+    fs::create_dir_all(host.path("var/lib/kubeslot/bundles/0123abcd")).unwrap();
+    let removed = render::bundle::prune(&host.root, false).unwrap();
+    assert_eq!(
+        removed,
+        [Path::new("/var/lib/kubeslot/bundles/0123abcd")],
+        "{removed:?}"
+    );
+    assert_eq!(imported(), verified);
 }
 
 #[test]

@@ -34,7 +34,7 @@
 
 use std::path::Path;
 
-use super::{is_char_device, read, Finding, Status};
+use super::{is_char_device, read, Finding, ImageChoice, Status};
 use crate::config::GpuMode;
 use crate::paths::{host, Root};
 use crate::render::gpu::pci::PciGpu;
@@ -70,6 +70,33 @@ pub fn checks(root: &Root, gpus: &Discovery) -> Vec<Finding> {
     }
     out.push(persistenced(root));
     out
+}
+
+/// `gpu-image`, on a host with an NVIDIA GPU of its own (on the PCI bus,
+/// not given to virtual machines, or a `/dev/nvidia<N>`) whose config binds
+/// GPUs: a warning when the config names no `gpu_image`, so the plain
+/// `image` runs (no NVIDIA container toolkit: pods cannot use the GPU the
+/// node is given). Nothing without a config or a GPU.
+pub fn image(root: &Root, gpus: &Discovery, image: Option<&ImageChoice>) -> Option<Finding> {
+    let image = image?;
+    if gpus.setting.mode == GpuMode::Off {
+        return None;
+    }
+    let gpu = match crate::render::gpu::pci::host_gpu(root) {
+        Some(g) => format!("NVIDIA GPU {}", g.address),
+        None if gpus.has_gpu() => "an NVIDIA GPU device node".to_string(),
+        None => return None,
+    };
+    let needed = "the NVIDIA variant on a GPU host (gpu_image)";
+    if image.gpu_image {
+        let seen = format!("{gpu}: gpu_image {}", image.image);
+        return Some(Finding::new("gpu-image", Status::Pass, seen, needed));
+    }
+    let seen = format!("{gpu}, no gpu_image: the plain image {} runs", image.image);
+    Some(Finding::new("gpu-image", Status::Warn, seen, needed).hint(
+        "set gpu_image to the NVIDIA variant (the ubuntu2404-nvidia recipe's image); \
+             where image is that variant already, name it as gpu_image too",
+    ))
 }
 
 /// `gpu-pci`.

@@ -124,6 +124,28 @@ pub struct Inputs {
     /// writes and applies before its own checks is a warning here, not a
     /// failure (the standalone `preflight` command, which changes nothing).
     pub settings_pending: bool,
+    /// The image the config runs and whether it names a `gpu_image` (the
+    /// NVIDIA variant), for the `gpu-image` check; `None` without a config.
+    pub image: Option<ImageChoice>,
+}
+
+/// The image a config runs (after the variant was chosen).
+#[derive(Clone, Debug, Default)]
+pub struct ImageChoice {
+    /// The image that runs (`gpu_image` when it was chosen).
+    pub image: String,
+    /// The config names a `gpu_image`.
+    pub gpu_image: bool,
+}
+
+impl ImageChoice {
+    /// What `config` (its variant chosen) runs.
+    pub fn of(config: &crate::config::Config) -> ImageChoice {
+        ImageChoice {
+            image: config.image.to_string(),
+            gpu_image: config.gpu_image.is_some(),
+        }
+    }
 }
 
 /// Every finding of one preflight run, in check order.
@@ -190,6 +212,7 @@ pub fn run(root: &Root, inputs: &Inputs) -> Preflight {
     ));
     checks.extend(host::checks(root, &inputs.disk));
     checks.extend(gpu::checks(root, &inputs.gpu));
+    checks.extend(gpu::image(root, &inputs.gpu, inputs.image.as_ref()));
     for f in &mut checks {
         f.ignored = f.status == Status::Fail && is_ignored(&f.name, &inputs.ignore);
     }

@@ -66,6 +66,15 @@ pub fn nvidia_gpus(root: &Root) -> Vec<PciGpu> {
     gpus
 }
 
+/// The first NVIDIA GPU on the PCI bus that is this host's (one given to
+/// virtual machines, `vfio-pci` or `pci-stub`, is not): what chooses the
+/// `gpu_image` variant and the `gpu-image` preflight check.
+pub fn host_gpu(root: &Root) -> Option<PciGpu> {
+    nvidia_gpus(root)
+        .into_iter()
+        .find(|g| !matches!(g.driver.as_deref(), Some("vfio-pci" | "pci-stub")))
+}
+
 /// Test helper: a PCI device under `<root>/sys/bus/pci/devices/<address>`
 /// as sysfs shows it (vendor, class, and the driver link when bound).
 #[cfg(test)]
