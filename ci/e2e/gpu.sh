@@ -415,20 +415,21 @@ scenario_gpu_setup_failure_rolls_back() {
   rm -f "$OUTER$GPU_HOST_LIB64"/libnvidia-ml.so* "$OUTER$GPU_HOST_LIB32"/libnvidia-ml.so*
   outer ldconfig
   act_bg activate
+  # The gate fails the new machine as soon as its setup failed and the
+  # rollback stops it at once: the driver comes back when the run says it
+  # rolls back (the old machine's setup runs after the new one stopped).
   deadline=$((SECONDS + 120))
-  until outer systemctl -M "$target" is-failed --quiet kubeslot-nvidia-setup.service 2>/dev/null; do
+  until grep -q '^activate: rollback' "$ACT_LOG" 2>/dev/null; do
     if [ $SECONDS -ge $deadline ] || ! kill -0 "$ACT_PID" 2>/dev/null; then
       gpu_install_driver "$GPU_DRIVER_NEW"
       wait "$ACT_PID" || true
       show_log
-      fail "the setup in $target never failed"
+      fail "the run never rolled back"
       return 1
     fi
-    sleep 0.2
+    sleep 0.05
   done
   gpu_install_driver "$GPU_DRIVER_NEW"
-  check "containerd in $target did not start without its setup" \
-    bash -c "! nsenter -t $OUTER_LEADER -m -u -i -n -p -C -- systemctl -M $target is-active --quiet containerd" || return 1
   wait "$ACT_PID" || rc=$?
   log_report
   check_eq "activate exit code (rolled back)" "$rc" 2 || { show_log; return 1; }
