@@ -199,11 +199,15 @@ pub fn evict(
         for mut g in going {
             let key = format!("{}/{}", g.namespace, g.name);
             let pod_path = path("v1", Some(&g.namespace), "pods", Some(&g.name));
+            // `present` was listed before this pass's evictions: a pod
+            // evicted now is looked for in the next pass's list
+            let mut just_evicted = false;
             if !g.evicted && Instant::now() >= g.retry_at {
                 match client.create(&format!("{pod_path}/eviction"), &eviction(&g, settings)) {
                     Ok(_) => {
                         progress(&format!("evicting {key}"));
                         g.evicted = true;
+                        just_evicted = true;
                     }
                     Err(e) if e.is_not_found() => {
                         drained.evicted.push(key);
@@ -222,7 +226,7 @@ pub fn evict(
                 }
             }
             if g.evicted {
-                if !present.contains(&g.uid) {
+                if !just_evicted && !present.contains(&g.uid) {
                     drained.evicted.push(key);
                     continue;
                 }
