@@ -121,10 +121,15 @@ images_build() {
 }
 
 # recipe_for VERSION: the node recipe of one version, from the template. The
-# base tarball and the kubelet are pinned by the sha256 of the files here.
+# base tarball and the kubelet are pinned by the sha256 of the files here;
+# the kubelet component's version is the one the fixture kubelet says (the
+# image's dev.kubeslot.version.kubelet, which the cluster gate compares with
+# the Node's kubeletVersion).
 recipe_for() {
-  local v=$1 recipe=$WORK/images/node-$1.toml
+  local v=$1 recipe=$WORK/images/node-$1.toml kv
+  kv=$("$WORK/kubelet/$v/kubelet" --version | cut -d' ' -f2)
   sed -e "s|@BASE_TAR@|$NODE_TAR|g" \
+    -e "s|@KUBELET_VERSION@|$kv|g" \
     -e "s|@BASE_SHA256@|$(sha256sum "$NODE_TAR" | cut -d' ' -f1)|g" \
     -e "s|@TAG@|$v|g" \
     -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/$v/kubelet" | cut -d' ' -f1)|g" \

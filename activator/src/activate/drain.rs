@@ -29,6 +29,9 @@ pub(super) struct ClusterRun {
     pub kubeconfig: PathBuf,
     /// The machine whose host files the kubeconfig's paths name.
     pub machine: String,
+    /// The kubelet version the image flipped to carries (the cluster gate
+    /// checks the Node reports it); `None`: not known, not checked.
+    pub kubelet_version: Option<String>,
 }
 
 impl ClusterRun {
@@ -53,6 +56,7 @@ impl ClusterRun {
             node,
             kubeconfig,
             machine: machine.machine().to_string(),
+            kubelet_version: None,
         }))
     }
 
@@ -263,6 +267,7 @@ impl Run<'_> {
         let g = ClusterGate {
             node: c.node.clone(),
             node_ready: !c.cfg.gate.skip_node_ready,
+            kubelet_version: c.kubelet_version.clone(),
             daemonsets: c.cfg.gate.daemonsets.clone(),
             required: c.cfg.drain.required,
             client: &make,
