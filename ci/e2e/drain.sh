@@ -14,10 +14,13 @@
 
 DRAIN_METRICS=/var/lib/kubeslot/kubeslot.prom
 
-# drain_config REF CLUSTER_JSON: write_config with the `cluster` section
-# CLUSTER_JSON plus the metrics file.
+# drain_config REF CLUSTER: write_config with the `cluster` section CLUSTER
+# (a jq object expression) plus the metrics file.
 drain_config() {
-  E2E_CLUSTER=$(jq -c --arg m "$DRAIN_METRICS" '{metrics_file: $m} * .' <<<"$2") write_config "$1"
+  local cluster
+  cluster=$(jq -nc --arg m "$DRAIN_METRICS" "{metrics_file: \$m} * ($2)") ||
+    { fail "drain_config: not a jq object: $2"; return 1; }
+  E2E_CLUSTER=$cluster write_config "$1"
 }
 
 # drain_flip_ref: the reference of an image to flip to (v2, v4, v5, v6 or
@@ -144,7 +147,7 @@ scenario_flip_drains_first() {
   ds=$(kube get ds -n default e2e-ds -o 'jsonpath={.metadata.uid}')
   bound_pod e2e-ds-pod e2e-ds DaemonSet e2e-ds "$ds" || return 1
   bound_pod e2e-static-e2e-node e2e-static - - - '{"kubernetes.io/config.mirror": "e2e", "kubernetes.io/config.source": "file"}' || return 1
-  drain_config "$ref" '{drain: {timeout_secs: 60}}'
+  drain_config "$ref" '{drain: {timeout_secs: 60}}' || return 1
   drain_sampler "$before" >"$watch" &
   local sampler=$!
   cordon_sampler >"$cordons" &
@@ -202,7 +205,7 @@ scenario_drain_blocked_by_pdb() {
   before=$(running_machine) || return 1
   ref=$(drain_flip_ref) || return 1
   pdb_setup || return 1
-  drain_config "$ref" '{drain: {timeout_secs: 8}}'
+  drain_config "$ref" '{drain: {timeout_secs: 8}}' || return 1
   act activate || rc=$?
   log "  activate $ref with the budget in the way exited $rc: $(act_error)"
   log_report
@@ -227,7 +230,7 @@ scenario_kill_mid_drain() {
   local before ref deadline
   before=$(running_machine) || return 1
   ref=$(drain_flip_ref) || return 1
-  drain_config "$ref" '{drain: {timeout_secs: 300}}'
+  drain_config "$ref" '{drain: {timeout_secs: 300}}' || return 1
   act_bg activate
   deadline=$((SECONDS + 120))
   while [ $SECONDS -lt $deadline ] && kill -0 "$ACT_PID" 2>/dev/null &&
@@ -239,7 +242,7 @@ scenario_kill_mid_drain() {
   check "the Node is left cordoned by the dead run" test "$(node_field '{.spec.unschedulable}')" = true || return 1
   check_eq "state.json records kubeslot's cordon" "$(jq -r '.cordoned.node // "none"' "$OUTER/var/lib/kubeslot/state.json")" e2e-node || return 1
   check_eq "running machine after the kill" "$(running_machine)" "$before" || return 1
-  drain_config "$(drain_current_ref)" '{drain: {timeout_secs: 60}}'
+  drain_config "$(drain_current_ref)" '{drain: {timeout_secs: 60}}' || return 1
   act activate || { show_log; log_report; fail "the activate after the kill exited non-zero"; return 1; }
   log_report
   check "the next run says it uncordoned the dead run's cordon" \
@@ -253,14 +256,15 @@ scenario_kill_mid_drain() {
   kube delete pod -n default e2e-db-1 --grace-period=0 --force >/dev/null 2>&1 || true
 }
 
-# ready_sampler TARGET: until killed, a line a look: the Node's Ready
-# status, then the state's pending phase and active slot.
+# ready_look: one look: the Node's Ready status, then the state's pending
+# phase and active slot.
+ready_look() {
+  echo "$(node_field '{.status.conditions[?(@.type=="Ready")].status}') $(jq -r '[(.pending.phase // "none"), .active] | join(" ")' "$OUTER/var/lib/kubeslot/state.json" 2>/dev/null)"
+}
+
+# ready_sampler: until killed, a look every 0.2 s.
 ready_sampler() {
-  local st=$OUTER/var/lib/kubeslot/state.json
-  while :; do
-    echo "$(node_field '{.status.conditions[?(@.type=="Ready")].status}') $(jq -r '[(.pending.phase // "none"), .active] | join(" ")' "$st" 2>/dev/null)"
-    sleep 0.2
-  done
+  while :; do ready_look; sleep 0.2; done
 }
 
 # v7's kubelet is healthy at once but withholds the Node's Ready for 20 s:
@@ -274,11 +278,14 @@ scenario_cluster_gate_waits_for_ready() {
   local before target watch=$WORK/ready-watch.txt rc=0
   before=$(running_machine) || return 1
   target=$(other_machine "$before")
-  E2E_HEALTH_TIMEOUT=90 drain_config "$REF_v7" '{drain: {timeout_secs: 60}}'
+  E2E_HEALTH_TIMEOUT=90 drain_config "$REF_v7" '{drain: {timeout_secs: 60}}' || return 1
   ready_sampler >"$watch" &
   local sampler=$!
   act activate || rc=$?
   kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
+  # and one look once it returned (a commit that did not wait is seen
+  # here at the latest: v7 withholds Ready for 20 s)
+  ready_look >>"$watch"
   [ $rc = 0 ] || { show_log; log_report; fail "activate v7 exited $rc"; return 1; }
   log_report
   expect_running "$target" v1.35.6-e2e.7 || return 1
@@ -296,7 +303,7 @@ scenario_cluster_gate_waits_for_ready() {
   act rollback || { show_log; log_report; fail "rollback to $before exited non-zero"; return 1; }
   check_eq "running machine after the rollback" "$(running_machine)" "$before" || return 1
   rc=0
-  E2E_HEALTH_TIMEOUT=12 drain_config "$REF_v7" '{drain: {timeout_secs: 60}}'
+  E2E_HEALTH_TIMEOUT=12 drain_config "$REF_v7" '{drain: {timeout_secs: 60}}' || return 1
   act activate || rc=$?
   log "  activate v7 with a 12 s gate exited $rc: $(act_error)"
   log_report
