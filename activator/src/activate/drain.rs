@@ -98,15 +98,16 @@ impl Run<'_> {
         state: &mut State,
         to: Slot,
     ) -> Result<Option<String>, ActivateError> {
-        if !self.running(to)? {
-            return Ok(None);
-        }
         let Ok(config) = super::load_slot_config(self.root, to) else {
             return Ok(None);
         };
+        // (systemd is asked only with a cluster to drain)
         let Some(c) = ClusterRun::of(self, &config, to)? else {
             return Ok(None);
         };
+        if !self.running(to)? {
+            return Ok(None);
+        }
         let mut scratch = Report::new("recover");
         let done = self.drain_node(&c, state, &mut scratch);
         let Some(d) = scratch.drain else {
