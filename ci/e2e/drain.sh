@@ -270,8 +270,8 @@ ready_sampler() {
 # v7's kubelet is healthy at once but withholds the Node's Ready for 20 s:
 # with a 90 s health timeout the commit waits for it (looks with the
 # Node not Ready while the try is pending, none committed before Ready);
-# back on the old machine (`rollback`, drained too), v7 again with a 12 s
-# timeout: the cluster gate fails (node-ready), the old machine runs
+# back on the old machine (`rollback`, drained too), v7 again (forced: the
+# operator's rollback marks it failed) with a 12 s timeout: the cluster gate fails (node-ready), the old machine runs
 # again, the Node is schedulable. What the cluster and the host saw after
 # the commit is kept for node_reports_image.
 scenario_cluster_gate_waits_for_ready() {
@@ -304,7 +304,8 @@ scenario_cluster_gate_waits_for_ready() {
   check_eq "running machine after the rollback" "$(running_machine)" "$before" || return 1
   rc=0
   E2E_HEALTH_TIMEOUT=12 drain_config "$REF_v7" '{drain: {timeout_secs: 60}}' || return 1
-  act activate || rc=$?
+  # (--force: the operator's rollback marked v7 as failed here)
+  act activate --force || rc=$?
   log "  activate v7 with a 12 s gate exited $rc: $(act_error)"
   log_report
   [ $rc != 0 ] || { show_log; fail "v7 committed although its Node was not Ready within 12 s"; return 1; }
