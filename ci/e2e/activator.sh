@@ -56,8 +56,10 @@ act_setup() {
 # does not share, so with "veth" every gate fails. The outer shares this
 # machine's network, so preflight requires 127.0.0.1:10248 to be free here.
 # KUBESLOT_E2E_NETWORK=veth writes "veth" instead (design_files proves both
-# modes by hand). The gate: 2 good probes 500 ms apart within 20 s. The
-# preflight ignores E2E_PREFLIGHT_IGNORE (PREFLIGHT_IGNORE=JSON replaces it).
+# modes by hand). The gate: 2 good probes 500 ms apart within 20 s
+# (E2E_HEALTH_TIMEOUT=SECONDS instead). The preflight ignores
+# E2E_PREFLIGHT_IGNORE (PREFLIGHT_IGNORE=JSON replaces it). E2E_CLUSTER=JSON
+# adds it as the config's `cluster` section (ci/e2e/drain.sh).
 write_config() {
   config_json "$1" /etc/kubeslot/trust/e2e.pub >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
@@ -80,7 +82,8 @@ config_json() {
   esac
   jq -n --arg image "$image" --arg ca "$(cat "$WORK/ca.crt")" --argjson trust "$trust" --arg api "$APISERVER" \
     --argjson ignore "${PREFLIGHT_IGNORE:-$E2E_PREFLIGHT_IGNORE}" \
-    --arg network "${KUBESLOT_E2E_NETWORK:-host}" --arg slots "${KUBESLOT_E2E_SLOTS:-}" '{
+    --arg network "${KUBESLOT_E2E_NETWORK:-host}" --arg slots "${KUBESLOT_E2E_SLOTS:-}" \
+    --argjson cluster "${E2E_CLUSTER:-null}" --argjson health_timeout "${E2E_HEALTH_TIMEOUT:-20}" '{
     image: $image,
     trust: $trust,
     kubelet: {
@@ -95,9 +98,10 @@ config_json() {
     gpu: "off",
     network: $network,
     nameservers: ["192.0.2.53"],
-    health: {timeout_secs: 20, successes: 2, interval_ms: 500},
+    health: {timeout_secs: $health_timeout, successes: 2, interval_ms: 500},
     preflight: {ignore: $ignore}
-  } + (if $slots == "" then {} else {slots: {mode: $slots}} end)'
+  } + (if $slots == "" then {} else {slots: {mode: $slots}} end)
+    + (if $cluster == null then {} else {cluster: $cluster} end)'
 }
 
 # tree_cat MACHINE PATH: a file of MACHINE's tree as the outer host sees it

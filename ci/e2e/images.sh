@@ -2,7 +2,7 @@
 # REPO is set by ci/e2e/run.sh, which sources this file; what it assigns
 # (REF_vN, DIGEST_vN, PLATFORM_DIGEST) is read by activator.sh.
 # shellcheck disable=SC2153,SC2034
-# The e2e node images v1 to v6, sourced by ci/e2e/run.sh.
+# The e2e node images v1 to v7, sourced by ci/e2e/run.sh.
 #
 # Six images over one base: a Debian rootfs (ci/lib/debian-rootfs.sh, the
 # node package list: trixie with containerd 2, runc and the CNI plugins from
@@ -11,7 +11,7 @@
 # holding only the fixture kubelet (and the same binary as the TEST-ONLY
 # crictl). A seventh, "nocni", is v1's without the CNI config
 # (runtime_not_ready_fails_gate). v1 and v2 differ only in the Kubernetes layer (another kubelet
-# version); v3's kubelet never turns healthy; v4 is a fourth version (its
+# version); v3's kubelet never turns healthy; v7's withholds the Node's Ready for 20 s; v4 is a fourth version (its
 # fresh Kubernetes layer is the one the tamper scenario corrupts).
 #
 # The product path only: `kubeslot-builder build` makes them from
@@ -20,16 +20,16 @@
 # (ci/e2e/openssl-sign.py) is its own scenario (`openssl_signer`).
 #
 # Sets: IMAGE_LAYOUT (an oci: layout dir with the
-# tags v1..v6), and after images_push REF_v1..REF_v6 (tag references in the
-# local registry), DIGEST_v1..DIGEST_v6 (what each tag resolves to there) and
+# tags v1..v7), and after images_push REF_v1..REF_v7 (tag references in the
+# local registry), DIGEST_v1..DIGEST_v7 (what each tag resolves to there) and
 # REF_UNSIGNED (v2's content under a name that has no signature).
 
 IMAGE_REPO=kubeslot/e2e-node
 # Set by images_push / images_sign, read by the scenarios.
-E2E_VERSIONS=(v1 v2 v3 v4 v5 v6)
-REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_UNSIGNED="" REF_nocni="" DIGEST_nocni=""
-DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5="" DIGEST_v6=""
-export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_UNSIGNED REF_nocni DIGEST_nocni DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6
+E2E_VERSIONS=(v1 v2 v3 v4 v5 v6 v7)
+REF_v1="" REF_v2="" REF_v3="" REF_v4="" REF_v5="" REF_v6="" REF_v7="" REF_UNSIGNED="" REF_nocni="" DIGEST_nocni=""
+DIGEST_v1="" DIGEST_v2="" DIGEST_v3="" DIGEST_v4="" DIGEST_v5="" DIGEST_v6="" DIGEST_v7=""
+export REF_v1 REF_v2 REF_v3 REF_v4 REF_v5 REF_v6 REF_v7 REF_UNSIGNED REF_nocni DIGEST_nocni DIGEST_v1 DIGEST_v2 DIGEST_v3 DIGEST_v4 DIGEST_v5 DIGEST_v6 DIGEST_v7
 # Tag digest -> linux/amd64 manifest digest (equal for single-manifest images).
 declare -A PLATFORM_DIGEST=()
 
@@ -121,10 +121,15 @@ images_build() {
 }
 
 # recipe_for VERSION: the node recipe of one version, from the template. The
-# base tarball and the kubelet are pinned by the sha256 of the files here.
+# base tarball and the kubelet are pinned by the sha256 of the files here;
+# the kubelet component's version is the one the fixture kubelet says (the
+# image's dev.kubeslot.version.kubelet, which the cluster gate compares with
+# the Node's kubeletVersion).
 recipe_for() {
-  local v=$1 recipe=$WORK/images/node-$1.toml
+  local v=$1 recipe=$WORK/images/node-$1.toml kv
+  kv=$("$WORK/kubelet/$v/kubelet" --version | cut -d' ' -f2)
   sed -e "s|@BASE_TAR@|$NODE_TAR|g" \
+    -e "s|@KUBELET_VERSION@|$kv|g" \
     -e "s|@BASE_SHA256@|$(sha256sum "$NODE_TAR" | cut -d' ' -f1)|g" \
     -e "s|@TAG@|$v|g" \
     -e "s|@KUBELET_SHA256@|$(sha256sum "$WORK/kubelet/$v/kubelet" | cut -d' ' -f1)|g" \
@@ -170,7 +175,7 @@ push_one() {
     { cat "$WORK/logs/push.log" >&2; die "kubeslot-builder push $1 $2 failed"; }
 }
 
-# images_push: v1..v6 into the local registry, plus an unsigned copy of v2
+# images_push: v1..v7 into the local registry, plus an unsigned copy of v2
 # for the refusal scenario.
 images_push() {
   local v
@@ -191,7 +196,7 @@ images_push() {
 }
 
 # images_sign: a fresh key pair (`kubeslot-builder keygen`) and signatures
-# on v1..v6 (`kubeslot-builder sign`; not on the unsigned copy). Leaves the
+# on v1..v7 (`kubeslot-builder sign`; not on the unsigned copy). Leaves the
 # public key in WORK/keys/e2e.pub.
 images_sign() {
   mkdir -p "$WORK/keys"
@@ -203,7 +208,7 @@ images_sign() {
     "$BUILDER" sign --key "$WORK/keys/e2e.key" "${!ref%:*}@${!digest}" >>"$WORK/logs/sign.log" 2>&1 ||
       { cat "$WORK/logs/sign.log" >&2; die "kubeslot-builder sign ${!ref} failed"; }
   done
-  log "images v1..v6 signed by kubeslot-builder"
+  log "images v1..v7 signed by kubeslot-builder"
 }
 
 # openssl_sign KEY REF DIGEST: signs DIGEST of REF's repository (and its

@@ -339,10 +339,14 @@ apiserver_start() {
   local dir=$WORK/apiserver deadline
   mkdir -p "$dir"
   # remove_pods_after_grace off: only a kubelet's confirmation removes a
-  # deleted pod, as on a real API server
+  # deleted pod, as on a real API server; the grant is deploy/kubeslot-node.yaml's
+  # ClusterRole (what the drain reads beyond the node authorizer)
   cat >"$dir/config.json" <<'EOF2'
 {"bootstrap_tokens": [{"id": "abcdef", "secret": "0123456789abcdef"}],
  "client_certs": [{"name": "admin", "user": "kubeslot-e2e-admin", "groups": ["system:masters"]}],
+ "grants": [{"subjects": [{"kind": "Group", "name": "system:nodes"}],
+             "rules": [{"verbs": ["list"], "api_groups": ["policy"], "resources": ["poddisruptionbudgets"]},
+                       {"verbs": ["get"], "api_groups": ["apps"], "resources": ["daemonsets"]}]}],
  "remove_pods_after_grace": false}
 EOF2
   "$REPO/target/debug/fake-apiserver" --listen 127.0.0.1:0 --cert-dir "$dir/pki" --config "$dir/config.json" \

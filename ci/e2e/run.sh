@@ -56,6 +56,8 @@ E2E_TESTDATA=$REPO/testdata/e2e
 . "$REPO/ci/e2e/security.sh"
 # shellcheck source=ci/e2e/api.sh
 . "$REPO/ci/e2e/api.sh"
+# shellcheck source=ci/e2e/drain.sh
+. "$REPO/ci/e2e/drain.sh"
 
 OUTER_PKGS=systemd,systemd-sysv,dbus,systemd-container,iproute2,iptables,procps
 # The node: Debian trixie (its systemd 257 still boots on this hybrid-cgroup
@@ -143,16 +145,18 @@ build_binaries() {
   # The outer host gets the activator as a host does: the Debian package
   # (of this debug binary), installed with dpkg -i after boot.
   DEB=$("$REPO/ci/deb/build.sh" --binary "$ACTIVATOR" --compress gzip --out "$WORK/kubeslot-activator.deb")
-  # The fixture kubelet in six variants: v1, v2, v4, v5, v6 (other versions,
+  # The fixture kubelet in seven variants: v1, v2, v4, v5, v6, v7 (other versions,
   # so only the Kubernetes layer differs) and v3 (never healthy), copies of
   # the one binary the workspace build made, each with its variant written
   # into the binary's stamp (fixtures/fake-kubelet/src/main.rs, STAMP): no
   # build per variant, no second target dir.
-  local variant version unhealthy
-  while read -r variant version unhealthy; do
+  # v7 withholds the Node's Ready for 20 s after its start
+  # (cluster_gate_waits_for_ready).
+  local variant version unhealthy ready
+  while read -r variant version unhealthy ready; do
     mkdir -p "$WORK/kubelet/$variant"
     stamp_fixture "$REPO/target/debug/fake-kubelet" "$WORK/kubelet/$variant/kubelet" \
-      "$version $([ "$unhealthy" = 1 ] && echo never-healthy || echo healthy)"
+      "$version $([ "$unhealthy" = 1 ] && echo never-healthy || echo healthy)${ready:+ $ready}"
   done <<'EOF'
 v1 v1.35.0-e2e.1 0
 v2 v1.35.1-e2e.2 0
@@ -160,6 +164,7 @@ v3 v1.35.2-e2e.3 1
 v4 v1.35.3-e2e.4 0
 v5 v1.35.4-e2e.5 0
 v6 v1.35.5-e2e.6 0
+v7 v1.35.6-e2e.7 0 ready-after=20
 EOF
 }
 
@@ -242,7 +247,7 @@ scenario_nspawn_smoke() {
 scenario_images() {
   local v n ref shared
   n=$(layer_digests "$REF_v1" | wc -l)
-  for v in v2 v3 v4 v5 v6; do
+  for v in v2 v3 v4 v5 v6 v7; do
     ref=REF_$v
     check_eq "layer count of $v" "$(layer_digests "${!ref}" | wc -l)" "$n" || return 1
     check_eq "base and config layers of $v = v1's" "$(layer_digests "${!ref}" | head -n2)" "$(layer_digests "$REF_v1" | head -n2)" || return 1
@@ -304,6 +309,11 @@ SCENARIOS=(
   follow_tag_updates
   expired_statement_refused
   window_closed_waits
+  flip_drains_first
+  drain_blocked_by_pdb
+  kill_mid_drain
+  cluster_gate_waits_for_ready
+  node_reports_image
   airgap_archive
   keyless_verified_offline
   gpu_setup
@@ -343,6 +353,9 @@ SLOT_INDEPENDENT=(
   cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
   # a following host that waits for its window touches no slot
   window_closed_waits
+  # the drain, the cluster gate and what the cluster sees: API calls around
+  # a flip, the same whatever makes the slot's tree (ci/e2e/drain.sh)
+  flip_drains_first drain_blocked_by_pdb kill_mid_drain cluster_gate_waits_for_ready node_reports_image
 )
 
 SCENARIO_PID=""

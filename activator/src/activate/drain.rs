@@ -29,6 +29,9 @@ pub(super) struct ClusterRun {
     pub kubeconfig: PathBuf,
     /// The machine whose host files the kubeconfig's paths name.
     pub machine: String,
+    /// The kubelet version the image flipped to carries (the cluster gate
+    /// checks the Node reports it); `None`: not known, not checked.
+    pub kubelet_version: Option<String>,
 }
 
 impl ClusterRun {
@@ -53,6 +56,7 @@ impl ClusterRun {
             node,
             kubeconfig,
             machine: machine.machine().to_string(),
+            kubelet_version: None,
         }))
     }
 
@@ -79,6 +83,58 @@ impl Run<'_> {
         let Some(c) = self.cluster.get().cloned().flatten() else {
             return Ok(());
         };
+        self.drain_node(&c, state, report)
+    }
+
+    /// A reconcile about to stop the machine of a dead run's try that runs
+    /// (recovery's rollback of a machine that failed its gate now, which
+    /// the Node's pods may be on): drained first, with the `cluster`
+    /// section of that slot's config. The line for `recovered`, `None`
+    /// when nothing was to drain. A drain that does not finish is said
+    /// there and the machine is stopped all the same: it failed its gate,
+    /// and keeping it up would keep the node on an image never committed.
+    pub(super) fn drain_before_recovery_stop(
+        &self,
+        state: &mut State,
+        to: Slot,
+    ) -> Result<Option<String>, ActivateError> {
+        let Ok(config) = super::load_slot_config(self.root, to) else {
+            return Ok(None);
+        };
+        // (systemd is asked only with a cluster to drain)
+        let Some(c) = ClusterRun::of(self, &config, to)? else {
+            return Ok(None);
+        };
+        if !self.running(to)? {
+            return Ok(None);
+        }
+        let mut scratch = Report::new("recover");
+        let done = self.drain_node(&c, state, &mut scratch);
+        let Some(d) = scratch.drain else {
+            return Ok(None);
+        };
+        let evicted = if d.evicted.is_empty() {
+            "no pods".to_string()
+        } else {
+            d.evicted.join(", ")
+        };
+        Ok(Some(match done {
+            Ok(()) => format!(
+                "drained node {} before stopping {to} ({}: evicted {evicted})",
+                d.node, d.result
+            ),
+            Err(e) => format!("stopping {to} undrained: {e}"),
+        }))
+    }
+
+    /// Cordons the Node and evicts its pods as `c` says (see
+    /// [`Run::drain_before_stop`]); `report.drain` tells how it went.
+    fn drain_node(
+        &self,
+        c: &ClusterRun,
+        state: &mut State,
+        report: &mut Report,
+    ) -> Result<(), ActivateError> {
         if !c.cfg.drain.enabled {
             return Ok(());
         }
@@ -100,7 +156,9 @@ impl Run<'_> {
         // recorded before the cordon: a run killed after it leaves the
         // record (an extra uncordon of a Node nobody cordoned is harmless
         // only when kubeslot cordoned it: so the record is dropped again
-        // when the Node was cordoned already)
+        // when the Node was cordoned already, unless a dead run's record
+        // says the cordon is kubeslot's)
+        let ours_already = state.cordoned.as_ref().is_some_and(|r| r.node == c.node);
         state.cordoned = Some(Cordoned {
             node: c.node.clone(),
             kubeconfig: c.kubeconfig.clone(),
@@ -110,6 +168,7 @@ impl Run<'_> {
         self.save(state)?;
         match drain::cordon(&client, &c.node) {
             Ok(ours) => {
+                let ours = ours || ours_already;
                 summary.cordoned = ours;
                 if !ours {
                     state.cordoned = None;
@@ -209,6 +268,7 @@ impl Run<'_> {
         let g = ClusterGate {
             node: c.node.clone(),
             node_ready: !c.cfg.gate.skip_node_ready,
+            kubelet_version: c.kubelet_version.clone(),
             daemonsets: c.cfg.gate.daemonsets.clone(),
             required: c.cfg.drain.required,
             client: &make,

@@ -52,6 +52,28 @@ pub(super) fn image_created(
     version: &str,
     created: Option<&str>,
 ) -> Digest {
+    image_annotated(dir, health, version, created, serde_json::json!({}))
+}
+
+/// [`image`] whose manifest says it carries kubelet `kubelet`
+/// (`dev.kubeslot.version.kubelet`, as `kubeslot-builder` writes it).
+pub(super) fn image_kubelet(dir: &Path, health: &str, kubelet: &str) -> Digest {
+    image_annotated(
+        dir,
+        health,
+        kubelet,
+        None,
+        serde_json::json!({crate::gate::cluster::KUBELET_VERSION_ANNOTATION: kubelet}),
+    )
+}
+
+fn image_annotated(
+    dir: &Path,
+    health: &str,
+    version: &str,
+    created: Option<&str>,
+    annotations: serde_json::Value,
+) -> Digest {
     let layout = if dir.join("index.json").exists() {
         Layout::open(dir).unwrap()
     } else {
@@ -71,12 +93,15 @@ pub(super) fn image_created(
     }
     let config = serde_json::to_vec(&config).unwrap();
     let cd = layout.blobs().put_bytes(&config).unwrap();
-    let manifest = serde_json::to_vec(&serde_json::json!({
+    let mut manifest = serde_json::json!({
         "schemaVersion": 2, "mediaType": MEDIA_TYPE_MANIFEST,
         "config": Descriptor::new(MEDIA_TYPE_CONFIG, cd, config.len() as u64),
         "layers": [Descriptor::new(Compression::Gzip.layer_media_type(), layer, blob.len() as u64)],
-    }))
-    .unwrap();
+    });
+    if annotations.as_object().is_some_and(|a| !a.is_empty()) {
+        manifest["annotations"] = annotations;
+    }
+    let manifest = serde_json::to_vec(&manifest).unwrap();
     let md = layout.blobs().put_bytes(&manifest).unwrap();
     let mut desc = Descriptor::new(MEDIA_TYPE_MANIFEST, md, manifest.len() as u64);
     desc.annotations

@@ -360,9 +360,22 @@ fn run_activate(
     drop(b.source.take());
     let gate = Gate::on_host(&b.config.health, run.root);
     let machine = b.state.active.unwrap_or(b.flip.to);
+    // the kubelet the image says it carries, for the cluster gate
+    let kubelet = b
+        .verified
+        .image
+        .manifest
+        .annotations
+        .get(crate::gate::cluster::KUBELET_VERSION_ANNOTATION)
+        .cloned();
     let _ = run
         .cluster
-        .set(drain::ClusterRun::of(run, &b.config, machine)?);
+        .set(
+            drain::ClusterRun::of(run, &b.config, machine)?.map(|c| drain::ClusterRun {
+                kubelet_version: kubelet,
+                ..c
+            }),
+        );
     run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
     report.outcome = Some(Outcome::Committed);
     // GC: what neither slot needs any more goes (the commit stands whatever

@@ -93,11 +93,16 @@ impl Run<'_> {
                 ))
             }
             Err(failure) => {
-                let what = format!(
+                let mut what = format!(
                     "rolled back a dead run's flip to {} ({}): {failure}",
                     p.to,
                     image_name(p.digest)
                 );
+                // the machine about to be stopped may run, with the Node's
+                // pods: drained first, as a flip drains
+                if let Some(line) = self.drain_before_recovery_stop(state, p.to)? {
+                    what = format!("{what}; {line}");
+                }
                 match self.roll_back(state, p, failure) {
                     Err(ActivateError::RolledBack {
                         old_failure: Some(f),

@@ -1,8 +1,11 @@
 //! `kubeslot-activator status`: the slot state, which node machines run
-//! (asked of systemd and machined), and the last report, read without the
-//! lock and without writing.
+//! (asked of systemd and machined), the cluster's view (the metrics file
+//! of the config's `cluster` section) and the last report, read without
+//! the lock and without writing.
 
 use kubeslot_activator::activate::report::Report;
+use kubeslot_activator::cluster::report::{read_metrics, View};
+use kubeslot_activator::config::Config;
 use kubeslot_activator::slot::Slot;
 use kubeslot_activator::state::State;
 use kubeslot_activator::systemd::{SystemCtl, Systemd};
@@ -22,9 +25,11 @@ use super::HostArgs;
 pub struct Args {
     #[command(flatten)]
     pub host: HostArgs,
-    /// Print {"state": ..., "running": [...], "report": ..., "repair": ...}
-    /// as JSON ("repair" only when the sidecar awaits one; "running" is
-    /// replaced by "running_error" when systemd cannot be asked).
+    /// Print {"state": ..., "running": [...], "cluster": ..., "report": ...,
+    /// "repair": ...} as JSON ("repair" only when the sidecar awaits one;
+    /// "running" is replaced by "running_error" when systemd cannot be
+    /// asked; "cluster", what the metrics file says, only with
+    /// `cluster.metrics_file` in the config).
     #[arg(long)]
     pub json: bool,
 }
@@ -46,10 +51,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let running = running_machines(&SystemCtl);
+    let cluster = cluster_view(&args.host);
     if args.json {
         let mut v = serde_json::json!({ "state": state, "report": report });
         if let Some(r) = &repair {
             v["repair"] = r.clone().into();
+        }
+        if let Some(c) = &cluster {
+            v["cluster"] = c.clone();
         }
         match &running {
             Ok(r) => v["running"] = serde_json::json!(r),
@@ -111,11 +120,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r.identity, r.digest, r.created
         );
     }
+    if let Some(c) = &cluster {
+        let file = c["metrics_file"].as_str().unwrap_or("");
+        match (c.get("error"), serde_json::from_value::<View>(c.clone())) {
+            (Some(e), _) => println!("cluster view ({file}): {}", e.as_str().unwrap_or("")),
+            (None, Ok(v)) => println!("cluster view ({file}): {}", v.to_line()),
+            (None, Err(e)) => println!("cluster view ({file}): {e}"),
+        }
+    }
     match report {
         Some(r) => print!("{}", r.to_text()),
         None => println!("no report yet"),
     }
     Ok(())
+}
+
+/// What the config's `cluster.metrics_file` says: the [`View`] with
+/// `metrics_file`, or `error` when it cannot be read (none yet, for one).
+/// `None` without a readable config or without a metrics file in it.
+fn cluster_view(host: &HostArgs) -> Option<serde_json::Value> {
+    let config = Config::load(&host.config_path()).ok()?;
+    let file = config.cluster?.metrics_file?;
+    let path = host.root().join(&file.to_string_lossy());
+    let mut v = match std::fs::read_to_string(&path) {
+        Ok(t) => serde_json::to_value(read_metrics(&t)).ok()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            serde_json::json!({"error": "no metrics file yet (no activation since the cluster section was set)"})
+        }
+        Err(e) => serde_json::json!({"error": format!("{}: {e}", path.display())}),
+    };
+    v["metrics_file"] = file.display().to_string().into();
+    Some(v)
 }
 
 /// The node machines that run: their unit is active or machined knows them.

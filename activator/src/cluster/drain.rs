@@ -199,14 +199,15 @@ pub fn evict(
         for mut g in going {
             let key = format!("{}/{}", g.namespace, g.name);
             let pod_path = path("v1", Some(&g.namespace), "pods", Some(&g.name));
-            let mut evicted_now = false;
+            // `present` was listed before this pass's evictions: a pod
+            // evicted now is looked for in the next pass's list
+            let mut just_evicted = false;
             if !g.evicted && Instant::now() >= g.retry_at {
                 match client.create(&format!("{pod_path}/eviction"), &eviction(&g, settings)) {
                     Ok(_) => {
                         progress(&format!("evicting {key}"));
                         g.evicted = true;
-                        evicted_now = true;
-                        g.last = Some((None, "terminating".into()));
+                        just_evicted = true;
                     }
                     Err(e) if e.is_not_found() => {
                         drained.evicted.push(key);
@@ -224,10 +225,8 @@ pub fn evict(
                     Err(e) => return Err(api(format!("evicting {key}"), e)),
                 }
             }
-            // `present` was read before this pass's evictions: a pod
-            // evicted just now is looked for in the next read
-            if g.evicted && !evicted_now {
-                if !present.contains(&g.uid) {
+            if g.evicted {
+                if !just_evicted && !present.contains(&g.uid) {
                     drained.evicted.push(key);
                     continue;
                 }

@@ -56,15 +56,35 @@ pub fn host_path(root: &Root, machine: &str, p: &Path) -> PathBuf {
     root.join(&p.to_string_lossy())
 }
 
+/// [`host_path`] of `p`, its symlinks followed as the machine sees them
+/// (8 at most): the kubelet's `kubelet-client-current.pem` links to the
+/// dated certificate by its absolute path inside the machine.
+pub fn host_path_resolved(root: &Root, machine: &str, p: &Path) -> PathBuf {
+    let mut inside = p.to_path_buf();
+    for _ in 0..8 {
+        let host = host_path(root, machine, &inside);
+        match std::fs::read_link(&host) {
+            Ok(target) if target.is_absolute() => inside = target,
+            Ok(target) => {
+                inside = inside
+                    .parent()
+                    .map_or_else(|| target.clone(), |d| d.join(&target))
+            }
+            Err(_) => return host,
+        }
+    }
+    host_path(root, machine, &inside)
+}
+
 /// A client from the kubeconfig at `path` (read as the node's: see
-/// [`host_path`]).
+/// [`host_path_resolved`]).
 pub fn client(
     root: &Root,
     machine: &str,
     path: &Path,
     timeout: Duration,
 ) -> anyhow::Result<Client> {
-    let kc = Kubeconfig::load(path, &|p| host_path(root, machine, p))?;
+    let kc = Kubeconfig::load(path, &|p| host_path_resolved(root, machine, p))?;
     Client::new(&kc, timeout)
 }
 
@@ -110,6 +130,31 @@ mod tests {
             PathBuf::from("/r/etc/ssl/ca.pem")
         );
         let c: Cluster = serde_json::from_value(serde_json::json!({})).unwrap();
+        // the kubelet's current certificate: an absolute link inside the
+        // machine, to the dated file; a relative one works too
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let pki = root.join("var/lib/kubeslot/node/kubelet/pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        std::fs::write(pki.join("kubelet-client-2026-12-05.pem"), "x").unwrap();
+        std::os::unix::fs::symlink(
+            "/var/lib/kubelet/pki/kubelet-client-2026-12-05.pem",
+            pki.join("kubelet-client-current.pem"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("kubelet-client-current.pem", pki.join("relative.pem")).unwrap();
+        for name in ["kubelet-client-current.pem", "relative.pem"] {
+            assert_eq!(
+                host_path_resolved(
+                    &root,
+                    "kube1",
+                    &Path::new("/var/lib/kubelet/pki").join(name)
+                ),
+                pki.join("kubelet-client-2026-12-05.pem"),
+                "{name}"
+            );
+        }
+        let root = Root::new("/r");
         assert_eq!(
             kubeconfig_path(&root, &c, false, "kube1"),
             PathBuf::from("/r/var/lib/kubeslot/node/kubelet/kubeconfig")

@@ -144,9 +144,178 @@ pub fn write_metrics(file: &Path, m: &Metrics) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("metrics file {}: {e}", file.display()))
 }
 
+/// What a metrics file says (`status` shows it): the image, activations
+/// by result and the last run's figures. `NaN` and absent figures are
+/// `None`.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct View {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    pub activations: BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_activation_unix: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flip_downtime_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_duration_seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evicted_pods: Option<u64>,
+}
+
+/// Reads back what [`write_metrics`] wrote (other lines are ignored).
+pub fn read_metrics(text: &str) -> View {
+    let mut v = View::default();
+    let num = |s: &str| s.trim().parse::<f64>().ok().filter(|f| f.is_finite());
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (name, rest) = match line.split_once('{') {
+            Some((n, r)) => (n, r),
+            None => (line.split(' ').next().unwrap_or(""), ""),
+        };
+        let (labels, value) = match rest.rsplit_once("} ") {
+            Some((l, val)) => (labels_of(l), val),
+            None => (BTreeMap::new(), line.split_once(' ').map_or("", |x| x.1)),
+        };
+        let some = |k: &str| labels.get(k).filter(|s| !s.is_empty()).cloned();
+        match name {
+            "kubeslot_image_info" => {
+                v.digest = some("digest");
+                v.slot = some("slot");
+                v.image = some("image");
+            }
+            "kubeslot_activations_total" => {
+                if let (Some(r), Some(n)) = (labels.get("result"), num(value)) {
+                    v.activations.insert(r.clone(), n as u64);
+                }
+            }
+            "kubeslot_last_activation_timestamp_seconds" => {
+                v.last_activation_unix = num(value).map(|f| f as u64)
+            }
+            "kubeslot_flip_downtime_seconds" => v.flip_downtime_seconds = num(value),
+            "kubeslot_drain_duration_seconds" => v.drain_duration_seconds = num(value),
+            "kubeslot_evicted_pods" => v.evicted_pods = num(value).map(|f| f as u64),
+            _ => {}
+        }
+    }
+    v
+}
+
+/// `k="v",...` with the text format's escapes (`\\`, `\"`, `\n`).
+fn labels_of(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if key.is_empty() || chars.next() != Some('"') {
+            return out;
+        }
+        let mut val = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('n') => val.push('\n'),
+                    Some(o) => val.push(o),
+                    None => break,
+                },
+                o => val.push(o),
+            }
+        }
+        out.insert(key.trim_start_matches(',').to_string(), val);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+}
+
+impl View {
+    /// One line for `status`.
+    pub fn to_line(&self) -> String {
+        let image = match (&self.image, &self.digest, &self.slot) {
+            (Some(i), Some(d), Some(s)) => format!("{i} ({d}) in {s}"),
+            (_, _, Some(s)) => format!("the image in {s}"),
+            _ => "no image".to_string(),
+        };
+        let acts: Vec<String> = self
+            .activations
+            .iter()
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect();
+        let mut line = format!(
+            "{image}; activations: {}",
+            if acts.is_empty() {
+                "none".to_string()
+            } else {
+                acts.join(", ")
+            }
+        );
+        if let Some(t) = self.last_activation_unix {
+            line += &format!("; last at {t} (unix)");
+        }
+        if let Some(d) = self.flip_downtime_seconds {
+            line += &format!("; flip downtime {d:.3} s");
+        }
+        if let Some(d) = self.drain_duration_seconds {
+            line += &format!("; drain {d:.3} s");
+        }
+        if let Some(n) = self.evicted_pods {
+            line += &format!(", {n} pods evicted");
+        }
+        line
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metrics_file_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("kubeslot.prom");
+        let m = Metrics {
+            digest: Some("sha256:ab".into()),
+            slot: Some("kube1".into()),
+            image: Some("r/x:1 \"q\"".into()),
+            result: "committed".into(),
+            finished_unix: 1700000000,
+            flip_downtime_ms: Some(2250),
+            drain_duration_ms: None,
+            evicted_pods: 3,
+        };
+        write_metrics(&f, &m).unwrap();
+        write_metrics(
+            &f,
+            &Metrics {
+                result: "drain-blocked".into(),
+                ..m.clone()
+            },
+        )
+        .unwrap();
+        let v = read_metrics(&std::fs::read_to_string(&f).unwrap());
+        assert_eq!(v.digest.as_deref(), Some("sha256:ab"));
+        assert_eq!(v.slot.as_deref(), Some("kube1"));
+        assert_eq!(v.image.as_deref(), Some("r/x:1 \"q\""));
+        assert_eq!(
+            v.activations,
+            BTreeMap::from([("committed".into(), 1), ("drain-blocked".into(), 1)])
+        );
+        assert_eq!(v.last_activation_unix, Some(1700000000));
+        assert_eq!(v.flip_downtime_seconds, Some(2.25));
+        assert_eq!(v.drain_duration_seconds, None, "NaN is no figure");
+        assert_eq!(v.evicted_pods, Some(3));
+        assert_eq!(
+            v.to_line(),
+            "r/x:1 \"q\" (sha256:ab) in kube1; activations: committed 1, drain-blocked 1; last at 1700000000 (unix); flip downtime 2.250 s, 3 pods evicted"
+        );
+        // a rollback's file names the slot only
+        let v = read_metrics("kubeslot_image_info{digest=\"\",slot=\"kube2\",image=\"\"} 1\n");
+        assert_eq!((v.digest, v.slot.as_deref()), (None, Some("kube2")));
+    }
 
     #[test]
     fn the_metrics_file_counts_on_and_names_the_image() {

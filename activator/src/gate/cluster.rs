@@ -1,7 +1,7 @@
 //! The cluster gate (issue 38): after the machine passed `/healthz` and
 //! CRI, the API server must see the Node `Ready` with a heartbeat no older
-//! than the flip, and each named DaemonSet's pod on this node Ready, within
-//! the health gate's timeout.
+//! than the flip and the kubelet version the image carries, and each named
+//! DaemonSet's pod on this node Ready, within the health gate's timeout.
 //!
 //! The client is made at each try until one works: on a first activation
 //! the kubelet writes its kubeconfig (TLS bootstrap) while the gate waits.
@@ -17,11 +17,19 @@ use crate::cluster::{path, Client};
 
 use super::health::{Check, Failure};
 
+/// The manifest annotation that says which kubelet an image carries
+/// (`kubeslot-builder` writes one per component).
+pub const KUBELET_VERSION_ANNOTATION: &str = "dev.kubeslot.version.kubelet";
+
 /// What the cluster gate asks.
 pub struct ClusterGate<'a> {
     pub node: String,
     /// Wait for the Node's `Ready`.
     pub node_ready: bool,
+    /// The kubelet version the image carries: with `node_ready`, the
+    /// Node's `status.nodeInfo.kubeletVersion` must be it (a leading `v`
+    /// aside).
+    pub kubelet_version: Option<String>,
     /// `namespace/name` of DaemonSets whose pod on the node must be Ready.
     pub daemonsets: Vec<String>,
     /// An API that never answers fails the gate.
@@ -119,6 +127,21 @@ fn check(c: &Client, g: &ClusterGate, flip_at: i64) -> Result<(), (Check, String
                 ),
                 true,
             ));
+        }
+        if let Some(want) = &g.kubelet_version {
+            let got = n["status"]["nodeInfo"]["kubeletVersion"]
+                .as_str()
+                .unwrap_or("");
+            if got.trim_start_matches('v') != want.trim_start_matches('v') {
+                return Err((
+                    Check::KubeletVersion,
+                    format!(
+                        "node {} reports kubelet {:?}, the image carries kubelet {want:?} (its {KUBELET_VERSION_ANNOTATION} annotation)",
+                        g.node, got
+                    ),
+                    true,
+                ));
+            }
         }
     }
     if g.daemonsets.is_empty() {

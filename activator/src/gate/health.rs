@@ -79,6 +79,9 @@ pub enum Check {
     /// A DaemonSet named in `cluster.gate.daemonsets` has no Ready pod on
     /// the node.
     DaemonSetReady,
+    /// The Node's `status.nodeInfo.kubeletVersion` is not the kubelet
+    /// version the image carries (its `dev.kubeslot.version.kubelet`).
+    KubeletVersion,
 }
 
 impl Check {
@@ -95,6 +98,7 @@ impl Check {
             Check::GpuSetup => "gpu-setup",
             Check::NodeReady => "node-ready",
             Check::DaemonSetReady => "daemonset-ready",
+            Check::KubeletVersion => "kubelet-version",
         }
     }
 }

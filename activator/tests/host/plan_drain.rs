@@ -189,3 +189,78 @@ fn plan_shows_the_drain_its_skips_and_the_blocking_budget() {
     let (_, out, _) = h.cmd(&["plan"]);
     assert!(!out.contains("drain of node"), "{out}");
 }
+
+/// A reconcile that stops the running machine drains it first: a run
+/// killed once its new machine (v3, never healthy) started leaves that
+/// machine running, the Node cordoned by kubeslot (its record in the
+/// state), and a pod the scheduler bound meanwhile; the next run rolls the
+/// dead run's try back, evicting that pod before it stops the machine, and
+/// then uncordons the Node.
+#[test]
+fn a_dead_run_s_running_machine_is_drained_before_recovery_stops_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let img = images();
+    let h = Host::new(&img);
+    let fx = start(
+        r#"{"client_certs": [{"name": "admin", "user": "kubernetes-admin", "groups": ["system:masters"]}],
+            "remove_pods_after_grace": true}"#,
+    );
+    fx.node("node-a");
+    let (code, _, err) = h.cmd(&["activate"]);
+    assert_eq!(code, 0, "{err}");
+    // the admin's kubeconfig as a host file naming host files
+    let pki = h.root().join("etc/kubeslot/pki");
+    fs::create_dir_all(&pki).unwrap();
+    for f in ["ca.crt", "admin.crt", "admin.key"] {
+        fs::copy(fx.dir.path().join("pki").join(f), pki.join(f)).unwrap();
+    }
+    let text = fake_apiserver::kubeconfig(
+        &fx.url,
+        Path::new("/etc/kubeslot/pki/ca.crt"),
+        Path::new("/etc/kubeslot/pki/admin.crt"),
+        Path::new("/etc/kubeslot/pki/admin.key"),
+        "kubernetes-admin",
+    );
+    fs::write(h.root().join("etc/kubeslot/admin.kubeconfig"), text).unwrap();
+    let mut c = h.config("v3", json!({}));
+    c["cluster"] = json!({"kubeconfig": "/etc/kubeslot/admin.kubeconfig",
+        "drain": {"timeout_secs": 30, "pod_grace_cap_secs": 1},
+        "gate": {"skip_node_ready": true}});
+    fs::write(h.config_path(), serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    let out = h.run(&["activate"], Some("after-start-new"));
+    assert_eq!(
+        out.status.signal(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node = || fx.get("/api/v1/nodes/node-a").1;
+    assert_eq!(
+        node()["spec"]["unschedulable"],
+        true,
+        "the dead run's cordon"
+    );
+    // bound to the node while kube2 ran
+    fx.create(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-2", "namespace": "default",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": "u-web", "controller": true}]},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "x:1"}]}}));
+
+    let (code, _, err) = h.cmd(&["activate"]);
+    assert_ne!(code, 0, "v3 is bad after its rollback: {err}");
+    let r = h.report();
+    let recovered = r["recovered"].as_str().unwrap_or_else(|| panic!("{r}"));
+    assert!(
+        recovered.contains("rolled back a dead run's flip to kube2")
+            && recovered.contains(
+                "drained node node-a before stopping kube2 (drained: evicted default/web-2)"
+            )
+            && recovered.contains("a dead run's drain: uncordoned node node-a"),
+        "{recovered}"
+    );
+    let pod = fx.get("/api/v1/namespaces/default/pods/web-2");
+    assert_eq!(pod.0, 404, "{recovered}: {}", pod.1);
+    assert_eq!(node()["spec"]["unschedulable"], serde_json::Value::Null);
+    let st = h.state();
+    assert_eq!((st.active, st.cordoned), (Some(Slot::Kube1), None));
+}

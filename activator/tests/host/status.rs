@@ -271,3 +271,57 @@ fn plans_reports_and_status_never_show_a_credential() {
         );
     }
 }
+
+/// `status` and `status --json` show the cluster's view the host keeps:
+/// what the metrics file of the config's `cluster` section says (none yet
+/// before an activation; then the image, its slot and the activations by
+/// result, the same facts node_exporter exports).
+#[test]
+fn status_shows_the_cluster_view_of_the_metrics_file() {
+    let img = images();
+    let h = Host::new(&img);
+    let mut c = h.config("v1", serde_json::json!({}));
+    // no API here: the drain goes undrained, the Ready wait is left out
+    c["cluster"] = serde_json::json!({
+        "metrics_file": "/var/lib/kubeslot/kubeslot.prom",
+        "gate": {"skip_node_ready": true},
+    });
+    fs::write(h.config_path(), serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    let (code, out, err) = h.cmd(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("cluster view (/var/lib/kubeslot/kubeslot.prom): no metrics file yet"),
+        "{out}"
+    );
+    let (code, _, err) = h.cmd(&["activate"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = h.cmd(&["status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let view = &v["cluster"];
+    assert_eq!(
+        view["metrics_file"], "/var/lib/kubeslot/kubeslot.prom",
+        "{out}"
+    );
+    assert_eq!(view["slot"], "kube1", "{out}");
+    assert_eq!(view["digest"], img.v1.to_string(), "{out}");
+    assert_eq!(
+        view["activations"],
+        serde_json::json!({"committed": 1}),
+        "{out}"
+    );
+    assert!(
+        view["last_activation_unix"].as_u64().unwrap() > 1_700_000_000,
+        "{out}"
+    );
+    let (code, out, err) = h.cmd(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "cluster view (/var/lib/kubeslot/kubeslot.prom): oci:{}:v1 ({}) in kube1; activations: committed 1; last at ",
+            h.layout.display(),
+            img.v1
+        )),
+        "{out}"
+    );
+}

@@ -470,3 +470,35 @@ fn a_node_the_api_server_never_sees_ready_rolls_back_and_is_uncordoned() {
         "{r:?}"
     );
 }
+
+#[test]
+fn the_cluster_gate_wants_the_kubelet_the_image_carries() {
+    let (s, fake, _) = setup("healthy", None, "off");
+    assert_eq!(run(&s, &fake).outcome, Some(Outcome::Committed));
+    let api = api(&s);
+    let (code, v) = admin_request(
+        &api.srv,
+        "PATCH",
+        "/api/v1/nodes/node-a/status",
+        "application/strategic-merge-patch+json",
+        Some(&json!({"status": {"nodeInfo": {"kubeletVersion": "v1.36.0"}}})),
+    );
+    assert_eq!(code, 200, "{v}");
+    // the image says 1.36.1, the Node keeps reporting v1.36.0: rolled back
+    image_kubelet(&img_dir(&s), "healthy", "1.36.1");
+    with_cluster(&s, json!({}), "b");
+    let r = run(&s, &fake);
+    assert_eq!(r.exit_code, exit::ROLLED_BACK, "{r:?}");
+    let e = r.error.as_deref().unwrap();
+    assert!(
+        e.contains("health check kubelet-version failed: node node-a reports kubelet \"v1.36.0\", the image carries kubelet \"1.36.1\" (its dev.kubeslot.version.kubelet annotation)"),
+        "{e}"
+    );
+    assert_eq!(State::load(&s.root).unwrap().active, Some(Slot::Kube1));
+    assert!(!api.unschedulable());
+    // an image carrying the kubelet the Node reports (a leading v aside)
+    image_kubelet(&img_dir(&s), "healthy", "1.36.0");
+    with_cluster(&s, json!({}), "c");
+    let r = run(&s, &fake);
+    assert_eq!(r.outcome, Some(Outcome::Committed), "{r:?}");
+}
