@@ -156,7 +156,8 @@ scenario_gpu_setup() {
   # (/proc/driver/nvidia/version is the kernel's); the other GPU checks run
   # on the fake devices and the outer's real ldconfig.
   config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
-    jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .preflight.ignore += ["gpu-driver"] | .trust.identity = $id' >"$OUTER$CONFIG_IN_OUTER.tmp"
+    jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .preflight.ignore += ["gpu-driver"] | .trust.identity = $id
+      | .gpu_image = .image' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
   act preflight || true
   got=$(grep -E '^\[[A-Z]+\] gpu-' "$ACT_LOG" | sed 's/;.*//' | paste -sd'|')
@@ -165,6 +166,7 @@ scenario_gpu_setup() {
   want+="|[PASS] gpu-libraries: seen libnvidia-ml.so.1 -> $GPU_HOST_LIB64/libnvidia-ml.so.$GPU_DRIVER_OLD, libcuda.so.1 -> $GPU_HOST_LIB64/libcuda.so.$GPU_DRIVER_OLD"
   want+="|[PASS] gpu-tools: seen nvidia-smi from $GPU_HOST_BIN (bound whole)"
   want+="|[WARN] gpu-persistenced: seen no live process in /run/nvidia-persistenced/nvidia-persistenced.pid"
+  want+="|[PASS] gpu-image: seen an NVIDIA GPU device node: gpu_image oci-archive:$archive:gpu"
   check_eq "preflight's GPU checks on the fake driver" "$got" "$want" || { show_log; return 1; }
   before=$(active_machines)
   act activate || { show_log; log_report; fail "activate of the GPU image exited non-zero"; return 1; }
@@ -410,7 +412,7 @@ scenario_gpu_setup_failure_rolls_back() {
   config_json "oci-archive:$archive:gpu" /etc/kubeslot/trust/gpu.pub |
     jq --arg id "$REGISTRY/kubeslot/e2e-gpu" '.gpu = "auto" | .trust.identity = $id
       | .preflight.ignore += ["gpu-driver", "gpu-libraries"]
-      | .kubelet.labels["kubeslot.io/e2e-gpu-try"] = "2"' >"$OUTER$CONFIG_IN_OUTER.tmp"
+      | .kubelet.labels["kubeslot.io/e2e-gpu-try"] = "2" | .gpu_image = .image' >"$OUTER$CONFIG_IN_OUTER.tmp"
   mv "$OUTER$CONFIG_IN_OUTER.tmp" "$OUTER$CONFIG_IN_OUTER"
   rm -f "$OUTER$GPU_HOST_LIB64"/libnvidia-ml.so* "$OUTER$GPU_HOST_LIB32"/libnvidia-ml.so*
   outer ldconfig
