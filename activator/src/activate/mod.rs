@@ -74,6 +74,7 @@ mod boot;
 mod drain;
 #[cfg(test)]
 mod fixture;
+mod fleet;
 mod flip;
 pub mod follow;
 pub mod plan;
@@ -92,6 +93,7 @@ pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview}
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kubeslot_image::atomic::AtomicError;
 use kubeslot_image::digest::Digest;
@@ -362,7 +364,14 @@ fn run_activate(
     let _ = run
         .cluster
         .set(drain::ClusterRun::of(run, &b.config, machine)?);
-    run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
+    let Some(lease) = take_lease(&b, report) else {
+        return Ok(());
+    };
+    let flipped = run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report);
+    if let Some(note) = lease.and_then(fleet::Held::release) {
+        progress::line(|| format!("rollout lease: {note}"));
+    }
+    flipped?;
     report.outcome = Some(Outcome::Committed);
     // GC: what neither slot needs any more goes (the commit stands whatever
     // happens here; a failure is the report's note).
@@ -371,6 +380,34 @@ fn run_activate(
         Err(e) => format!("gc failed: {}", kubeslot_image::error_chain(&e)),
     });
     Ok(())
+}
+
+/// Before the drain of a following host's update (`rollout.limit`): a
+/// lease, `Some(None)` when no limit applies; `None` when the run waits
+/// (the report says why, nothing was touched).
+fn take_lease(b: &begin::Begun, report: &mut Report) -> Option<Option<fleet::Held>> {
+    let (Some(limit), Some(admission)) = (&b.config.rollout.limit, report.rollout.as_mut()) else {
+        return Some(None);
+    };
+    if b.config.source.follow.is_none() {
+        return Some(None);
+    }
+    let timeout = Duration::from_secs(
+        b.config
+            .cluster
+            .as_ref()
+            .map_or(10, |c| c.request_timeout_secs),
+    );
+    let node = follow::node_name(&b.config, &b.facts.hostname);
+    match fleet::start(limit, timeout, &node, &b.flip.digest.to_string()) {
+        fleet::Start::Go(held) => Some(Some(*held)),
+        fleet::Start::Wait(why) => {
+            admission.waiting = Some(why);
+            report.slot = b.state.active;
+            report.outcome = Some(Outcome::Waiting);
+            None
+        }
+    }
 }
 
 fn run_fetch(
