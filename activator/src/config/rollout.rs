@@ -414,4 +414,30 @@ mod tests {
         let f: SourceSettings = serde_json::from_str(r#"{"follow":{"tag":"stable"}}"#).unwrap();
         assert_eq!(f.follow, Some(Follow::Tag("stable".into())));
     }
+
+    #[test]
+    fn a_limit_must_limit() {
+        let check = |limit: &str| rollout(&format!(r#"{{"limit":{limit}}}"#)).check();
+        let ok = r#"{"kubeconfig":"/etc/kubeslot/rollout.kubeconfig","max_unavailable":2}"#;
+        assert_eq!(check(ok), None);
+        let r = rollout(&format!(r#"{{"limit":{ok}}}"#));
+        let l = r.limit.unwrap();
+        assert_eq!(
+            (l.namespace.as_str(), l.lease_duration_secs),
+            ("kubeslot-system", 60)
+        );
+        assert_eq!(
+            check(r#"{"kubeconfig":"/k","max_unavailable":"10%","halt_after":3}"#),
+            None
+        );
+        for bad in [
+            r#"{"kubeconfig":"/k","max_unavailable":0}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":"150%"}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":"many"}"#,
+            r#"{"kubeconfig":"k","max_unavailable":1}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":1,"lease_duration_secs":1}"#,
+        ] {
+            assert!(check(bad).is_some(), "{bad}");
+        }
+    }
 }
