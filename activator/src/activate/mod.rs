@@ -356,18 +356,12 @@ fn run_activate(
         return Ok(());
     };
     run.preflight(&mut b, report)?;
-    run.prepare(&mut b, report)?;
-    // An archive's extraction (when staging did not take it) is not needed.
-    drop(b.source.take());
-    let gate = Gate::on_host(&b.config.health, run.root);
-    let machine = b.state.active.unwrap_or(b.flip.to);
-    let _ = run
-        .cluster
-        .set(drain::ClusterRun::of(run, &b.config, machine)?);
+    // the cluster-wide limit and the halt before anything is staged: a
+    // waiting run touches no slot
     let Some(lease) = take_lease(&b, report) else {
         return Ok(());
     };
-    let flipped = run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report);
+    let flipped = stage_and_flip(run, &mut b, report);
     if let Some(note) = lease.and_then(fleet::Held::release) {
         progress::line(|| format!("rollout lease: {note}"));
     }
@@ -382,7 +376,24 @@ fn run_activate(
     Ok(())
 }
 
-/// Before the drain of a following host's update (`rollout.limit`): a
+/// Stages (or reuses) the slot, then drains, flips and gates.
+fn stage_and_flip(
+    run: &Run<'_>,
+    b: &mut begin::Begun,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    run.prepare(b, report)?;
+    // An archive's extraction (when staging did not take it) is not needed.
+    drop(b.source.take());
+    let gate = Gate::on_host(&b.config.health, run.root);
+    let machine = b.state.active.unwrap_or(b.flip.to);
+    let _ = run
+        .cluster
+        .set(drain::ClusterRun::of(run, &b.config, machine)?);
+    run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)
+}
+
+/// Before the staging and the drain of a following host's update (`rollout.limit`): a
 /// lease, `Some(None)` when no limit applies; `None` when the run waits
 /// (the report says why, nothing was touched).
 fn take_lease(b: &begin::Begun, report: &mut Report) -> Option<Option<fleet::Held>> {

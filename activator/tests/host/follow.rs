@@ -237,7 +237,7 @@ fn a_node_waits_for_its_wave_and_for_a_window() {
 /// `rollout.limit` on a following node, against the fixture API server
 /// with the node authorizer on and only `deploy/rollout.yaml`'s grants:
 /// the only lease held by another node, the pause switch and a rollback of
-/// the digest elsewhere each make the run wait (nothing stopped, `status`
+/// the digest elsewhere each make the run wait (nothing staged or stopped, `status`
 /// and `plan` say why); once free, the node takes the lease, flips and
 /// releases it.
 #[test]
@@ -262,12 +262,14 @@ fn a_following_node_waits_for_the_limit_and_the_halt() {
     let (code, v) = f.admin("POST", leases, Some(&held));
     assert_eq!(code, 201, "{v}");
     let waits = |h: &Host, why: &str| {
+        let idle = h.slot_snapshot(Slot::Kube2);
         let (code, r, err) = follow(h);
         assert_eq!(code, 0, "{r:#}\n{err}");
         assert_eq!(r["outcome"], "waiting", "{r:#}");
         let w = r["rollout"]["waiting"].as_str().unwrap_or_default();
         assert!(w.contains(why), "{why}: {r:#}");
         assert_eq!(h.state().active_digest(), Some(img.v1));
+        assert_eq!(h.slot_snapshot(Slot::Kube2), idle, "nothing staged");
         assert!(
             starts_and_stops(&h.changes()).is_empty(),
             "{:?}",
