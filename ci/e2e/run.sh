@@ -309,6 +309,8 @@ SCENARIOS=(
   follow_tag_updates
   expired_statement_refused
   window_closed_waits
+  lease_limit_waits
+  halted_rollout_waits
 )
 
 # What the copy-mode pass of ci/test.sh leaves out: scenarios whose outcome
@@ -341,8 +343,8 @@ SLOT_INDEPENDENT=(
   adopt_refuses_untrusted_kubelet_flags
   # checks inside a running node
   cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
-  # a following host that waits for its window touches no slot
-  window_closed_waits
+  # a following host that waits for its window or the halt touches no slot
+  window_closed_waits halted_rollout_waits
 )
 
 SCENARIO_PID=""
