@@ -109,7 +109,11 @@ pub(super) fn begin(
     };
 
     report.phase("config");
-    let config = Config::load(config_path)?;
+    let config = super::follow::desired(
+        root,
+        Config::load(config_path)?,
+        state.active.unwrap_or(Slot::Kube1),
+    )?;
     report.image = Some(config.image.to_string());
     let (facts, gpus) = gather(root, config_path, &config)?;
 

@@ -190,6 +190,9 @@ pub enum ActivateError {
     /// The drain before the flip did not finish: nothing was stopped.
     #[error("{0}; not flipped, the running machine is untouched")]
     Drain(String),
+    /// `source.follow.annotation`: the Node's desired image not read.
+    #[error("source.follow.annotation: {0}")]
+    Desired(String),
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
     #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]

@@ -82,7 +82,11 @@ pub fn preview(
             rollout: None,
         });
     }
-    let config = Config::load(config_path)?;
+    let config = super::follow::desired(
+        root,
+        Config::load(config_path)?,
+        recovered.active.unwrap_or(crate::slot::Slot::Kube1),
+    )?;
     let (facts, gpus) = gather(root, config_path, &config)?;
     let resolved = open_verified(root, &config)?;
     let files = Rendered::new(&config, &facts);

@@ -303,3 +303,54 @@ fn a_following_node_waits_for_the_limit_and_the_halt() {
         "released: {lease:#}"
     );
 }
+
+/// `source.follow: {"annotation": true}`: the image the Node's own
+/// `kubeslot.io/desired-image` annotation names, read with the node's
+/// credentials (the node authorizer on): unset, the node stays; set, it
+/// moves there under the release statement's gates.
+#[test]
+fn a_node_follows_its_desired_image_annotation() {
+    use crate::rollout::{fleet, manifest_grants};
+    let img = images();
+    let f = fleet(&["node-a".into()], manifest_grants());
+    let h = following(&img, serde_json::json!({}));
+    // the node's kubeconfig and its files where the host reads them
+    let kc = f.kubeconfig("node-node-a");
+    let pki = kc.parent().unwrap();
+    for name in [
+        "ca.crt",
+        "node-node-a.crt",
+        "node-node-a.key",
+        "node-node-a.kubeconfig",
+    ] {
+        let to = h.root().join(pki.strip_prefix("/").unwrap()).join(name);
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        fs::copy(pki.join(name), to).unwrap();
+    }
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&fs::read(h.config_path()).unwrap()).unwrap();
+    c["source"] = serde_json::json!({"follow": {"annotation": true}});
+    c["cluster"] = serde_json::json!({"kubeconfig": kc, "drain": {"enabled": false},
+        "gate": {"skip_node_ready": true}});
+    fs::write(h.config_path(), serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    statement(&img, img.v2, 60, 3600, -60);
+    let (code, r, err) = follow(&h);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    assert_eq!(
+        h.state().active_digest(),
+        Some(img.v1),
+        "no annotation: {r:#}"
+    );
+    let v2 = format!("oci:{}:v2", img.layout.display());
+    let (code, v) = f.admin(
+        "PATCH",
+        "/api/v1/nodes/node-a",
+        Some(&serde_json::json!({"metadata": {"annotations": {"kubeslot.io/desired-image": v2}}})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, r, err) = follow(&h);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    assert_eq!(h.state().active_digest(), Some(img.v2));
+    assert_eq!(r["image"], v2, "{r:#}");
+}
