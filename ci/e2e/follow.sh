@@ -136,7 +136,7 @@ ghost_lease() {
     kind: "Lease", metadata: {name: "kubeslot-rollout-0", namespace: "kubeslot-system"},
     spec: {holderIdentity: $h, leaseDurationSeconds: $d, acquireTime: $t, renewTime: $t}}' >"$WORK/ghost-lease.json"
   kube delete lease -n kubeslot-system kubeslot-rollout-0 --ignore-not-found >/dev/null
-  kube create -f "$WORK/ghost-lease.json" >/dev/null
+  kube create --validate=false -f "$WORK/ghost-lease.json" >/dev/null
 }
 
 # waits_for WHY BEFORE: `follow` ends "waiting" (exit 0) with WHY in the
@@ -159,12 +159,12 @@ scenario_lease_limit_waits() {
   v=$(follow_target) || return 1
   publish_stable "$v" 168 || return 1
   rollout_identity
-  ghost_lease e2e-ghost 0 300
+  ghost_lease e2e-ghost 0 300 || { fail "creating the ghost lease"; return 1; }
   write_follow_config "$(rollout_limit)"
   waits_for "waiting for a rollout lease: all 1 held (max_unavailable); kubeslot-rollout-0 by e2e-ghost" "$before" || return 1
   check "plan says so too" grep -qF 'kubeslot-rollout-0 by e2e-ghost' <<<"$(outer kubeslot-activator plan)" || return 1
   # the ghost went silent: its lease expired 10 s ago
-  ghost_lease e2e-ghost 20 10
+  ghost_lease e2e-ghost 20 10 || { fail "expiring the ghost lease"; return 1; }
   act follow || { show_log; log_report; fail "follow after the lease expired"; return 1; }
   check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" committed || { log_report; return 1; }
   digest=DIGEST_$v
@@ -183,7 +183,9 @@ scenario_halted_rollout_waits() {
   publish_stable "$v" 168 || return 1
   rollout_identity
   kube delete lease -n kubeslot-system kubeslot-rollout-0 --ignore-not-found >/dev/null
-  kube create configmap -n kubeslot-system kubeslot-pause --from-literal=paused=true --from-literal=reason=e2e-incident >/dev/null
+  kube create --validate=false -f - >/dev/null <<<'{"apiVersion": "v1", "kind": "ConfigMap",
+    "metadata": {"name": "kubeslot-pause", "namespace": "kubeslot-system"},
+    "data": {"paused": "true", "reason": "e2e-incident"}}'
   write_follow_config "$(rollout_limit '{"halt_after": 1}')"
   waits_for 'the rollout is paused (ConfigMap kubeslot-pause has paused: "true"): e2e-incident' "$before" || return 1
   kube delete configmap -n kubeslot-system kubeslot-pause >/dev/null
@@ -191,7 +193,7 @@ scenario_halted_rollout_waits() {
   digest=${PLATFORM_DIGEST[${!d}]:-${!d}}
   jq -n --arg d "$digest" '{apiVersion: "v1", kind: "Node", metadata: {name: "e2e-ghost",
     annotations: {"kubeslot.io/last-digest": $d, "kubeslot.io/last-result": "rolled-back: e2e"}}}' |
-    kube create -f - >/dev/null
+    kube create --validate=false -f - >/dev/null
   waits_for "is halted: 1 node(s) rolled it back (e2e-ghost), halt_after is 1" "$before"
   kube delete node e2e-ghost >/dev/null
 }
