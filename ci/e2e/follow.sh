@@ -145,7 +145,7 @@ waits_for() {
   act follow || { show_log; log_report; fail "a wait is not a failure"; return 1; }
   check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" waiting || { log_report; return 1; }
   check "the report says why ($1)" grep -qF "$1" <<<"$(jq -r .rollout.waiting "$(report_file)")" || { log_report; return 1; }
-  check "status says it waits" grep -qF "waiting: $1" <<<"$(outer kubeslot-activator status)" || return 1
+  check "status says it waits" grep -qF "$1" <<<"$(outer kubeslot-activator status | grep '^ *waiting: ')" || return 1
   expect_unchanged "$2"
 }
 
@@ -169,7 +169,7 @@ scenario_lease_limit_waits() {
   check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" committed || { log_report; return 1; }
   digest=DIGEST_$v
   expect_status "$target" "${!digest}" || return 1
-  holder=$(kube get lease -n kubeslot-system kubeslot-rollout-0 -o 'jsonpath={.spec.holderIdentity}/{.spec.leaseTransitions}')
+  holder=$(kube get lease -n kubeslot-system kubeslot-rollout-0 -o json | jq -r '"\(.spec.holderIdentity // "")/\(.spec.leaseTransitions)"')
   check_eq "the lease released after the commit (holder/transitions)" "$holder" "/1"
 }
 
