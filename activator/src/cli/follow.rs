@@ -18,8 +18,10 @@ use super::HostArgs;
 /// image the Node's `<prefix>desired-image` annotation names, read with the
 /// node's credentials; unset: the config's image), and an image other than the running
 /// one is taken only with an unexpired release statement for its digest,
-/// once the node's wave has opened and inside a maintenance window
-/// (rollout.windows); until then the run ends "waiting" (exit 0) and
+/// once the node's wave has opened, inside a maintenance window
+/// (rollout.windows) and, with rollout.limit, unless the rollout is paused
+/// or halted by rollbacks and once one of max_unavailable Leases is free
+/// (held until the commit or the rollback); until then the run ends "waiting" (exit 0) and
 /// report.json (`status`) says until when. Exit codes as `activate`; an
 /// expired or missing statement is exit 1 with the node untouched.
 #[derive(clap::Args, Debug)]
