@@ -6,11 +6,14 @@
 //! flip and gate are a sleep of FLIP_MS.
 //!
 //!   rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K]
-//!               [--outage-ms O]
+//!               [--outage-ms O] [--fault-every N]
 //!
 //! `--outage-ms O`: the nodes reach the API server through a TCP relay;
 //! once half of them are done, the relay drops every connection and
 //! refuses new ones for O ms (an API server restarting).
+//! `--fault-every N`: the fixture answers every Nth request `429` (with
+//! `Retry-After: 1`), `503` or `500` in turn, before applying it (an
+//! overloaded API server); the nodes retry.
 //! `--kill K`: once a quarter of the nodes are done, the next K nodes to
 //! take a lease die holding it (no renewal, no release); the report says
 //! how long until other nodes held those leases. Prints one `key: value`
@@ -74,11 +77,12 @@ struct Args {
     poll: Duration,
     kill: usize,
     outage: Duration,
+    fault_every: u64,
 }
 
 fn args() -> Args {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K] [--outage-ms O]";
+    let usage = "usage: rollout_sim NODES LIMIT FLIP_MS [--lease-s S] [--poll-ms P] [--kill K] [--outage-ms O] [--fault-every N]";
     let num = |s: &str| -> u64 {
         s.parse()
             .unwrap_or_else(|_| panic!("{usage}: {s:?} is no number"))
@@ -92,6 +96,7 @@ fn args() -> Args {
         poll: Duration::from_millis(500),
         kill: 0,
         outage: Duration::ZERO,
+        fault_every: 0,
     };
     let mut i = 3;
     while i + 1 < a.len() + 1 && i < a.len() {
@@ -104,6 +109,7 @@ fn args() -> Args {
             "--poll-ms" => r.poll = Duration::from_millis(v),
             "--kill" => r.kill = v as usize,
             "--outage-ms" => r.outage = Duration::from_millis(v),
+            "--fault-every" => r.fault_every = v,
             other => panic!("{usage}: unknown {other}"),
         }
         i += 2;
@@ -197,6 +203,7 @@ fn main() {
     let mut settings = Settings::new(NS, MaxUnavailable::Count(a.limit));
     settings.lease_duration_s = a.lease_s;
     let shared = Arc::new(Shared::default());
+    srv.faults.every.store(a.fault_every, Ordering::SeqCst);
     let start = Instant::now();
     if !a.outage.is_zero() {
         let (sh, half, outage) = (shared.clone(), a.nodes / 2, a.outage);
@@ -256,6 +263,19 @@ fn main() {
         "API errors seen (retried): {}",
         shared.errors.load(Ordering::SeqCst)
     );
+    if a.fault_every > 0 {
+        println!(
+            "API answers injected (429/503/500, every {}th request): {}",
+            a.fault_every,
+            srv.faults.answered.load(Ordering::SeqCst)
+        );
+    }
+    if !a.outage.is_zero() {
+        println!(
+            "API server restart: every connection cut, new ones refused for {} ms once half were done",
+            a.outage.as_millis()
+        );
+    }
     if a.kill > 0 {
         println!(
             "recovery after killed holders: {:.2} s (lease duration {} s)",

@@ -118,14 +118,17 @@ pub fn fleet(nodes: &[String], grants: Vec<Value>) -> Fleet {
 }
 
 impl Fleet {
-    /// The activator's API client as `who` (`rollout-<n>`, `node-<n>`).
-    pub fn api(&self, who: &str) -> ClusterApi {
-        let kc = self
-            .dir
+    /// The kubeconfig of `who` (`rollout-<n>`, `node-<n>`).
+    pub fn kubeconfig(&self, who: &str) -> std::path::PathBuf {
+        self.dir
             .path()
             .join("pki")
-            .join(format!("{who}.kubeconfig"));
-        let kc = Kubeconfig::load(&kc, &|p: &Path| p.to_path_buf()).unwrap();
+            .join(format!("{who}.kubeconfig"))
+    }
+
+    /// The activator's API client as `who` (`rollout-<n>`, `node-<n>`).
+    pub fn api(&self, who: &str) -> ClusterApi {
+        let kc = Kubeconfig::load(&self.kubeconfig(who), &|p: &Path| p.to_path_buf()).unwrap();
         ClusterApi::new(Client::new(&kc, Duration::from_secs(10)).unwrap(), NS)
     }
 

@@ -7,10 +7,12 @@
 # ideal (nodes / limit x flip), API requests per node, and the time until
 # the leases of K killed holders are held again (one lease duration),
 # and the errors retried when the API server is away for O ms (every
-# connection cut, new ones refused, once half the nodes are done).
+# connection cut, new ones refused, once half the nodes are done), and
+# with --fault-every N every Nth request answered 429/503/500 in turn
+# (default 0: none; the smoke size injects them).
 #
 #   ci/bench/rollout.sh [--nodes N] [--limit L] [--flip-ms F] [--lease-s S]
-#                       [--poll-ms P] [--kill K] [--outage-ms O]
+#                       [--poll-ms P] [--kill K] [--outage-ms O] [--fault-every N]
 #   (defaults: the figures in docs/benchmarks.md: 1000 nodes, limit 50,
 #   flip 2000 ms, lease 10 s, poll 5000 ms, 5 killed, 3000 ms outage: with
 #   hundreds waiting, a freed lease is taken within milliseconds however
@@ -20,7 +22,7 @@
 # passes target/debug); else a release build of the example.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-nodes=1000 limit=50 flip=2000 lease=10 poll=5000 kill=5 outage=3000
+nodes=1000 limit=50 flip=2000 lease=10 poll=5000 kill=5 outage=3000 faults=0
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) nodes=$2 ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --poll-ms) poll=$2 ;;
     --kill) kill=$2 ;;
     --outage-ms) outage=$2 ;;
+    --fault-every) faults=$2 ;;
     *) echo "rollout.sh: unknown option $1 (see the header)" >&2; exit 2 ;;
   esac
   shift 2
@@ -45,7 +48,7 @@ fi
 log=$(mktemp "${TMPDIR:-/tmp}/rollout-sim.XXXXXX")
 trap 'rm -f "$log"' EXIT
 rc=0
-"$sim" "$nodes" "$limit" "$flip" --lease-s "$lease" --poll-ms "$poll" --kill "$kill" --outage-ms "$outage" 2>"$log" || rc=$?
+"$sim" "$nodes" "$limit" "$flip" --lease-s "$lease" --poll-ms "$poll" --kill "$kill" --outage-ms "$outage" --fault-every "$faults" 2>"$log" || rc=$?
 grep -v '^fake-apiserver: ' "$log" >&2 || true
 echo "fixture requests logged: $(grep -c '^fake-apiserver: ' "$log" || true) ($(grep '^fake-apiserver: ' "$log" | grep -c -- '-> 409' || true) conflicts)"
 exit "$rc"

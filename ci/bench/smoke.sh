@@ -8,7 +8,7 @@
 #   debian-base.sh     --packages base-files (the minbase alone)
 #   fetch.sh           --rootfs SMALL
 #   fleet.sh           --hosts 5 --image-mb 1 (every topology)
-#   rollout.sh         --nodes 40 --limit 4 --flip-ms 200 (2 holders killed, 1 s outage)
+#   rollout.sh         --nodes 40 --limit 4 --flip-ms 200 (2 holders killed, 1 s outage, every 20th request 429/5xx)
 #   unpack.sh          --rootfs SMALL
 #   update.sh          --rootfs SMALL 1 (a 1 MB Kubernetes layer)
 # SMALL is a ~14 MB slice of the tests' Debian rootfs (ci/lib/debian-rootfs.sh
@@ -135,7 +135,7 @@ bench() {
     debian-base) cmd=(ci/bench/debian-base.sh --packages base-files) ;;
     fetch) cmd=(ci/bench/fetch.sh --rootfs "$small") ;;
     fleet) needs_lock=1 cmd=(ci/bench/fleet.sh --hosts 5 --image-mb 1) ;;
-    rollout) cmd=(ci/bench/rollout.sh --nodes 40 --limit 4 --flip-ms 200 --lease-s 2 --poll-ms 100 --kill 2 --outage-ms 1000) ;;
+    rollout) cmd=(ci/bench/rollout.sh --nodes 40 --limit 4 --flip-ms 200 --lease-s 2 --poll-ms 100 --kill 2 --outage-ms 1000 --fault-every 20) ;;
     unpack) cmd=(env BENCH_DIR="$work/unpack" ci/bench/unpack.sh --rootfs "$small") ;;
     update) needs_lock=1 cmd=(ci/bench/update.sh --rootfs "$small" 1) ;;
   esac

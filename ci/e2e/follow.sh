@@ -9,13 +9,14 @@
 # that is not running and not marked bad, and the config allows a
 # downgrade, so they run after any scenario that leaves a node up.
 
-# follow_target: a release (v1, v2, v4, v6, in that order) the running node
+# follow_target: a release (v1, v2, v5, v4, v6, in that order: v6 last,
+# airgap_archive wants it unseen; v4 is keyless_verified_offline's) the running node
 # does not run and this host has not marked bad (a rollback marks the image
 # it left).
 follow_target() {
   local file v d
   file=$(status_json) || return 1
-  for v in v1 v2 v4 v6; do
+  for v in v1 v2 v5 v4 v6; do
     d=DIGEST_$v
     if ! jq -e --arg d "${PLATFORM_DIGEST[${!d}]:-${!d}}" --arg i "${!d}" \
       '[.state.slots[.state.active].digest] + [(.state.bad // [])[].digest] | any(. == $d or . == $i)' \
@@ -108,4 +109,92 @@ scenario_window_closed_waits() {
   check "status says it waits" grep -q 'waiting: outside the maintenance windows' <<<"$(outer kubeslot-activator status)" || return 1
   check "plan shows the window" grep -q 'window closed until' <<<"$(outer kubeslot-activator plan)" || return 1
   expect_unchanged "$before"
+}
+
+# rollout_identity: the rollout identity's kubeconfig (the fixture's
+# `rollout` client certificate, deploy/rollout.yaml's rules) inside the
+# outer host, as /etc/kubeslot/rollout.kubeconfig.
+rollout_identity() {
+  local pki=$WORK/apiserver/pki
+  mkdir -p "$OUTER/etc/kubeslot/rollout"
+  cp "$pki/ca.crt" "$pki/rollout.crt" "$pki/rollout.key" "$OUTER/etc/kubeslot/rollout/"
+  sed "s#$pki/#/etc/kubeslot/rollout/#g" "$pki/rollout.kubeconfig" >"$OUTER/etc/kubeslot/rollout.kubeconfig"
+}
+
+# rollout_limit [EXTRA_JSON]: rollout.limit with one lease of 15 s.
+rollout_limit() {
+  jq -nc --argjson extra "${1:-{\}}" '{limit: ({kubeconfig: "/etc/kubeslot/rollout.kubeconfig",
+    max_unavailable: 1, lease_duration_secs: 15} + $extra)}'
+}
+
+# micro_time SECONDS_AGO: a Lease's MicroTime that long ago.
+micro_time() { date -u -d "@$(($(date -u +%s) - $1))" +%Y-%m-%dT%H:%M:%S.000000Z; }
+
+# ghost_lease HOLDER SECONDS_AGO DURATION: the rollout's only lease, held by
+# another (fictional) node, last renewed SECONDS_AGO with DURATION.
+ghost_lease() {
+  jq -n --arg h "$1" --arg t "$(micro_time "$2")" --argjson d "$3" '{apiVersion: "coordination.k8s.io/v1",
+    kind: "Lease", metadata: {name: "kubeslot-rollout-0", namespace: "kubeslot-system"},
+    spec: {holderIdentity: $h, leaseDurationSeconds: $d, acquireTime: $t, renewTime: $t}}' >"$WORK/ghost-lease.json"
+  kube delete lease -n kubeslot-system kubeslot-rollout-0 --ignore-not-found >/dev/null
+  kube create --validate=false -f "$WORK/ghost-lease.json" >/dev/null
+}
+
+# waits_for WHY BEFORE: `follow` ends "waiting" (exit 0) with WHY in the
+# report, status says so, and the node (and its idle slot) is unchanged.
+waits_for() {
+  act follow || { show_log; log_report; fail "a wait is not a failure"; return 1; }
+  check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" waiting || { log_report; return 1; }
+  check "the report says why ($1)" grep -qF "$1" <<<"$(jq -r .rollout.waiting "$(report_file)")" || { log_report; return 1; }
+  check "status says it waits" grep -qF "$1" <<<"$(outer kubeslot-activator status | grep '^ *waiting: ')" || return 1
+  expect_unchanged "$2"
+}
+
+# The only rollout lease held by another node: the update waits (nothing
+# staged, stopped or flipped); once that holder stops renewing and its
+# lease expires, the next run takes the lease, flips and releases it.
+scenario_lease_limit_waits() {
+  local before target v digest holder
+  before=$(node_snapshot) || return 1
+  target=$(other_machine "$(running_machine)")
+  v=$(follow_target) || return 1
+  publish_stable "$v" 168 || return 1
+  rollout_identity
+  ghost_lease e2e-ghost 0 300 || { fail "creating the ghost lease"; return 1; }
+  write_follow_config "$(rollout_limit)"
+  waits_for "waiting for a rollout lease: all 1 held (max_unavailable); kubeslot-rollout-0 by e2e-ghost" "$before" || return 1
+  check "plan says so too" grep -qF 'kubeslot-rollout-0 by e2e-ghost' <<<"$(outer kubeslot-activator plan)" || return 1
+  # the ghost went silent: its lease expired 10 s ago
+  ghost_lease e2e-ghost 20 10 || { fail "expiring the ghost lease"; return 1; }
+  act follow || { show_log; log_report; fail "follow after the lease expired"; return 1; }
+  check_eq "follow's outcome" "$(jq -r .outcome "$(report_file)")" committed || { log_report; return 1; }
+  digest=DIGEST_$v
+  expect_status "$target" "${!digest}" || return 1
+  holder=$(kube get lease -n kubeslot-system kubeslot-rollout-0 -o json | jq -r '"\(.spec.holderIdentity // "")/\(.spec.leaseTransitions)"')
+  check_eq "the lease released after the commit (holder/transitions)" "$holder" "/1"
+}
+
+# The pause switch, then a rollback of the digest on another (fictional)
+# node with halt_after 1: each halts the update (nothing changes, status
+# says why).
+scenario_halted_rollout_waits() {
+  local before v d digest
+  before=$(node_snapshot) || return 1
+  v=$(follow_target) || return 1
+  publish_stable "$v" 168 || return 1
+  rollout_identity
+  kube delete lease -n kubeslot-system kubeslot-rollout-0 --ignore-not-found >/dev/null
+  kube create --validate=false -f - >/dev/null <<<'{"apiVersion": "v1", "kind": "ConfigMap",
+    "metadata": {"name": "kubeslot-pause", "namespace": "kubeslot-system"},
+    "data": {"paused": "true", "reason": "e2e-incident"}}'
+  write_follow_config "$(rollout_limit '{"halt_after": 1}')"
+  waits_for 'the rollout is paused (ConfigMap kubeslot-pause has paused: "true"): e2e-incident' "$before" || return 1
+  kube delete configmap -n kubeslot-system kubeslot-pause >/dev/null
+  d=DIGEST_$v
+  digest=${PLATFORM_DIGEST[${!d}]:-${!d}}
+  jq -n --arg d "$digest" '{apiVersion: "v1", kind: "Node", metadata: {name: "e2e-ghost",
+    annotations: {"kubeslot.io/last-digest": $d, "kubeslot.io/last-result": "rolled-back: e2e"}}}' |
+    kube create --validate=false -f - >/dev/null
+  waits_for "is halted: 1 node(s) rolled it back (e2e-ghost), halt_after is 1" "$before"
+  kube delete node e2e-ghost >/dev/null
 }

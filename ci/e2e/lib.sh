@@ -334,7 +334,9 @@ APISERVER=""
 # registry; the node machines share this network, so their kubelets reach
 # it there. Its test CA, serving and admin certificates go to
 # WORK/apiserver/pki (ca.crt is the cluster CA the e2e config carries);
-# it accepts the config's bootstrap token. Sets APISERVER (https://...).
+# it accepts the config's bootstrap token, and a rollout identity
+# (rollout.kubeconfig) with deploy/rollout.yaml's rules in kubeslot-system
+# (the follow scenarios' rollout.limit). Sets APISERVER (https://...).
 apiserver_start() {
   local dir=$WORK/apiserver deadline
   mkdir -p "$dir"
@@ -343,10 +345,18 @@ apiserver_start() {
   # ClusterRole (what the drain reads beyond the node authorizer)
   cat >"$dir/config.json" <<'EOF2'
 {"bootstrap_tokens": [{"id": "abcdef", "secret": "0123456789abcdef"}],
- "client_certs": [{"name": "admin", "user": "kubeslot-e2e-admin", "groups": ["system:masters"]}],
- "grants": [{"subjects": [{"kind": "Group", "name": "system:nodes"}],
-             "rules": [{"verbs": ["list"], "api_groups": ["policy"], "resources": ["poddisruptionbudgets"]},
-                       {"verbs": ["get"], "api_groups": ["apps"], "resources": ["daemonsets"]}]}],
+ "client_certs": [{"name": "admin", "user": "kubeslot-e2e-admin", "groups": ["system:masters"]},
+   {"name": "rollout", "user": "kubeslot:rollout:e2e-node", "groups": ["kubeslot:rollout"]}],
+ "grants": [
+   {"subjects": [{"kind": "Group", "name": "system:nodes"}],
+    "rules": [{"verbs": ["list"], "api_groups": ["policy"], "resources": ["poddisruptionbudgets"]},
+              {"verbs": ["get"], "api_groups": ["apps"], "resources": ["daemonsets"]}]},
+   {"subjects": [{"kind": "Group", "name": "kubeslot:rollout"}], "namespaces": ["kubeslot-system"],
+    "rules": [{"verbs": ["list", "create", "update"], "api_groups": ["coordination.k8s.io"], "resources": ["leases"]},
+              {"verbs": ["get"], "api_groups": [""], "resources": ["configmaps"], "resource_names": ["kubeslot-pause"]}]},
+   {"subjects": [{"kind": "Group", "name": "kubeslot:rollout"}],
+    "rules": [{"verbs": ["list"], "api_groups": [""], "resources": ["nodes"]}]}],
+ "objects": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeslot-system"}}],
  "remove_pods_after_grace": false}
 EOF2
   "$REPO/target/debug/fake-apiserver" --listen 127.0.0.1:0 --cert-dir "$dir/pki" --config "$dir/config.json" \

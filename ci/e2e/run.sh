@@ -309,6 +309,8 @@ SCENARIOS=(
   follow_tag_updates
   expired_statement_refused
   window_closed_waits
+  lease_limit_waits
+  halted_rollout_waits
   flip_drains_first
   drain_blocked_by_pdb
   kill_mid_drain
@@ -351,8 +353,9 @@ SLOT_INDEPENDENT=(
   adopt_refuses_untrusted_kubelet_flags
   # checks inside a running node
   cri_pull_through_mirror mirror_pull_airgapped cri_sandbox_pinned gpu_cdi_injection
-  # a following host that waits for its window touches no slot
-  window_closed_waits
+  # a following host that waits for its window, the lease or the halt
+  # touches no slot; lease_limit_waits' flip at the end is follow_tag_updates'
+  window_closed_waits lease_limit_waits halted_rollout_waits
   # the drain, the cluster gate and what the cluster sees: API calls around
   # a flip, the same whatever makes the slot's tree (ci/e2e/drain.sh)
   flip_drains_first drain_blocked_by_pdb kill_mid_drain cluster_gate_waits_for_ready node_reports_image

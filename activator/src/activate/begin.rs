@@ -110,6 +110,7 @@ pub(super) fn begin(
 
     report.phase("config");
     let (config, _) = super::variant::choose(root, Config::load(config_path)?);
+    let config = super::follow::desired(root, config, state.active.unwrap_or(Slot::Kube1))?;
     report.image = Some(config.image.to_string());
     let (facts, gpus) = gather(root, config_path, &config)?;
 

@@ -401,7 +401,13 @@ impl Run<'_> {
                 ("KubeslotRollback", true, e.to_string()),
             ),
         };
-        let mut annotations = vec![("last-result", res.to_string()), ("last-reason", reason)];
+        // last-digest: what this run moved to or tried, committed or not
+        // (the fleet's halt counts the rollbacks of a digest by it)
+        let mut annotations = vec![
+            ("last-result", res.to_string()),
+            ("last-reason", reason),
+            ("last-digest", digest.clone()),
+        ];
         if result.is_ok() {
             annotations.extend([
                 ("image", image.clone()),

@@ -54,6 +54,53 @@ pub fn node_name(config: &Config, hostname: &str) -> String {
         .unwrap_or_else(|| hostname.to_lowercase())
 }
 
+/// `source.follow: {"annotation": true}`: the config with `image` the
+/// reference in the Node's own `<prefix>desired-image` annotation, read
+/// with the node's credentials (`cluster`, as the drain reads them, the
+/// kubeconfig's paths those of `machine`'s host files). Unset or empty:
+/// the config's own `image` (where the host starts). Any other config is
+/// returned as it is.
+pub fn desired(
+    root: &Root,
+    mut config: Config,
+    machine: crate::slot::Slot,
+) -> Result<Config, ActivateError> {
+    if config.source.follow != Some(crate::config::Follow::Annotation(true)) {
+        return Ok(config);
+    }
+    let fail = |reason: String| ActivateError::Desired(reason);
+    let Some(cluster) = config.cluster.clone() else {
+        return Err(fail(
+            "needs the `cluster` section (the Node is read with the node's credentials)".into(),
+        ));
+    };
+    let node = crate::render::node_name_of(root, &config)?;
+    let kubeconfig = crate::cluster::node::kubeconfig_path(
+        root,
+        &cluster,
+        config.kubelet.exec_credential.is_some(),
+        machine.machine(),
+    );
+    let client = crate::cluster::node::client(
+        root,
+        machine.machine(),
+        &kubeconfig,
+        std::time::Duration::from_secs(cluster.request_timeout_secs),
+    )
+    .map_err(|e| fail(format!("{e:#}")))?;
+    let found = crate::rollout::desired::desired_image(&client, &node, &cluster.annotation_prefix)
+        .map_err(fail)?;
+    if let Some(r) = found {
+        config.image = r.parse().map_err(|e| {
+            fail(format!(
+                "{}{} of Node {node}: {r:?}: {e}",
+                cluster.annotation_prefix, "desired-image"
+            ))
+        })?;
+    }
+    Ok(config)
+}
+
 /// The clock file's name under the state dir.
 const CLOCK_FILE: &str = "clock";
 /// Clock skew tolerated before a backwards clock is reported.

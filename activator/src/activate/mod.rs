@@ -74,6 +74,7 @@ mod boot;
 mod drain;
 #[cfg(test)]
 mod fixture;
+mod fleet;
 mod flip;
 pub mod follow;
 pub mod plan;
@@ -93,6 +94,7 @@ pub use rollback::{preview_rollback, rollback, RollbackOptions, RollbackPreview}
 use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kubeslot_image::atomic::AtomicError;
 use kubeslot_image::digest::Digest;
@@ -189,6 +191,9 @@ pub enum ActivateError {
     /// The drain before the flip did not finish: nothing was stopped.
     #[error("{0}; not flipped, the running machine is untouched")]
     Drain(String),
+    /// `source.follow.annotation`: the Node's desired image not read.
+    #[error("source.follow.annotation: {0}")]
+    Desired(String),
     /// The new machine failed its gate; the old one runs again (or, with
     /// `old_failure`, was started but is not healthy either).
     #[error("{failure}; rolled back to {}{}", from.map_or("no machine (nothing ran before)".to_string(), |s| s.to_string()), old_failure.as_ref().map_or(String::new(), |f| format!(", which is not healthy either: {f}")))]
@@ -355,7 +360,33 @@ fn run_activate(
         return Ok(());
     };
     run.preflight(&mut b, report)?;
-    run.prepare(&mut b, report)?;
+    // the cluster-wide limit and the halt before anything is staged: a
+    // waiting run touches no slot
+    let Some(lease) = take_lease(&b, report) else {
+        return Ok(());
+    };
+    let flipped = stage_and_flip(run, &mut b, report);
+    if let Some(note) = lease.and_then(fleet::Held::release) {
+        progress::line(|| format!("rollout lease: {note}"));
+    }
+    flipped?;
+    report.outcome = Some(Outcome::Committed);
+    // GC: what neither slot needs any more goes (the commit stands whatever
+    // happens here; a failure is the report's note).
+    report.gc = Some(match crate::host::gc::collect(run.root, &b.state, false) {
+        Ok(g) => g.summary(),
+        Err(e) => format!("gc failed: {}", kubeslot_image::error_chain(&e)),
+    });
+    Ok(())
+}
+
+/// Stages (or reuses) the slot, then drains, flips and gates.
+fn stage_and_flip(
+    run: &Run<'_>,
+    b: &mut begin::Begun,
+    report: &mut Report,
+) -> Result<(), ActivateError> {
+    run.prepare(b, report)?;
     // An archive's extraction (when staging did not take it) is not needed.
     drop(b.source.take());
     let gate = Gate::on_host(&b.config.health, run.root);
@@ -376,15 +407,35 @@ fn run_activate(
                 ..c
             }),
         );
-    run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)?;
-    report.outcome = Some(Outcome::Committed);
-    // GC: what neither slot needs any more goes (the commit stands whatever
-    // happens here; a failure is the report's note).
-    report.gc = Some(match crate::host::gc::collect(run.root, &b.state, false) {
-        Ok(g) => g.summary(),
-        Err(e) => format!("gc failed: {}", kubeslot_image::error_chain(&e)),
-    });
-    Ok(())
+    run.try_flip(&mut b.state, &gate, &b.facts.gpu.devices, report)
+}
+
+/// Before the staging and the drain of a following host's update (`rollout.limit`): a
+/// lease, `Some(None)` when no limit applies; `None` when the run waits
+/// (the report says why, nothing was touched).
+fn take_lease(b: &begin::Begun, report: &mut Report) -> Option<Option<fleet::Held>> {
+    let (Some(limit), Some(admission)) = (&b.config.rollout.limit, report.rollout.as_mut()) else {
+        return Some(None);
+    };
+    if b.config.source.follow.is_none() {
+        return Some(None);
+    }
+    let timeout = Duration::from_secs(
+        b.config
+            .cluster
+            .as_ref()
+            .map_or(10, |c| c.request_timeout_secs),
+    );
+    let node = follow::node_name(&b.config, &b.facts.hostname);
+    match fleet::start(limit, timeout, &node, &b.flip.digest.to_string()) {
+        fleet::Start::Go(held) => Some(Some(*held)),
+        fleet::Start::Wait(why) => {
+            admission.waiting = Some(why);
+            report.slot = b.state.active;
+            report.outcome = Some(Outcome::Waiting);
+            None
+        }
+    }
 }
 
 fn run_fetch(

@@ -86,6 +86,11 @@ pub fn preview(
         });
     }
     let (config, variant) = super::variant::choose(root, Config::load(config_path)?);
+    let config = super::follow::desired(
+        root,
+        config,
+        recovered.active.unwrap_or(crate::slot::Slot::Kube1),
+    )?;
     let (facts, gpus) = gather(root, config_path, &config)?;
     let resolved = open_verified(root, &config)?;
     let files = Rendered::new(&config, &facts);
@@ -158,6 +163,7 @@ pub fn preview(
             &super::follow::node_name(&config, &facts.hostname),
         )
         .map_err(|e| kubeslot_image::error_chain(&e))
+        .map(|a| with_limit(a, &config, &facts.hostname, resolved.digest()))
     });
     Ok(Preview {
         rollout,
@@ -170,6 +176,28 @@ pub fn preview(
         diffs,
         host_settings,
     })
+}
+
+/// `a` with the cluster-wide limit and the halt (`rollout.limit`), read
+/// only: why the update would wait for them, if its wave and window are
+/// open.
+fn with_limit(
+    mut a: super::follow::Admission,
+    config: &Config,
+    hostname: &str,
+    digest: kubeslot_image::digest::Digest,
+) -> super::follow::Admission {
+    if let (None, Some(l)) = (&a.waiting, &config.rollout.limit) {
+        let node = super::follow::node_name(config, hostname);
+        let timeout = Duration::from_secs(
+            config
+                .cluster
+                .as_ref()
+                .map_or(10, |c| c.request_timeout_secs),
+        );
+        a.waiting = super::fleet::preview(l, timeout, &node, &digest.to_string());
+    }
+    a
 }
 
 /// The drain a flip (or a rollback) does before it stops the running

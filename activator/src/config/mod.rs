@@ -26,7 +26,8 @@ pub use pods::{BundleImage, Containerd, ExtraMount, Images, RegistryMirror};
 pub use proxy::ProxyConfig;
 pub use registries::{Credentials, Keyless, KeylessGithub, RegistryConfig, Trust};
 pub use rollout::{
-    ClockTime, Follow, Rollout, SourceSettings, UtcOffset, Weekday, Window, WindowState,
+    ClockTime, CountOrPercent, FleetLimit, Follow, Rollout, SourceSettings, UtcOffset, Weekday,
+    Window, WindowState,
 };
 
 /// The default config path on a host (relative to the root handle).
@@ -584,8 +585,8 @@ impl Config {
                 reason,
             })?;
         }
-        if let Some(reason) = self.source.check() {
-            return Err(invalid("source.follow", &reason));
+        if let Some((field, reason)) = rollout::check(&self.source, &self.rollout) {
+            return Err(invalid(field, &reason));
         }
         if let Some(root) = &self.gpu.driver_root {
             let plain = root.is_absolute()

@@ -66,6 +66,110 @@ pub struct Rollout {
     /// time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<Window>,
+    /// The cluster-wide limit and the halt (`"limit": {…}`). Unset: a
+    /// following node starts once its wave and window are open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<FleetLimit>,
+}
+
+/// `rollout.limit`: at most `max_unavailable` nodes drain or flip at once,
+/// each holding one of that many Leases in `namespace`; no new start while
+/// the pause switch is set or once `halt_after` nodes rolled the digest
+/// back. Spoken with the rollout identity's `kubeconfig` (a node's own
+/// credentials cannot take Leases: deploy/rollout.yaml).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FleetLimit {
+    /// The rollout identity's kubeconfig (group `kubeslot:rollout`).
+    pub kubeconfig: std::path::PathBuf,
+    /// Where the Leases and the pause switch live.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// A count of nodes (`2`) or a percentage (`"10%"`) of the nodes
+    /// `node_selector` matches.
+    pub max_unavailable: CountOrPercent,
+    /// The label selector of the nodes a percentage counts and whose
+    /// rollbacks halt (empty: all nodes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node_selector: String,
+    /// A silent holder's lease is taken over after this.
+    #[serde(default = "default_lease_duration")]
+    pub lease_duration_secs: u32,
+    /// Rollbacks of one digest that halt new starts (0: never).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub halt_after: usize,
+    /// The pause switch: a ConfigMap in `namespace` with `paused: "true"`.
+    #[serde(default = "default_pause_switch")]
+    pub pause_switch: String,
+    /// Lease names are `<lease_prefix>-<i>`.
+    #[serde(default = "default_lease_prefix")]
+    pub lease_prefix: String,
+}
+
+fn default_namespace() -> String {
+    "kubeslot-system".into()
+}
+fn default_lease_duration() -> u32 {
+    60
+}
+fn default_pause_switch() -> String {
+    "kubeslot-pause".into()
+}
+fn default_lease_prefix() -> String {
+    "kubeslot-rollout".into()
+}
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// `max_unavailable`: `5` or `"10%"` (written back as given).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum CountOrPercent {
+    Count(u32),
+    Text(String),
+}
+
+impl CountOrPercent {
+    /// The text form (`"5"`, `"10%"`) the rollout library parses.
+    pub fn text(&self) -> String {
+        match self {
+            CountOrPercent::Count(c) => c.to_string(),
+            CountOrPercent::Text(t) => t.clone(),
+        }
+    }
+}
+
+/// What serde cannot check in `source` and `rollout`: the field and why.
+pub(super) fn check(source: &SourceSettings, rollout: &Rollout) -> Option<(&'static str, String)> {
+    if let Some(r) = source.check() {
+        return Some(("source.follow", r));
+    }
+    rollout.check().map(|r| ("rollout.limit", r))
+}
+
+impl Rollout {
+    /// What serde cannot check: a limit that limits.
+    fn check(&self) -> Option<String> {
+        let l = self.limit.as_ref()?;
+        let t = l.max_unavailable.text();
+        let ok = match t.strip_suffix('%') {
+            Some(p) => p.parse::<u32>().is_ok_and(|p| (1..=100).contains(&p)),
+            None => t.parse::<u32>().is_ok_and(|c| c > 0),
+        };
+        if !ok {
+            return Some(format!(
+                "max_unavailable {t:?}: expected a count of nodes (5) or a percentage (\"10%\", 1 to 100)"
+            ));
+        }
+        if l.lease_duration_secs < 3 {
+            return Some("lease_duration_secs: at least 3 (renewed every third)".into());
+        }
+        if !l.kubeconfig.is_absolute() {
+            return Some("kubeconfig: an absolute path".into());
+        }
+        None
+    }
 }
 
 /// One maintenance window: on `days` (the local day it starts; empty:
@@ -309,5 +413,31 @@ mod tests {
         assert_eq!(r.windows[0].utc_offset.to_string(), "-05:30");
         let f: SourceSettings = serde_json::from_str(r#"{"follow":{"tag":"stable"}}"#).unwrap();
         assert_eq!(f.follow, Some(Follow::Tag("stable".into())));
+    }
+
+    #[test]
+    fn a_limit_must_limit() {
+        let check = |limit: &str| rollout(&format!(r#"{{"limit":{limit}}}"#)).check();
+        let ok = r#"{"kubeconfig":"/etc/kubeslot/rollout.kubeconfig","max_unavailable":2}"#;
+        assert_eq!(check(ok), None);
+        let r = rollout(&format!(r#"{{"limit":{ok}}}"#));
+        let l = r.limit.unwrap();
+        assert_eq!(
+            (l.namespace.as_str(), l.lease_duration_secs),
+            ("kubeslot-system", 60)
+        );
+        assert_eq!(
+            check(r#"{"kubeconfig":"/k","max_unavailable":"10%","halt_after":3}"#),
+            None
+        );
+        for bad in [
+            r#"{"kubeconfig":"/k","max_unavailable":0}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":"150%"}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":"many"}"#,
+            r#"{"kubeconfig":"k","max_unavailable":1}"#,
+            r#"{"kubeconfig":"/k","max_unavailable":1,"lease_duration_secs":1}"#,
+        ] {
+            assert!(check(bad).is_some(), "{bad}");
+        }
     }
 }

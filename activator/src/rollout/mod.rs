@@ -137,6 +137,55 @@ pub fn admit<A: LeaseApi + FleetApi>(
     }
 }
 
+/// [`admit`] read only (for `plan`): why `node` would wait now, `None`
+/// when a lease is free (or already its own); writes nothing.
+pub fn would_wait<A: LeaseApi + FleetApi>(
+    api: &mut A,
+    s: &Settings,
+    node: &str,
+    digest: &str,
+    now_us: i64,
+) -> Result<Option<String>, String> {
+    if let Some(h) =
+        halt::paused(api, &s.pause_switch).map_err(|e| format!("reading the pause switch: {e}"))?
+    {
+        return Ok(Some(h.to_string()));
+    }
+    let percent = matches!(s.max_unavailable, MaxUnavailable::Percent(_));
+    let nodes = if percent || s.halt_after > 0 {
+        api.list_nodes(&s.node_selector)?
+    } else {
+        Vec::new()
+    };
+    if let Some(h) = halt::by_rollbacks(&nodes, digest, s.halt_after) {
+        return Ok(Some(h.to_string()));
+    }
+    let limit = s.limit(node, nodes.len());
+    let names: Vec<String> = (0..limit.slots)
+        .map(|i| format!("{}-{i}", s.lease_prefix))
+        .collect();
+    let mut held = Vec::new();
+    for l in api.list_leases().map_err(|e| e.to_string())? {
+        let expires_us = l.renew_us + l.duration_s * 1_000_000;
+        match &l.holder {
+            Some(h) if h == node => return Ok(None),
+            Some(h) if names.contains(&l.name) && expires_us > now_us => held.push(Held {
+                lease: l.name.clone(),
+                holder: h.clone(),
+                expires_us,
+            }),
+            _ => {}
+        }
+    }
+    Ok((held.len() >= names.len()).then(|| {
+        Waiting::Full {
+            slots: limit.slots,
+            held,
+        }
+        .to_string()
+    }))
+}
+
 impl Settings {
     /// The limit for `node` when `matching` nodes match the selector.
     pub fn limit(&self, node: &str, matching: usize) -> Limit {

@@ -233,3 +233,124 @@ fn a_node_waits_for_its_wave_and_for_a_window() {
     assert_eq!(code, 0, "{r:#}\n{err}");
     assert_eq!(r["outcome"], "committed", "{r:#}");
 }
+
+/// `rollout.limit` on a following node, against the fixture API server
+/// with the node authorizer on and only `deploy/rollout.yaml`'s grants:
+/// the only lease held by another node, the pause switch and a rollback of
+/// the digest elsewhere each make the run wait (nothing staged or stopped, `status`
+/// and `plan` say why); once free, the node takes the lease, flips and
+/// releases it.
+#[test]
+fn a_following_node_waits_for_the_limit_and_the_halt() {
+    use crate::rollout::{fleet, manifest_grants};
+    let img = images();
+    let f = fleet(&["node-a".into(), "node-b".into()], manifest_grants());
+    let limit = serde_json::json!({"limit": {
+        "kubeconfig": f.kubeconfig("rollout-node-a"),
+        "max_unavailable": 1,
+        "lease_duration_secs": 30,
+        "halt_after": 1,
+    }});
+    let h = following(&img, limit);
+    statement(&img, img.v2, 60, 3600, -60);
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/kubeslot-system/leases";
+    let renew = rfc3339_seconds(now()).replace('Z', ".000000Z");
+    let held = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kubeslot-rollout-0", "namespace": "kubeslot-system"},
+        "spec": {"holderIdentity": "node-z", "leaseDurationSeconds": 30,
+            "acquireTime": renew, "renewTime": renew}});
+    let (code, v) = f.admin("POST", leases, Some(&held));
+    assert_eq!(code, 201, "{v}");
+    let waits = |h: &Host, why: &str| {
+        let idle = h.slot_snapshot(Slot::Kube2);
+        let (code, r, err) = follow(h);
+        assert_eq!(code, 0, "{r:#}\n{err}");
+        assert_eq!(r["outcome"], "waiting", "{r:#}");
+        let w = r["rollout"]["waiting"].as_str().unwrap_or_default();
+        assert!(w.contains(why), "{why}: {r:#}");
+        assert_eq!(h.state().active_digest(), Some(img.v1));
+        assert_eq!(h.slot_snapshot(Slot::Kube2), idle, "nothing staged");
+        assert!(
+            starts_and_stops(&h.changes()).is_empty(),
+            "{:?}",
+            h.changes()
+        );
+    };
+    waits(&h, "waiting for a rollout lease: all 1 held");
+    let (_, out, _) = h.cmd(&["status"]);
+    assert!(out.contains("kubeslot-rollout-0 by node-z"), "{out}");
+    let (_, out, _) = h.cmd(&["plan"]);
+    assert!(out.contains("kubeslot-rollout-0 by node-z"), "{out}");
+    // released by its holder; then the pause switch
+    let (code, v) = f.admin("DELETE", &format!("{leases}/kubeslot-rollout-0"), None);
+    assert_eq!(code, 200, "{v}");
+    f.pause("true");
+    waits(&h, "the rollout is paused");
+    f.pause("false");
+    // another node rolled this digest back: halt_after 1
+    let digest = img.v2.to_string();
+    f.report("node-b", &digest, "rolled-back: gate failed");
+    waits(&h, "is halted: 1 node(s) rolled it back (node-b)");
+    f.report("node-b", &digest, "committed");
+    // free: taken, flipped, released
+    let (code, r, err) = follow(&h);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    assert_eq!(h.state().active_digest(), Some(img.v2));
+    let lease = f.lease("kubeslot-rollout-0");
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "released: {lease:#}"
+    );
+}
+
+/// `source.follow: {"annotation": true}`: the image the Node's own
+/// `kubeslot.io/desired-image` annotation names, read with the node's
+/// credentials (the node authorizer on): unset, the node stays; set, it
+/// moves there under the release statement's gates.
+#[test]
+fn a_node_follows_its_desired_image_annotation() {
+    use crate::rollout::{fleet, manifest_grants};
+    let img = images();
+    let f = fleet(&["node-a".into()], manifest_grants());
+    let h = following(&img, serde_json::json!({}));
+    // the node's kubeconfig and its files where the host reads them
+    let kc = f.kubeconfig("node-node-a");
+    let pki = kc.parent().unwrap();
+    for name in [
+        "ca.crt",
+        "node-node-a.crt",
+        "node-node-a.key",
+        "node-node-a.kubeconfig",
+    ] {
+        let to = h.root().join(pki.strip_prefix("/").unwrap()).join(name);
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        fs::copy(pki.join(name), to).unwrap();
+    }
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&fs::read(h.config_path()).unwrap()).unwrap();
+    c["source"] = serde_json::json!({"follow": {"annotation": true}});
+    c["cluster"] = serde_json::json!({"kubeconfig": kc, "drain": {"enabled": false},
+        "gate": {"skip_node_ready": true}});
+    fs::write(h.config_path(), serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    statement(&img, img.v2, 60, 3600, -60);
+    let (code, r, err) = follow(&h);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    assert_eq!(
+        h.state().active_digest(),
+        Some(img.v1),
+        "no annotation: {r:#}"
+    );
+    let v2 = format!("oci:{}:v2", img.layout.display());
+    let (code, v) = f.admin(
+        "PATCH",
+        "/api/v1/nodes/node-a",
+        Some(&serde_json::json!({"metadata": {"annotations": {"kubeslot.io/desired-image": v2}}})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, r, err) = follow(&h);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    assert_eq!(r["outcome"], "committed", "{r:#}");
+    assert_eq!(h.state().active_digest(), Some(img.v2));
+    assert_eq!(r["image"], v2, "{r:#}");
+}

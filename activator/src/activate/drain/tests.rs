@@ -445,6 +445,17 @@ fn a_node_the_api_server_never_sees_ready_rolls_back_and_is_uncordoned() {
             .contains("node-ready"),
         "{a}"
     );
+    // what the fleet's halt reads: this node rolled this digest back
+    let node = crate::rollout::halt::NodeInfo {
+        name: "node-a".into(),
+        annotations: serde_json::from_value(a.clone()).unwrap(),
+    };
+    let digest = r.digest.unwrap().to_string();
+    assert_eq!(a[crate::rollout::halt::LAST_DIGEST], digest.as_str(), "{a}");
+    assert!(
+        crate::rollout::halt::rolled_back(&[node], &digest).contains(&"node-a".to_string()),
+        "{a}"
+    );
     let mut reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();
     reasons.sort();
     assert_eq!(
