@@ -282,6 +282,12 @@ impl State {
         }
     }
 
+    /// Lifts `digest`'s mark for `inputs`: what a commit of it does.
+    pub fn unmark_bad(&mut self, digest: &Digest, inputs: &str) {
+        self.bad
+            .retain(|b| !(&b.digest == digest && b.inputs == inputs));
+    }
+
     pub fn mark_bad(&mut self, digest: Digest, inputs: String, reason: String) {
         self.bad
             .retain(|b| !(b.digest == digest && b.inputs == inputs));

@@ -120,7 +120,7 @@ staging_dirs() {
 # numbered log (printed on failure by the caller) and ACT_LOG names it.
 act() {
   ACT_RUNS=$((ACT_RUNS + 1))
-  ACT_LOG=$WORK/logs/activator-$ACT_RUNS-$1.log
+  ACT_LOG=$WORK/logs/activator-${E2E_SCENARIO:-setup}-$ACT_RUNS-$1.log
   log "  kubeslot-activator $*"
   outer kubeslot-activator "$@" >"$ACT_LOG" 2>&1
 }
@@ -129,9 +129,12 @@ act() {
 # act_child_pid finds the activator process below it (to SIGKILL it).
 act_bg() {
   ACT_RUNS=$((ACT_RUNS + 1))
-  ACT_LOG=$WORK/logs/activator-$ACT_RUNS-$1.log
+  ACT_LOG=$WORK/logs/activator-${E2E_SCENARIO:-setup}-$ACT_RUNS-$1.log
   log "  kubeslot-activator $* (background)"
-  outer kubeslot-activator "$@" >"$ACT_LOG" 2>&1 &
+  # created empty before the job starts: a caller polling it must not find
+  # it missing or holding another run's lines
+  : >"$ACT_LOG"
+  outer kubeslot-activator "$@" >>"$ACT_LOG" 2>&1 &
   ACT_PID=$!
 }
 
@@ -172,7 +175,7 @@ flatten() {
 }
 
 status_json() {
-  local out=$WORK/logs/status-$ACT_RUNS.json
+  local out=$WORK/logs/status-${E2E_SCENARIO:-setup}-$ACT_RUNS.json
   outer kubeslot-activator status --json >"$out" 2>"$out.err" ||
     { fail "status --json failed: $(cat "$out.err")"; return 1; }
   jq -e . "$out" >/dev/null || { fail "status --json is not JSON: $(head -c 300 "$out")"; return 1; }
@@ -598,7 +601,7 @@ scenario_design_files() {
 #   kill_mid_gate           v5 into the idle slot, killed in its health gate; rerun commits
 #   config_change_activates the shipped .path unit runs the .service on a config write (v4)
 #   reboot_mid_flip         (host.sh) v5 into the idle slot, power loss in its gate; boot rolls back
-#   airgap_archive          v6 from an oci-archive, registry stopped, empty store
+#   airgap_archive          v6 (or a release not running) from an oci-archive, registry stopped, empty store
 #
 # Why this order: a failed v3 is staged into the idle slot, so `rollback`
 # (to the slot holding v1) must come before it; and a refused tampered image
@@ -643,7 +646,7 @@ scenario_activate_v1() {
   local t0
   t0=$(now_ms)
   ACT_RUNS=$((ACT_RUNS + 1))
-  ACT_LOG=$WORK/logs/activator-$ACT_RUNS-unit.log
+  ACT_LOG=$WORK/logs/activator-${E2E_SCENARIO:-setup}-$ACT_RUNS-unit.log
   log "  systemctl start kubeslot-activator.service"
   outer systemctl start kubeslot-activator.service ||
     { outer journalctl -u kubeslot-activator.service --no-pager -o cat >"$ACT_LOG"; show_log; log_report
@@ -966,22 +969,44 @@ config_change_body() {
   expect_status "$target" "$DIGEST_v4"
 }
 
-# Air-gapped: the registry stopped, the content store emptied, v6 (a digest
-# nothing on the host has seen) activated from an oci-archive file holding
-# its signature. Last scenario: the registry stays down.
+# free_version VERSION...: the first of VERSIONs the node does not run and
+# this host has not marked bad (what a plain `activate` takes).
+free_version() {
+  local file v d
+  file=$(status_json) || return 1
+  for v in "$@"; do
+    d=DIGEST_$v
+    if ! jq -e --arg d "${PLATFORM_DIGEST[${!d}]:-${!d}}" --arg i "${!d}" \
+      '[.state.slots[.state.active].digest] + [(.state.bad // [])[].digest] | any(. == $d or . == $i)' \
+      "$file" >/dev/null; then
+      echo "$v"
+      return 0
+    fi
+  done
+  fail "every one of $* runs here or is marked bad"
+}
+
+# Air-gapped: the registry stopped, the content store emptied, v6 (or, when
+# the scenarios before took it, another release this node does not run)
+# activated from an oci-archive file holding its signature. Last scenario:
+# the registry stays down.
 scenario_airgap_archive() {
-  local archive=$OUTER/var/tmp/node-v6.tar before after
-  archive_with_signature v6 "$archive" || { fail "no oci-archive of v6"; return 1; }
+  local v archive before after digest
+  # (v7 last: its Node turns Ready late, which only a cluster gate waits for)
+  v=$(free_version v6 v4 v5 v2 v1 v7) || return 1
+  archive=$OUTER/var/tmp/node-$v.tar
+  archive_with_signature "$v" "$archive" || { fail "no oci-archive of $v"; return 1; }
   registry_stop
   check_refused "registry is down" "${REGISTRY%:*}" "${REGISTRY#*:}" || return 1
   rm -rf "$OUTER/var/lib/kubeslot/blobs"
   before=$(running_machine) || return 1
-  write_config "oci-archive:/var/tmp/node-v6.tar:v6"
+  write_config "oci-archive:/var/tmp/node-$v.tar:$v"
   act activate || { show_log; log_report; fail "activate from oci-archive exited non-zero"; return 1; }
   log_report
   after=$(other_machine "$before")
-  expect_running "$after" v1.35.5-e2e.6 || return 1
-  expect_status "$after" "$DIGEST_v6"
+  expect_running "$after" "$("$WORK/kubelet/$v/kubelet" --version | cut -d' ' -f2)" || return 1
+  digest=DIGEST_$v
+  expect_status "$after" "${!digest}"
 }
 
 # An independent signer: v1 pushed to another repository and signed there by

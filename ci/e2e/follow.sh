@@ -66,7 +66,7 @@ scenario_follow_tag_updates() {
 }
 
 # The same with an expired statement: nothing changes and the run says why;
-# a rollback and a restart of the committed node (as at boot) still work.
+# a restart of the committed node (as at boot) and two rollbacks still work.
 scenario_expired_statement_refused() {
   local before v rc=0 m
   before=$(node_snapshot) || return 1
@@ -84,9 +84,16 @@ scenario_expired_statement_refused() {
   outer systemctl stop "systemd-nspawn@$m.service"
   act follow || true
   check "the committed node is started although the statement expired" machine_wait_healthy "$m" 30 || { show_log; return 1; }
-  # and a rollback does not look at statements
+  # and a rollback does not look at statements; the second one brings the
+  # committed release back, which lifts the mark the first one set (the
+  # scenarios after this one still have a release to take)
   act rollback || { show_log; log_report; fail "rollback under an expired statement"; return 1; }
-  check_eq "machine after the rollback" "$(running_machine)" "$(other_machine "$m")"
+  check_eq "machine after the rollback" "$(running_machine)" "$(other_machine "$m")" || return 1
+  act rollback || { show_log; log_report; fail "the second rollback under an expired statement"; return 1; }
+  check_eq "machine after the second rollback" "$(running_machine)" "$m" || return 1
+  # shellcheck disable=SC2016 # jq's variables
+  check "the release brought back is not marked bad" \
+    jq -e '.state as $s | [($s.bad // [])[].digest] | index($s.slots[$s.active].digest) == null' "$(status_json)" >/dev/null || return 1
 }
 
 # A release outside the maintenance window waits: the run ends "waiting"

@@ -435,6 +435,8 @@ main() {
     # interrupt the wait at once (bash defers traps while a foreground
     # child runs) and on_signal can stop it before cleanup.
     set +e
+    # (each scenario's logs are named after it: logs/activator-<scenario>-N-*)
+    export E2E_SCENARIO=$s
     (set -e; "scenario_$s") &
     SCENARIO_PID=$!
     wait "$SCENARIO_PID"

@@ -196,7 +196,13 @@ impl Run<'_> {
         }
         let new = state.slot_mut(p.to);
         new.status = SlotStatus::Active;
+        let (digest, inputs) = (new.digest, new.inputs.clone().unwrap_or_default());
         state.active = Some(p.to);
+        // An image brought back on purpose (`--force`, a second `rollback`)
+        // that passed the gate is no longer one to keep away from.
+        if let Some(d) = digest {
+            state.unmark_bad(&d, &inputs);
+        }
         if let Some(r) = &p.release {
             state.record_release(r.clone());
         }

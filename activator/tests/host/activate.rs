@@ -270,11 +270,16 @@ fn first_activation_flip_failed_gate_bad_image_rollback_and_idempotence() {
     assert_eq!(code, 4);
     assert!(starts_and_stops(&h.calls()).is_empty(), "{:?}", h.calls());
 
-    // a second rollback goes back to kube1 the same way
+    // a second rollback goes back to kube1 the same way: v2 is marked now,
+    // and v1, brought back on purpose and healthy, no longer is (v3 failed
+    // its gate: still marked)
     let (code, _, err) = h.cmd(&["rollback"]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(h.state().active, Some(Slot::Kube1));
+    let s = h.state();
+    assert_eq!(s.active, Some(Slot::Kube1));
     assert_eq!(h.running(), [Slot::Kube1]);
+    let marked: Vec<_> = s.bad.iter().map(|b| b.digest).collect();
+    assert_eq!(marked, [img.v3, img.v2], "{s:?}");
 }
 
 #[test]
