@@ -54,7 +54,8 @@ dpkg-deb -x "$deb" "$work/deb"
 act=$(stat -c %s "$work/deb/usr/bin/kubeslot-activator")
 built=$(stat -c %s "$bin/kubeslot-activator")
 symtab=none
-if readelf -S -W "$bin/kubeslot-activator" | grep -q '] \.symtab '; then symtab=present; fi
+sections=$(readelf -S -W "$bin/kubeslot-activator")   # (whole: `| grep -q` and pipefail race)
+if grep -q '] \.symtab ' <<<"$sections"; then symtab=present; fi
 bld=$(size "$bin/kubeslot-builder")
 sko=$(size "$(command -v skopeo)")
 umo=$(size "$(command -v umoci)")

@@ -25,9 +25,14 @@ PY_CLIENT='kubernetes==37.0.2'
 prefix=/opt/kubeslot-ci/kubectl
 venv=/opt/kubeslot-ci/kube-client
 
+# (kubectl's output is read whole before it is matched: `kubectl | grep -q`
+# or `| head` can end before kubectl has written, which SIGPIPE and pipefail
+# turn into a failure; a clean clone's .ci/run exited 141 on it)
 have_kubectl() {
+  local out
   [ -x "$prefix/usr/bin/kubectl" ] &&
-    "$prefix/usr/bin/kubectl" version --client 2>/dev/null | grep -q "^Client Version: v${KUBECTL_MINOR//./\\.}\."
+    out=$("$prefix/usr/bin/kubectl" version --client 2>/dev/null) &&
+    grep -q "^Client Version: v${KUBECTL_MINOR//./\\.}\." <<<"$out"
 }
 
 have_python_client() {
@@ -67,7 +72,8 @@ if ! have_kubectl; then
   mv "$prefix.tmp" "$prefix"
   have_kubectl || { echo "kube-clients: $prefix/usr/bin/kubectl does not report v$KUBECTL_MINOR.x" >&2; exit 1; }
 fi
-"$prefix/usr/bin/kubectl" version --client | head -n1
+out=$("$prefix/usr/bin/kubectl" version --client)
+echo "${out%%$'\n'*}"
 
 if ! have_python_client; then
   python3 -m venv "$venv"

@@ -50,12 +50,16 @@ for pkg in kubeslot-activator kubeslot-image kubeslot-builder; do
   done
 done
 
-if normal_tree kubeslot-builder | grep -q '^kubeslot-activator v'; then
+# (each tree read whole before it is matched: `| grep -q` may end first,
+# and pipefail would turn the producer's SIGPIPE into "not linked")
+builder_tree=$(normal_tree kubeslot-builder)
+builder_dev=$(cargo tree --locked -q -p kubeslot-builder -e dev --prefix none)
+if grep -q '^kubeslot-activator v' <<<"$builder_tree"; then
   echo "ci/lint/deps.sh: kubeslot-builder links kubeslot-activator (the builder never links host code); how:" >&2
   cargo tree --locked -q -p kubeslot-builder -e normal -i kubeslot-activator >&2 || true
   status=1
 fi
-if cargo tree --locked -q -p kubeslot-builder -e dev --prefix none | grep -q '^kubeslot-activator v'; then
+if grep -q '^kubeslot-activator v' <<<"$builder_dev"; then
   echo "ci/lint/deps.sh: kubeslot-builder's tests link kubeslot-activator (read images through kubeslot-image)" >&2
   status=1
 fi
