@@ -392,7 +392,19 @@ impl rustls::crypto::KeyProvider for ClientKeys {
         &self,
         key: rustls::pki_types::PrivateKeyDer<'static>,
     ) -> Result<Arc<dyn rustls::sign::SigningKey>, rustls::Error> {
-        rustls::crypto::ring::sign::any_supported_type(&key)
+        // ECDSA (the kubelet's own keys) or RSA (kubeadm's), the kinds
+        // Kubernetes issues; not `any_supported_type`, whose Ed25519 arm
+        // alone links ring's Curve25519 code (about 80 KB of the binary).
+        use rustls::crypto::ring::sign;
+        if let Ok(k) = sign::any_ecdsa_type(&key) {
+            return Ok(k);
+        }
+        match sign::RsaSigningKey::new(&key) {
+            Ok(k) => Ok(Arc::new(k)),
+            Err(_) => Err(rustls::Error::General(
+                "the client key is neither ECDSA (P-256, P-384) nor RSA".into(),
+            )),
+        }
     }
 }
 
@@ -447,6 +459,9 @@ fn exec_credential(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::crypto::KeyProvider;
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::SignatureScheme;
 
     #[test]
     fn paths_name_groups_namespaces_and_encode_names() {
@@ -456,5 +471,93 @@ mod tests {
             "/apis/policy/v1/namespaces/ns/poddisruptionbudgets"
         );
         assert_eq!(encode("a b/c=d,e"), "a%20b%2Fc%3Dd%2Ce");
+    }
+    // Throwaway keys made for this test (`openssl genpkey`), nothing else.
+    const RSA_PKCS8: &str = "-----BEGIN PRIVATE KEY-----\n\
+MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQDpYNY63A32bVD7\n\
+MxGrliwUIzfEKkU72oCiu6O6ly16Juee9qmGZDrvaad1Jz+D4xC9VLtfp2x4CrJk\n\
+WRpl5GWj8ZiAjNJ1IeCgP6BNFFPtq75IaSYqX9aABONrMq/tL8oRKSkNBgVXl+D2\n\
+OCJeaQaklJtLmErQZADRQYUZ1OQ27SQZKzSXcBqlE4KJd4pqlVsut+j+pbWtdVay\n\
+sd78awjXbIg97thTIUxJoMrhTUmTdpdi5ZuSPdRp0SqFO9dapU58QduIyzv6/b4R\n\
+qKU9lvj9IXlYtFEqFyS+Fg2hNLTWh/VNJy8/SUwVB45IytWQBqG6M75gpfZpRJ94\n\
+xBaVt2JtAgMBAAECggEANYI6tEWinOr9C49uwH7+zcIyZdOESsAjSMyJcn15k52K\n\
+cz/eaB4ghiadGsccML7V5ncgPAMM42wecVQdsZl/tWpuGyFOmsUg9dUIyct8n8yG\n\
+JR+YvNP7ACC+zOQTAqi3pZ4gl6gW/vmnfoSp2qgtefxJq/g3xRZ8un3RiPXvOmlO\n\
+Q1IfykzOJic3qRLrAe0QCGscit7vDSpH8PfgiVqHsb9aYV0fSbZ8/mDHKE9p393r\n\
+IlWvL3uLxekWrS06CXaCbT+78mnupRi9pMctHolff9VaaqlwDvmalQ1AwslQyHQI\n\
+RZbNUZvNOpIgVRr7meFeOQlaR90B/h1SaYAr8amwgQKBgQD6ypHnUkCjsCUYrl29\n\
+Cu023dIKnKIQ5ra/UNpdMAUFqFc8fqAhs6sPI0rPmHqtSTXLM5yOkmm/pR0tFEZ5\n\
+SI4fbckyuiPZWqfWaGeHMx89B7a0Ib/mP/XVsIfHLmUZDJeCKf6rMZ7bl/2L02Vk\n\
+ZSvhXShR/xA581q69bPwuLo9gQKBgQDuOa8LEPudJ3Kl8JvFTzKwxKTSmRG4wBgu\n\
+nB1+jIn59lY+ETh6SimDnuaqm/UCT3p65/WbsnkR9li42/BTPqmVV2UTkx3KVnCu\n\
+yZ1bSxNqlk6d8ciKK4/HbsVWVJYXSM2Vki16uRR72qv+TmBiAt2Cd0ez7qqawV9+\n\
+SQ0ZaGly7QKBgBTj2MFu/Ylk+8IRjCdaCKZgVcWihHFp9mD7SCUpAdIV0qZsWcRU\n\
+5fPN2cZvChDzHzL86paJpZtcEpEVtkUWARinGXJLRP8u6PoYGj+Nx5Va1iItCYIR\n\
+Y9XX7Ydu2ub6QIiMHPV/nZ7nCyyhgDmbn8sW6mviFiTtm2olW0a67HCBAoGBAKJA\n\
+L3Q+EOEsaO2UPsPX+RJkHE5DasqGKvIz6fKzDZZtrLeBSxIfSL8YjspMhkcYkrb7\n\
+HVD58XPGcQ8W3UwVNbM9Xt5CKNwSm5SwRLhVHdhOnyT79DYHDVorm8P8wG0DbOIe\n\
+OVOIkub4PIRsJUEb6npdezyVpSTZ54w/fOh9MLTRAoGAZasc/4waIU7LEaGdus6v\n\
+lhtVzuSn1Bgaoy9snl22ephsMVhTdqUhlWupAaI13a1Qc2WzU7/OAdoAoZYFYTKX\n\
+nI8QEa8KoNu1HYAuU4Y+slU8Jdg8wAJRZ7HbEqpuUy4zHfF9Rgs0oD3EkEYQCGd0\n\
+X+gw4ntoXrmU3gqHqRyCbcw=\n\
+-----END PRIVATE KEY-----\n";
+    const RSA_PKCS1: &str = "-----BEGIN RSA PRIVATE KEY-----\n\
+MIIEowIBAAKCAQEA6WDWOtwN9m1Q+zMRq5YsFCM3xCpFO9qAorujupcteibnnvap\n\
+hmQ672mndSc/g+MQvVS7X6dseAqyZFkaZeRlo/GYgIzSdSHgoD+gTRRT7au+SGkm\n\
+Kl/WgATjazKv7S/KESkpDQYFV5fg9jgiXmkGpJSbS5hK0GQA0UGFGdTkNu0kGSs0\n\
+l3AapROCiXeKapVbLrfo/qW1rXVWsrHe/GsI12yIPe7YUyFMSaDK4U1Jk3aXYuWb\n\
+kj3UadEqhTvXWqVOfEHbiMs7+v2+EailPZb4/SF5WLRRKhckvhYNoTS01of1TScv\n\
+P0lMFQeOSMrVkAahujO+YKX2aUSfeMQWlbdibQIDAQABAoIBADWCOrRFopzq/QuP\n\
+bsB+/s3CMmXThErAI0jMiXJ9eZOdinM/3mgeIIYmnRrHHDC+1eZ3IDwDDONsHnFU\n\
+HbGZf7VqbhshTprFIPXVCMnLfJ/MhiUfmLzT+wAgvszkEwKot6WeIJeoFv75p36E\n\
+qdqoLXn8Sav4N8UWfLp90Yj17zppTkNSH8pMziYnN6kS6wHtEAhrHIre7w0qR/D3\n\
+4Ilah7G/WmFdH0m2fP5gxyhPad/d6yJVry97i8XpFq0tOgl2gm0/u/Jp7qUYvaTH\n\
+LR6JX3/VWmqpcA75mpUNQMLJUMh0CEWWzVGbzTqSIFUa+5nhXjkJWkfdAf4dUmmA\n\
+K/GpsIECgYEA+sqR51JAo7AlGK5dvQrtNt3SCpyiEOa2v1DaXTAFBahXPH6gIbOr\n\
+DyNKz5h6rUk1yzOcjpJpv6UdLRRGeUiOH23JMroj2Vqn1mhnhzMfPQe2tCG/5j/1\n\
+1bCHxy5lGQyXgin+qzGe25f9i9NlZGUr4V0oUf8QOfNauvWz8Li6PYECgYEA7jmv\n\
+CxD7nSdypfCbxU8ysMSk0pkRuMAYLpwdfoyJ+fZWPhE4ekopg57mqpv1Ak96euf1\n\
+m7J5EfZYuNvwUz6plVdlE5MdylZwrsmdW0sTapZOnfHIiiuPx27FVlSWF0jNlZIt\n\
+erkUe9qr/k5gYgLdgndHs+6qmsFffkkNGWhpcu0CgYAU49jBbv2JZPvCEYwnWgim\n\
+YFXFooRxafZg+0glKQHSFdKmbFnEVOXzzdnGbwoQ8x8y/OqWiaWbXBKRFbZFFgEY\n\
+pxlyS0T/Luj6GBo/jceVWtYiLQmCEWPV1+2Hbtrm+kCIjBz1f52e5wssoYA5m5/L\n\
+Fupr4hYk7ZtqJVtGuuxwgQKBgQCiQC90PhDhLGjtlD7D1/kSZBxOQ2rKhiryM+ny\n\
+sw2Wbay3gUsSH0i/GI7KTIZHGJK2+x1Q+fFzxnEPFt1MFTWzPV7eQijcEpuUsES4\n\
+VR3YTp8k+/Q2Bw1aK5vD/MBtA2ziHjlTiJLm+DyEbCVBG+p6XXs8laUk2eeMP3zo\n\
+fTC00QKBgGWrHP+MGiFOyxGhnbrOr5YbVc7kp9QYGqMvbJ5dtnqYbDFYU3alIZVr\n\
+qQGiNd2tUHNls1O/zgHaAKGWBWEyl5yPEBGvCqDbtR2ALlOGPrJVPCXYPMACUWex\n\
+2xKqblMuMx3xfUYLNKA9xJBGEAhndF/oMOJ7aF65lN4Kh6kcgm3M\n\
+-----END RSA PRIVATE KEY-----\n";
+    const EC_SEC1: &str = "-----BEGIN EC PRIVATE KEY-----\n\
+MHcCAQEEIP3LtAIjgEffeQgNOYTjfo4odwaicJDQxQ8AQQW4WXDCoAoGCCqGSM49\n\
+AwEHoUQDQgAEi/PiuGpxKiwPl2UZyHA6VpBq9C7hjXYH19Yy1XIV86N6c851e2Om\n\
+Inyued5dCfEO1A9AN1yC02v0/tVPjBRuBQ==\n\
+-----END EC PRIVATE KEY-----\n";
+    const ED25519: &str = "-----BEGIN PRIVATE KEY-----\n\
+MC4CAQAwBQYDK2VwBCIEIKF7tWQ8dFRpYNz8QMftQkcd8E90opTrIfdmzh3sN9LW\n\
+-----END PRIVATE KEY-----\n";
+
+    fn load(pem: &str) -> Result<Arc<dyn rustls::sign::SigningKey>, rustls::Error> {
+        use rustls::pki_types::pem::PemObject;
+        ClientKeys.load_private_key(PrivateKeyDer::from_pem_slice(pem.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn client_keys_are_the_kinds_kubernetes_issues() {
+        for (what, pem, scheme) in [
+            ("RSA, PKCS#8", RSA_PKCS8, SignatureScheme::RSA_PSS_SHA256),
+            ("RSA, PKCS#1", RSA_PKCS1, SignatureScheme::RSA_PSS_SHA256),
+            (
+                "ECDSA P-256, SEC1",
+                EC_SEC1,
+                SignatureScheme::ECDSA_NISTP256_SHA256,
+            ),
+        ] {
+            let key = load(pem).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(key.choose_scheme(&[scheme]).is_some(), "{what}");
+        }
+        // Ed25519 is not one (and its code is not linked)
+        let err = load(ED25519).expect_err("an Ed25519 key is refused");
+        assert!(err.to_string().contains("neither ECDSA"), "{err}");
     }
 }
