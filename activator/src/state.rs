@@ -289,8 +289,7 @@ impl State {
     }
 
     pub fn mark_bad(&mut self, digest: Digest, inputs: String, reason: String) {
-        self.bad
-            .retain(|b| !(b.digest == digest && b.inputs == inputs));
+        self.unmark_bad(&digest, &inputs);
         self.bad.push(BadImage {
             digest,
             inputs,

@@ -27,18 +27,10 @@ drain_config() {
 # v6: the first neither running nor marked bad here; v6 last, airgap_archive
 # after these wants it unseen, and v4 is keyless_verified_offline's).
 drain_flip_ref() {
-  local st=$OUTER/var/lib/kubeslot/state.json v ref digest
-  for v in v2 v5 v1 v4 v6; do
-    ref=REF_$v digest=DIGEST_$v
-    if jq -e --arg d "${!digest}" --arg p "${PLATFORM_DIGEST[${!digest}]:-${!digest}}" \
-      '[.slots[.active].digest, (.bad // [])[].digest] | any(. == $d or . == $p)' "$st" >/dev/null; then
-      continue
-    fi
-    echo "${!ref}"
-    return 0
-  done
-  fail "no image left to flip to (state: $(jq -c '{active, bad}' "$st"))"
-  return 1
+  local v ref
+  v=$(free_version v2 v5 v1 v4 v6) || return 1
+  ref=REF_$v
+  echo "${!ref}"
 }
 
 # drain_current_ref: the reference of the image running now (the one the

@@ -394,7 +394,7 @@ impl rustls::crypto::KeyProvider for ClientKeys {
     ) -> Result<Arc<dyn rustls::sign::SigningKey>, rustls::Error> {
         // ECDSA (the kubelet's own keys) or RSA (kubeadm's), the kinds
         // Kubernetes issues; not `any_supported_type`, whose Ed25519 arm
-        // alone links ring's Curve25519 code (about 80 KB of the binary).
+        // alone links ring's Curve25519 code (about 100 KB of the binary).
         use rustls::crypto::ring::sign;
         if let Ok(k) = sign::any_ecdsa_type(&key) {
             return Ok(k);
